@@ -1,0 +1,49 @@
+// The one place where LibTorch 1.13 and 2.x differ for us. Everything else in
+// libddp includes this header instead of naming c10d's base classes directly.
+//
+//   1.13: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup, and the
+//         backend-specific Options derive from ProcessGroup::Options.
+//   2.x:  they derive from c10d::Backend (ProcessGroup became a dispatcher
+//         over backends), Options from Backend::Options.
+#pragma once
+
+#include <torch/version.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace ddp::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using Backend = c10d::Backend;
+#else
+using Backend = c10d::ProcessGroup;
+#endif
+
+using Work = c10d::Work;
+
+// TCPStore's options grew fields in 2.x (libuv, master listen fd); the ones
+// set here exist in both.
+inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, uint16_t port, bool is_server,
+                                                         int world_size, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.numWorkers = world_size;
+  opts.waitWorkers = false;  // rank 0 must not block here; the backend's own handshake waits for everyone
+  opts.timeout = timeout;
+  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+}
+
+}  // namespace ddp::compat

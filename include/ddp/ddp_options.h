@@ -1,0 +1,25 @@
+// Options of DistributedDataParallel, named as PyTorch's constructor arguments.
+#pragma once
+
+#include <torch/arg.h>
+
+namespace ddp {
+
+struct DDPOptions {
+  // Gradients are all-reduced in buckets of at most this many MiB.
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // The first bucket (the last layers' gradients, ready first) is smaller so
+  // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
+  TORCH_ARG(double, first_bucket_mb) = 1.0;
+  // Before each forward, every rank takes rank 0's buffers (BatchNorm's running stats).
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Parameters outside this iteration's autograd graph count as ready with a
+  // zero gradient; costs a graph traversal and one small all-reduce a step.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // .grad aliases the bucket storage: no copy in or out, and no second copy
+  // of every gradient in memory. On by default here (off in PyTorch) because
+  // it is faster and smaller; see docs/design.md.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+};
+
+}  // namespace ddp

@@ -1,0 +1,144 @@
+// ddp::DistributedDataParallel: wraps a module so that backward averages
+// gradients across ranks, with communication hidden behind backward.
+//
+//   auto pg = ddp::init_process_group();
+//   auto net = std::make_shared<Net>();
+//   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(25));
+//   auto loss = torch::nll_loss(model(x), y);
+//   loss.backward();          // gradients are averaged when it returns
+//   optimizer.step();
+#pragma once
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "ddp/ddp_options.h"
+#include "ddp/process_group.h"
+#include "ddp/reducer.h"
+
+namespace ddp {
+
+namespace detail {
+
+// The tensors in a forward's result, to find parameters it did not use.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
+  if (t.defined()) out.push_back(t);
+}
+inline void collect_tensors(const std::vector<at::Tensor>& v, std::vector<at::Tensor>& out) {
+  for (const auto& t : v) collect_tensors(t, out);
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& tup, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... e) { (collect_tensors(e, out), ...); }, tup);
+}
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
+}
+// Anything else carries no tensors we can see: unused parameters are then
+// found at the end of backward instead.
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}
+
+// Everything that does not depend on the module's type.
+class DDPBase {
+ public:
+  DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options);
+  virtual ~DDPBase();
+
+  const DDPOptions& options() const { return options_; }
+  ProcessGroup& process_group() const { return *pg_; }
+  const ReducerStats& stats() const { return reducer_->stats(); }
+  Reducer& reducer() { return *reducer_; }
+
+  // RAII: backward passes inside it accumulate gradients locally; the next
+  // synchronised backward reduces the accumulated sum. As PyTorch's no_sync().
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DDPBase& ddp) : ddp_(&ddp), previous_(ddp.reducer_->sync()) { ddp.reducer_->set_sync(false); }
+    ~NoSyncGuard() {
+      if (ddp_) ddp_->reducer_->set_sync(previous_);
+    }
+    NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) { other.ddp_ = nullptr; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    DDPBase* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+ protected:
+  void pre_forward();
+  void post_forward(const std::vector<at::Tensor>& outputs);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<ProcessGroup> pg_;
+  DDPOptions options_;
+  std::vector<at::Tensor> buffers_;
+  std::unique_ptr<Reducer> reducer_;
+};
+
+}  // namespace detail
+
+// Checks that every rank holds the same parameters and buffers (count,
+// names, shapes, dtypes); throws on every rank, naming the first difference.
+void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg);
+
+// Every rank takes rank 0's values of these tensors (coalesced by dtype).
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root = 0);
+
+template <typename M>
+class DistributedDataParallel : public detail::DDPBase {
+ public:
+  DistributedDataParallel(std::shared_ptr<M> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options = {})
+      : DDPBase(module, std::move(pg), options), module_(std::move(module)) {}
+  explicit DistributedDataParallel(std::shared_ptr<M> module)
+      : DistributedDataParallel(std::move(module), default_process_group()) {}
+  // Module holders (torch::nn::Sequential, TORCH_MODULE types).
+  template <typename C, typename = std::enable_if_t<std::is_same_v<C, M>>>
+  DistributedDataParallel(const torch::nn::ModuleHolder<C>& holder, std::shared_ptr<ProcessGroup> pg,
+                          DDPOptions options = {})
+      : DistributedDataParallel(holder.ptr(), std::move(pg), options) {}
+
+  // model(args...) runs M::forward(args...) with DDP's bookkeeping around it.
+  template <typename... Args>
+  decltype(auto) operator()(Args&&... args) {
+    pre_forward();
+    auto output = module_->forward(std::forward<Args>(args)...);
+    std::vector<at::Tensor> tensors;
+    detail::collect_tensors(output, tensors);
+    post_forward(tensors);
+    return output;
+  }
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    return (*this)(std::forward<Args>(args)...);
+  }
+
+  const std::shared_ptr<M>& module() const { return module_; }
+  M* operator->() const { return module_.get(); }
+
+ private:
+  std::shared_ptr<M> module_;
+};
+
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<ProcessGroup>) -> DistributedDataParallel<M>;
+template <typename M>
+DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<ProcessGroup>, DDPOptions) -> DistributedDataParallel<M>;
+template <typename C>
+DistributedDataParallel(torch::nn::ModuleHolder<C>, std::shared_ptr<ProcessGroup>) -> DistributedDataParallel<C>;
+template <typename C>
+DistributedDataParallel(torch::nn::ModuleHolder<C>, std::shared_ptr<ProcessGroup>, DDPOptions)
+    -> DistributedDataParallel<C>;
+
+}  // namespace ddp

@@ -1,0 +1,93 @@
+// Joining the job: ddp::init_process_group() creates the rendezvous store and
+// a c10d backend (Gloo on CPUs, NCCL on GPUs) and returns a ProcessGroup, the
+// narrow collective interface the rest of libddp talks to.
+#pragma once
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp/launch_env.h"
+
+namespace ddp {
+
+// A collective that failed or timed out; the message names the rank, the
+// operation and the backend.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Handle to an asynchronous collective, as c10d's Work. wait() honours the
+// process group's timeout and throws CommError naming rank and operation.
+class Work {
+ public:
+  Work() = default;
+  Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank);
+  ~Work();
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&);
+  Work& operator=(const Work&);
+
+  void wait();
+  bool valid() const { return static_cast<bool>(work_); }
+  const std::string& op() const { return op_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string op_;
+  int rank_ = 0;
+};
+
+// The collectives libddp needs. Gloo, NCCL and MPI sit behind it; tests wrap
+// it to count what the reducer asked for.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+  // Where this rank's tensors live: cuda:LOCAL_RANK under NCCL, else CPU.
+  virtual torch::Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // In place, summed over ranks.
+  virtual Work allreduce(at::Tensor& tensor) = 0;
+  virtual Work broadcast(at::Tensor& tensor, int root) = 0;
+  // Blocking: every rank's tensor (same shape on all ranks), in rank order.
+  virtual std::vector<at::Tensor> allgather(const at::Tensor& tensor) = 0;
+  virtual void barrier() = 0;
+};
+
+struct ProcessGroupOptions {
+  // "auto" (NCCL when this worker has a GPU, else Gloo), "gloo" or "nccl".
+  TORCH_ARG(std::string, backend) = "auto";
+  // Every blocking call (store, collectives, barrier) honours it. PyTorch's default.
+  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
+  // "env://" (the launch environment), or "tcp://HOST:PORT" to override the master.
+  TORCH_ARG(std::string, init_method) = "env://";
+};
+
+// Joins the job described by the environment (see LaunchEnv) and makes the
+// result the default group. Throws LaunchEnvError/CommError with the rank.
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env, const ProcessGroupOptions& options);
+
+// The group made by init_process_group; throws if there is none.
+std::shared_ptr<ProcessGroup> default_process_group();
+bool is_initialized();
+
+// Drops the default group. Backends shut down when the last handle goes.
+void destroy_process_group();
+
+// "rank 3/4" for messages.
+std::string rank_tag(const ProcessGroup& pg);
+
+}  // namespace ddp

@@ -1,0 +1,65 @@
+// The bucketed reducer: groups gradients into buckets and all-reduces each
+// bucket asynchronously the moment its last gradient is accumulated, while
+// backward still runs; at the end of backward it waits and leaves averages
+// in .grad. The machinery behind DistributedDataParallel.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/ddp_options.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+// What the last synchronised step cost, readable after backward.
+struct ReducerStats {
+  int64_t iterations = 0;          // synchronised backward passes so far
+  int64_t bytes_reduced = 0;       // gradient bytes all-reduced in the last one
+  size_t num_buckets = 0;
+  std::vector<int64_t> bucket_bytes;  // per bucket, in launch order
+  double backward_ms = 0;          // first gradient ready -> end of backward
+  double exposed_comm_ms = 0;      // waiting for communication after backward finished
+  bool buckets_rebuilt = false;    // the ready-order rebuild has happened
+};
+
+class Reducer {
+ public:
+  // `params` are the parameters that require grad, `names` their dotted names.
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> pg,
+          const DDPOptions& options);
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Called by DistributedDataParallel before and after the wrapped forward.
+  void prepare_for_forward();
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+
+  // Whether the next backward synchronises (no_sync turns it off).
+  void set_sync(bool sync);
+  bool sync() const;
+
+  const ReducerStats& stats() const;
+  // Bucket membership as parameter indices, in launch order (for tests and docs).
+  std::vector<std::vector<size_t>> bucket_indices() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;  // hooks hold weak references to it
+};
+
+// Bucket assignment, exposed for tests: parameters in `order` (the order their
+// gradients are expected to be ready) are packed into buckets of one dtype and
+// device each; the first bucket of each dtype is capped at first_cap bytes, the
+// rest at cap bytes; a parameter is never split. Buckets come back in the order
+// they become ready.
+std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<size_t>& order, int64_t first_cap,
+                                                           int64_t cap);
+
+}  // namespace ddp

@@ -1,0 +1,147 @@
+#include "ddp/distributed_data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace ddp {
+namespace {
+
+std::string describe(const std::string& kind, const std::string& name, const at::Tensor& t) {
+  std::ostringstream s;
+  s << kind << " '" << name << "' " << t.sizes() << " " << t.dtype();
+  return s.str();
+}
+
+std::vector<std::string> signature(const torch::nn::Module& module) {
+  std::vector<std::string> lines;
+  for (const auto& p : module.named_parameters(true)) lines.push_back(describe("parameter", p.key(), p.value()));
+  for (const auto& b : module.named_buffers(true)) lines.push_back(describe("buffer", b.key(), b.value()));
+  return lines;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
+  if (pg.size() == 1) return;
+  const auto mine = signature(module);
+  const std::string text = join(mine);
+  // 63 bits of the signature's hash, so that it fits a signed int64 tensor.
+  const int64_t hash = static_cast<int64_t>(std::hash<std::string>{}(text) >> 1);
+  auto hashes = pg.allgather(torch::tensor({hash}, torch::kInt64).to(pg.device()));
+  std::vector<int> differ;
+  for (int r = 0; r < pg.size(); ++r)
+    if (hashes[r].item<int64_t>() != hashes[0].item<int64_t>()) differ.push_back(r);
+  if (differ.empty()) return;
+
+  // Everyone knows now: fetch rank 0's signature to say exactly what differs.
+  auto length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64).to(pg.device());
+  pg.broadcast(length, 0).wait();
+  auto bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
+  if (pg.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  bytes = bytes.to(pg.device());
+  pg.broadcast(bytes, 0).wait();
+  bytes = bytes.cpu();
+  const auto theirs = split(std::string(reinterpret_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+
+  std::ostringstream msg;
+  msg << "rank " << pg.rank() << ": DistributedDataParallel: the model is not the same on every rank; ranks";
+  for (int r : differ) msg << " " << r;
+  msg << " differ from rank 0.";
+  if (pg.rank() != 0 && std::find(differ.begin(), differ.end(), pg.rank()) != differ.end()) {
+    if (mine.size() != theirs.size())
+      msg << " This rank has " << mine.size() << " parameters and buffers, rank 0 has " << theirs.size() << ".";
+    for (size_t i = 0; i < std::min(mine.size(), theirs.size()); ++i) {
+      if (mine[i] != theirs[i]) {
+        msg << " First difference: here " << mine[i] << ", on rank 0 " << theirs[i] << ".";
+        break;
+      }
+    }
+  }
+  msg << "\n  Build the same model (same layers, shapes and dtypes) on every rank before wrapping it.";
+  throw std::runtime_error(msg.str());
+}
+
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root) {
+  if (pg.size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  // One flat tensor per dtype: a few large messages instead of many small ones.
+  std::map<int, std::vector<at::Tensor>> groups;
+  for (const auto& t : tensors) groups[static_cast<int>(t.scalar_type())].push_back(t);
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>*>> flats;
+  std::vector<Work> works;
+  for (auto& [dtype, group] : groups) {
+    std::vector<at::Tensor> pieces;
+    for (const auto& t : group) pieces.push_back(t.reshape({-1}));
+    auto flat = torch::cat(pieces);
+    works.push_back(pg.broadcast(flat, root));
+    flats.emplace_back(flat, &group);
+  }
+  for (auto& w : works) w.wait();
+  for (auto& [flat, group] : flats) {
+    int64_t offset = 0;
+    for (auto& t : *group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+namespace detail {
+
+DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options)
+    : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+  TORCH_CHECK(module_, "DistributedDataParallel: the module is null");
+  TORCH_CHECK(pg_, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> state;
+  for (const auto& p : module_->named_parameters(true)) {
+    state.push_back(p.value());
+    if (p.value().requires_grad()) {
+      params.push_back(p.value());
+      names.push_back(p.key());
+    }
+  }
+  TORCH_CHECK(!params.empty(), "rank ", pg_->rank(),
+              ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
+  buffers_ = module_->buffers(true);
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+
+  verify_same_model(*module_, *pg_);
+  broadcast_coalesced(*pg_, state, 0);
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+}
+
+DDPBase::~DDPBase() = default;
+
+void DDPBase::pre_forward() {
+  // Forward passes that build no graph (evaluation under NoGradGuard) do no
+  // communication at all, so rank-0-only evaluation through the wrapper works.
+  if (!torch::GradMode::is_enabled()) return;
+  reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers() && !buffers_.empty()) broadcast_coalesced(*pg_, buffers_, 0);
+}
+
+void DDPBase::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (!torch::GradMode::is_enabled()) return;
+  reducer_->prepare_for_backward(outputs);
+}
+
+}  // namespace detail
+}  // namespace ddp

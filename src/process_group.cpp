@@ -1,0 +1,233 @@
+#include "ddp/process_group.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "ddp/c10d_compat.h"
+
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace ddp {
+
+// ---- Work -------------------------------------------------------------------
+
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank)
+    : work_(std::move(work)), op_(std::move(op)), rank_(rank) {}
+Work::~Work() = default;
+Work::Work(Work&&) noexcept = default;
+Work& Work::operator=(Work&&) noexcept = default;
+Work::Work(const Work&) = default;
+Work& Work::operator=(const Work&) = default;
+
+void Work::wait() {
+  if (!work_) return;
+  try {
+    work_->wait();
+  } catch (const std::exception& e) {
+    throw CommError("rank " + std::to_string(rank_) + ": " + op_ + " failed: " + e.what() +
+                    "\n  (a peer may have died or be stuck; its own log says why. The process group's "
+                    "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))");
+  }
+}
+
+// ---- c10d-backed process group -----------------------------------------------
+
+namespace {
+
+class C10dProcessGroup final : public ProcessGroup {
+ public:
+  C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
+                   std::string name, torch::Device device, std::chrono::milliseconds timeout)
+      : store_(std::move(store)),
+        backend_(std::move(backend)),
+        name_(std::move(name)),
+        device_(device),
+        timeout_(timeout) {}
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  std::string backend_name() const override { return name_; }
+  torch::Device device() const override { return device_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  Work allreduce(at::Tensor& tensor) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return wrap(backend_->allreduce(tensors), "allreduce");
+  }
+
+  Work broadcast(at::Tensor& tensor, int root) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return wrap(backend_->broadcast(tensors, opts), "broadcast");
+  }
+
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override {
+    std::vector<at::Tensor> inputs{tensor};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
+    wrap(backend_->allgather(outputs, inputs), "allgather").wait();
+    return outputs[0];
+  }
+
+  void barrier() override { wrap(backend_->barrier(), "barrier").wait(); }
+
+ private:
+  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
+    return Work(std::move(work), name_ + " " + op, rank());
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;  // the backend keeps using it after construction
+  c10::intrusive_ptr<compat::Backend> backend_;
+  std::string name_;
+  torch::Device device_;
+  std::chrono::milliseconds timeout_;
+};
+
+std::mutex g_mutex;
+std::shared_ptr<ProcessGroup> g_default;
+int g_generation = 0;  // a fresh store prefix for each group made in this process
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+#ifdef USE_C10D_GLOO
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
+  // PyTorch's variable: one interface (or a comma-separated list) to bind.
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    std::string first(ifname);
+    first = first.substr(0, first.find(','));
+    return c10d::ProcessGroupGloo::createDeviceForInterface(first);
+  }
+  // Every rank on this host: loopback needs no name resolution at all.
+  if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  // Else the address this host's name resolves to (loopback if it resolves to nothing).
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+#endif
+
+bool has_gpu() {
+#ifdef DDP_WITH_CUDA
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+std::string rank_tag(const ProcessGroup& pg) {
+  return "rank " + std::to_string(pg.rank()) + "/" + std::to_string(pg.size());
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
+  return init_process_group(LaunchEnv::from_environment(), options);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const ProcessGroupOptions& options) {
+  LaunchEnv env = env_in;
+  const std::string who = "rank " + std::to_string(env.rank) + ": init_process_group: ";
+  const std::string& init = options.init_method();
+  if (init.rfind("tcp://", 0) == 0) {
+    std::string hostport = init.substr(6);
+    size_t colon = hostport.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw std::invalid_argument(who + "init_method '" + init + "' must be tcp://HOST:PORT");
+    env.master_addr = hostport.substr(0, colon);
+    try {
+      int port = std::stoi(hostport.substr(colon + 1));
+      if (port < 1 || port > 65535) throw std::out_of_range("port");
+      env.master_port = static_cast<uint16_t>(port);
+    } catch (const std::exception&) {
+      throw std::invalid_argument(who + "init_method '" + init + "' has no valid port (1-65535)");
+    }
+  } else if (init != "env://") {
+    throw std::invalid_argument(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
+  }
+
+  std::string backend = options.backend();
+  if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
+  if (backend == "mpi")
+    throw std::invalid_argument(who + "the mpi backend is not built in this version; use gloo or nccl");
+  if (backend != "gloo" && backend != "nccl")
+    throw std::invalid_argument(who + "unknown backend '" + backend + "'; use auto, gloo or nccl");
+
+  const auto timeout = options.timeout();
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size, timeout);
+  } catch (const std::exception& e) {
+    throw CommError(who + (env.rank == 0 ? "could not serve the rendezvous store on port " : "could not reach the rendezvous store at ") +
+                    (env.rank == 0 ? std::to_string(env.master_port) : env.master_addr + ":" + std::to_string(env.master_port)) +
+                    ": " + e.what() +
+                    (env.rank == 0 ? "\n  (is the port already in use? choose another MASTER_PORT)"
+                                   : "\n  (is rank 0 running, and is MASTER_ADDR reachable from this host?)"));
+  }
+  int generation;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    generation = g_generation++;
+  }
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ddp_pg_" + std::to_string(generation), store);
+
+  torch::Device device(torch::kCPU);
+  c10::intrusive_ptr<compat::Backend> pg;
+  try {
+    if (backend == "gloo") {
+#ifdef USE_C10D_GLOO
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(gloo_device(env));
+      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+#else
+      throw std::invalid_argument("this LibTorch was built without Gloo");
+#endif
+    } else {
+#ifdef USE_C10D_NCCL
+      if (!has_gpu()) throw std::invalid_argument("the nccl backend needs a GPU and none is visible");
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
+      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+#else
+      throw std::invalid_argument("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
+#endif
+    }
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(who + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(who + backend + " could not connect all " + std::to_string(env.world_size) +
+                    " ranks within the timeout: " + e.what() +
+                    "\n  (check that every rank was started, and GLOO_SOCKET_IFNAME when hosts have several interfaces)");
+  }
+  auto group = std::make_shared<C10dProcessGroup>(store, pg, backend, device, timeout);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default = group;
+  return group;
+}
+
+std::shared_ptr<ProcessGroup> default_process_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_default)
+    throw std::logic_error("no default process group: call ddp::init_process_group() first");
+  return g_default;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return static_cast<bool>(g_default);
+}
+
+void destroy_process_group() {
+  std::shared_ptr<ProcessGroup> last;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    last.swap(g_default);
+  }
+  // `last` goes out of scope outside the lock: a backend's shutdown may block briefly.
+}
+
+}  // namespace ddp

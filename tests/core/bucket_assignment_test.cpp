@@ -1,0 +1,39 @@
+#include <gtest/gtest.h>
+
+#include "ddp/reducer.h"
+
+using Buckets = std::vector<std::vector<size_t>>;
+
+namespace {
+std::vector<size_t> reversed(size_t n) {
+  std::vector<size_t> o(n);
+  for (size_t i = 0; i < n; ++i) o[i] = n - 1 - i;
+  return o;
+}
+}  // namespace
+
+TEST(BucketAssignment, SmallFirstBucketThenCap) {
+  // 4 float tensors of 100 bytes each; first bucket 150 bytes, the rest 250.
+  std::vector<at::Tensor> p(4, torch::zeros({25}));
+  auto b = ddp::compute_bucket_assignment(p, reversed(4), 150, 250);
+  EXPECT_EQ(b, (Buckets{{3, 2}, {1, 0}}));
+}
+
+TEST(BucketAssignment, LargeTensorIsNeverSplit) {
+  std::vector<at::Tensor> p{torch::zeros({10}), torch::zeros({1000}), torch::zeros({10})};
+  auto b = ddp::compute_bucket_assignment(p, reversed(3), 100, 100);
+  EXPECT_EQ(b, (Buckets{{2, 1}, {0}}));
+}
+
+TEST(BucketAssignment, DtypesGoToDifferentBuckets) {
+  std::vector<at::Tensor> p{torch::zeros({4}), torch::zeros({4}, torch::kDouble), torch::zeros({4}),
+                            torch::zeros({4}, torch::kDouble)};
+  auto b = ddp::compute_bucket_assignment(p, reversed(4), 1 << 20, 1 << 20);
+  EXPECT_EQ(b, (Buckets{{3, 1}, {2, 0}}));
+}
+
+TEST(BucketAssignment, FollowsTheGivenReadyOrder) {
+  std::vector<at::Tensor> p(4, torch::zeros({25}));
+  auto b = ddp::compute_bucket_assignment(p, {1, 3, 0, 2}, 200, 200);
+  EXPECT_EQ(b, (Buckets{{1, 3}, {0, 2}}));
+}

@@ -1,0 +1,312 @@
+// One rank of a multi-process DDP test. Started by the tests (through
+// multiprocess.h) with torchrun's variables; checks its own results and exits
+// 0 on success, 1 with a message otherwise. The scenario is argv[1].
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+
+#include "counting_process_group.h"
+#include "ddp/ddp.h"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+std::map<std::string, std::string> parse_flags(int argc, char** argv) {
+  std::map<std::string, std::string> flags;
+  for (int i = 2; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
+  return flags;
+}
+
+struct Fail : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+#define EXPECT_OR_FAIL(cond, msg)                                                           \
+  do {                                                                                      \
+    if (!(cond)) throw Fail(std::string("check failed: ") + #cond + ": " + std::string(msg)); \
+  } while (0)
+
+// Linear layers, optionally with a float and a double part, a BatchNorm in
+// front, and an extra layer that only some ranks use.
+struct NetImpl : torch::nn::Module {
+  NetImpl(bool mixed, bool batchnorm, int out = 4, bool with_extra = false) : mixed(mixed), use_bn(batchnorm) {
+    if (use_bn) bn = register_module("bn", torch::nn::BatchNorm1d(8));
+    l1 = register_module("l1", torch::nn::Linear(8, 32));
+    l2 = register_module("l2", torch::nn::Linear(32, 32));
+    l3 = register_module("l3", torch::nn::Linear(32, out));
+    if (with_extra) extra = register_module("extra", torch::nn::Linear(8, out));
+    if (mixed) {
+      l1->to(torch::kFloat);
+      l2->to(torch::kDouble);
+      l3->to(torch::kDouble);
+      if (extra) extra->to(torch::kDouble);
+    } else {
+      to(torch::kDouble);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_extra = false) {
+    if (use_bn) x = bn(x);
+    auto h = torch::relu(l1(mixed ? x.to(torch::kFloat) : x));
+    h = torch::relu(l2(h.to(torch::kDouble)));
+    auto y = l3(h);
+    if (use_extra) y = y + extra(x.to(torch::kDouble));
+    return y;
+  }
+  bool mixed, use_bn;
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, extra{nullptr};
+};
+TORCH_MODULE(Net);
+
+// The global batch of step `step` (the same on every rank), and this rank's rows.
+std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int rows) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({rows, 8}, torch::kDouble), torch::randn({rows, 4}, torch::kDouble)};
+}
+
+void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard g;
+  auto src = from.named_parameters(true);
+  for (auto& p : to.named_parameters(true)) p.value().copy_(src[p.key()]);
+  auto bsrc = from.named_buffers(true);
+  for (auto& b : to.named_buffers(true)) b.value().copy_(bsrc[b.key()]);
+}
+
+void expect_same_across_ranks(ddp::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors, const std::string& what) {
+  std::vector<torch::Tensor> flat;
+  for (auto& t : tensors) flat.push_back(t.detach().to(torch::kDouble).reshape(-1));
+  auto mine = torch::cat(flat);
+  auto all = pg.allgather(mine);
+  for (int r = 0; r < pg.size(); ++r)
+    EXPECT_OR_FAIL(torch::equal(all[r], all[0]), what + " differ between rank " + std::to_string(r) + " and rank 0");
+}
+
+void expect_grads_close(torch::nn::Module& ddp_model, torch::nn::Module& ref, const std::string& when) {
+  auto ref_params = ref.named_parameters(true);
+  for (auto& p : ddp_model.named_parameters(true)) {
+    if (p.key().rfind("extra", 0) == 0) continue;
+    auto g = p.value().grad();
+    auto r = ref_params[p.key()].grad();
+    EXPECT_OR_FAIL(g.defined() && r.defined(), when + ": gradient of " + p.key() + " is missing");
+    auto diff = (g.to(torch::kDouble) - r.to(torch::kDouble)).abs().max().item<double>();
+    bool close = torch::allclose(g.to(torch::kDouble), r.to(torch::kDouble), 1e-6, 1e-9);
+    EXPECT_OR_FAIL(close, when + ": gradient of " + p.key() + " differs from the single-process gradient by " +
+                              std::to_string(diff));
+  }
+}
+
+// Each rank's gradients equal the single-process gradients of the
+// concatenated batch; parameters stay identical over the steps.
+int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg_ptr,
+                   std::map<std::string, std::string> flags) {
+  const int rank = raw.rank(), world = raw.size();
+  const bool mixed = flags["--mixed"] == "1";
+  const int steps = flags.count("--steps") ? std::stoi(flags["--steps"]) : 20;
+  const int per_rank = 6;
+  auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
+  // Rank-skewed initial weights: DDP must make every rank take rank 0's.
+  torch::manual_seed(flags["--skew"] == "1" ? 17 + rank : 17);
+  Net net(mixed, false);
+  Net ref(mixed, false);
+  auto options = ddp::DDPOptions()
+                     .bucket_cap_mb(flags.count("--bucket-cap-mb") ? std::stod(flags["--bucket-cap-mb"]) : 25.0)
+                     .first_bucket_mb(flags.count("--first-bucket-mb") ? std::stod(flags["--first-bucket-mb"]) : 1.0)
+                     .gradient_as_bucket_view(flags["--as-view"] != "0");
+  ddp::DistributedDataParallel model(net, counting, options);
+  expect_same_across_ranks(raw, net->parameters(), "initial parameters");
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int step = 0; step < steps; ++step) {
+    auto [x, y] = global_batch(step, per_rank * world);
+    copy_params(*net, *ref);
+    ref->zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    opt.zero_grad();
+    const int64_t before = counting->allreduces;
+    auto loss = torch::mse_loss(model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank));
+    loss.backward();
+    EXPECT_OR_FAIL(counting->allreduces - before == static_cast<int64_t>(model.stats().num_buckets),
+                   "one all-reduce per bucket");
+    expect_grads_close(*net, *ref, "step " + std::to_string(step));
+    opt.step();
+    expect_same_across_ranks(raw, net->parameters(), "parameters after step " + std::to_string(step));
+  }
+  const auto& s = model.stats();
+  std::cout << "rank " << rank << ": buckets=" << s.num_buckets << " rebuilt=" << s.buckets_rebuilt
+            << " bytes=" << s.bytes_reduced << " exposed_ms=" << s.exposed_comm_ms << std::endl;
+  if (flags.count("--min-buckets"))
+    EXPECT_OR_FAIL(s.num_buckets >= std::stoul(flags["--min-buckets"]), "expected several buckets");
+  if (steps >= 2) EXPECT_OR_FAIL(s.buckets_rebuilt, "buckets were not rebuilt after the first iteration");
+  return 0;
+}
+
+int scenario_batchnorm(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg) {
+  const int rank = raw.rank(), world = raw.size();
+  torch::manual_seed(3 + rank);
+  Net net(false, true);
+  ddp::DistributedDataParallel model(net, pg);
+  expect_same_across_ranks(raw, net->buffers(), "initial buffers");
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = global_batch(step, 6 * world);
+    opt.zero_grad();
+    torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)).backward();
+    opt.step();
+    expect_same_across_ranks(raw, net->parameters(), "parameters");
+  }
+  // Buffers differ after each local forward; before the next one every rank
+  // takes rank 0's, so the same input now gives the same buffers everywhere.
+  auto [x, y] = global_batch(99, 6);
+  model(x);
+  expect_same_across_ranks(raw, net->buffers(), "BatchNorm buffers");
+  return 0;
+}
+
+int scenario_unused(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  const int rank = raw.rank(), world = raw.size();
+  const std::string mode = flags["--mode"];
+  torch::manual_seed(5);
+  Net net(false, false, 4, true);
+  Net ref(false, false, 4, true);
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().find_unused_parameters(mode != "error"));
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    auto [x, y] = global_batch(step, 6 * world);
+    const bool use_extra = mode == "rank0" && rank == 0;
+    opt.zero_grad();
+    auto loss = torch::mse_loss(model(x.narrow(0, 6 * rank, 6), use_extra), y.narrow(0, 6 * rank, 6));
+    if (mode == "error") {
+      try {
+        loss.backward();
+      } catch (const std::exception& e) {
+        std::string what = e.what();
+        std::cout << "caught: " << what << std::endl;
+        EXPECT_OR_FAIL(what.find("extra.weight") != std::string::npos, "the error names the parameter");
+        EXPECT_OR_FAIL(what.find("find_unused_parameters") != std::string::npos, "the error says what to do");
+        return 0;
+      }
+      throw Fail("backward with an unused parameter did not fail");
+    }
+    loss.backward();
+    if (mode == "none") {
+      copy_params(*net, *ref);
+      ref->zero_grad();
+      torch::mse_loss(ref->forward(x), y).backward();
+      expect_grads_close(*net, *ref, "unused step " + std::to_string(step));
+      EXPECT_OR_FAIL(!net->extra->weight.grad().defined(), "a parameter no rank used keeps an undefined gradient");
+    } else {
+      EXPECT_OR_FAIL(net->extra->weight.grad().defined(), "a parameter rank 0 used has a gradient everywhere");
+      expect_same_across_ranks(raw, {net->extra->weight.grad(), net->l1->weight.grad()}, "gradients");
+    }
+    opt.step();
+    expect_same_across_ranks(raw, net->parameters(), "parameters");
+  }
+  return 0;
+}
+
+int scenario_no_sync(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg_ptr) {
+  const int rank = raw.rank(), world = raw.size();
+  auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
+  torch::manual_seed(7);
+  Net net(false, false);
+  Net ref(false, false);
+  ddp::DistributedDataParallel model(net, counting);
+  copy_params(*net, *ref);
+  net->zero_grad();
+  ref->zero_grad();
+  for (int micro = 0; micro < 4; ++micro) {
+    auto [x, y] = global_batch(micro, 6 * world);
+    torch::mse_loss(ref->forward(x), y).backward();
+    auto local = [&] { return torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)); };
+    const int64_t before = counting->allreduces;
+    if (micro < 3) {
+      auto guard = model.no_sync();
+      local().backward();
+      EXPECT_OR_FAIL(counting->allreduces == before, "no communication inside no_sync");
+    } else {
+      local().backward();
+      EXPECT_OR_FAIL(counting->allreduces > before, "the synchronised backward communicates");
+    }
+  }
+  expect_grads_close(*net, *ref, "after 3 no_sync micro-batches and 1 synchronised");
+  return 0;
+}
+
+int scenario_mismatch(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg) {
+  Net net(false, false, raw.rank() == 1 ? 5 : 4);
+  try {
+    ddp::DistributedDataParallel model(net, pg);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::cout << "caught: " << what << std::endl;
+    EXPECT_OR_FAIL(what.find("not the same on every rank") != std::string::npos, "names the problem");
+    EXPECT_OR_FAIL(what.find("rank " + std::to_string(raw.rank())) == 0, "names this rank");
+    if (raw.rank() == 1) EXPECT_OR_FAIL(what.find("l3.weight") != std::string::npos, "names the parameter");
+    return 0;
+  }
+  throw Fail("different models on different ranks were accepted");
+}
+
+// The same deterministic model, data and optimizer as pytorch_ddp_parity.py.
+int scenario_parity(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  const int rank = raw.rank(), world = raw.size();
+  torch::nn::Sequential net(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
+                            torch::nn::Linear(16, 3));
+  {
+    torch::NoGradGuard g;
+    int layer = 0;
+    for (auto& p : net->named_parameters(true)) {
+      auto k = torch::arange(p.value().numel(), torch::kDouble);
+      auto v = p.key().find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer)
+                                                             : 0.01 * torch::cos(k + layer);
+      p.value().copy_(v.reshape(p.value().sizes()).to(torch::kFloat));
+      ++layer;
+    }
+  }
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(0.001).first_bucket_mb(0.0005));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  const int per_rank = 16;
+  for (int step = 0; step < 30; ++step) {
+    auto n = torch::arange(per_rank * world, torch::kDouble).unsqueeze(1);
+    auto x = torch::sin(0.1 * (step * 1000 + n * 7 + torch::arange(6, torch::kDouble).unsqueeze(0) * 3)).to(torch::kFloat);
+    auto y = torch::cos(0.05 * (step * 500 + n * 5 + torch::arange(3, torch::kDouble).unsqueeze(0))).to(torch::kFloat);
+    opt.zero_grad();
+    torch::mse_loss(model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank)).backward();
+    opt.step();
+  }
+  std::ofstream out(flags["--out"] + "/cpp_rank" + std::to_string(rank) + ".bin", std::ios::binary);
+  for (auto& p : net->parameters()) {
+    auto c = p.detach().contiguous();
+    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  }
+  std::cout << "rank " << rank << ": buckets=" << model.stats().num_buckets << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: ddp_worker SCENARIO [--flag value ...]\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  auto flags = parse_flags(argc, argv);
+  try {
+    const auto timeout = std::chrono::seconds(flags.count("--timeout") ? std::stoi(flags["--timeout"]) : 120);
+    auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(timeout));
+    int rc = 1;
+    if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
+    else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);
+    else if (scenario == "unused") rc = scenario_unused(*pg, pg, flags);
+    else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg);
+    else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg);
+    else if (scenario == "parity") rc = scenario_parity(*pg, pg, flags);
+    else throw Fail("unknown scenario " + scenario);
+    ddp::destroy_process_group();
+    return rc;
+  } catch (const std::exception& e) {
+    std::cerr << "FAILED: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,32 @@
+#include "ddp/hostlist.h"
+
+#include <gtest/gtest.h>
+
+using ddp::expand_hostlist;
+using V = std::vector<std::string>;
+
+TEST(Hostlist, PlainNames) { EXPECT_EQ(expand_hostlist("a,b,c"), (V{"a", "b", "c"})); }
+
+TEST(Hostlist, RangesKeepZeroPadding) {
+  EXPECT_EQ(expand_hostlist("gpu[01-03,07],cpu5"), (V{"gpu01", "gpu02", "gpu03", "gpu07", "cpu5"}));
+  EXPECT_EQ(expand_hostlist("n[8-10]"), (V{"n8", "n9", "n10"}));
+  EXPECT_EQ(expand_hostlist("n[098-100]"), (V{"n098", "n099", "n100"}));
+}
+
+TEST(Hostlist, SeveralBracketsInOneName) {
+  EXPECT_EQ(expand_hostlist("rack[1-2]-n[1,3]"), (V{"rack1-n1", "rack1-n3", "rack2-n1", "rack2-n3"}));
+}
+
+TEST(Hostlist, FirstHost) { EXPECT_EQ(ddp::first_host("gpu[07-09],a"), "gpu07"); }
+
+TEST(Hostlist, MalformedInputsAreErrors) {
+  for (const char* bad : {"", "a,,b", "n[1-2", "n1-2]", "n[3-1]", "n[a-b]", "n[]", "n[[1]]", "a b"}) {
+    EXPECT_THROW(expand_hostlist(bad), std::invalid_argument) << "input: '" << bad << "'";
+  }
+  try {
+    expand_hostlist("gpu[5-2]");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("gpu[5-2]"), std::string::npos) << e.what();
+  }
+}

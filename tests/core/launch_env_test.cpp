@@ -1,0 +1,129 @@
+#include "ddp/launch_env.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+using ddp::LaunchEnv;
+using Env = std::map<std::string, std::string>;
+
+namespace {
+LaunchEnv parse(const Env& env) {
+  return LaunchEnv::from_lookup([&](const std::string& k) -> std::optional<std::string> {
+    auto it = env.find(k);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  });
+}
+// The error message of a malformed environment, which must name `variable`.
+void expect_error(const Env& env, const std::string& variable) {
+  try {
+    parse(env);
+    FAIL() << "no error; expected one naming " << variable;
+  } catch (const ddp::LaunchEnvError& e) {
+    EXPECT_NE(std::string(e.what()).find(variable), std::string::npos) << e.what();
+  }
+}
+const Env torchrun{{"RANK", "3"},        {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},
+                   {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}};
+}  // namespace
+
+TEST(LaunchEnv, NothingSetIsOneProcess) {
+  auto e = parse({});
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.source, LaunchEnv::Source::Single);
+}
+
+TEST(LaunchEnv, Torchrun) {
+  auto e = parse(torchrun);
+  EXPECT_EQ(e.rank, 3);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "node0");
+  EXPECT_EQ(e.master_port, 29400);
+  EXPECT_EQ(e.source_name(), "torchrun");
+}
+
+TEST(LaunchEnv, TorchrunWinsOverSlurmAndMpi) {
+  Env env = torchrun;
+  env["SLURM_PROCID"] = "0";
+  env["SLURM_NTASKS"] = "1";
+  env["OMPI_COMM_WORLD_RANK"] = "0";
+  EXPECT_EQ(parse(env).rank, 3);
+}
+
+TEST(LaunchEnv, Slurm) {
+  auto e = parse({{"SLURM_PROCID", "5"},
+                  {"SLURM_NTASKS", "8"},
+                  {"SLURM_LOCALID", "1"},
+                  {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                  {"SLURM_JOB_NODELIST", "gpu[07-08]"}});
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.master_addr, "gpu07");
+  EXPECT_EQ(e.master_port, 29500);
+  EXPECT_EQ(e.source, LaunchEnv::Source::Slurm);
+}
+
+TEST(LaunchEnv, SlurmMasterOverride) {
+  auto e = parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "1"},
+                  {"SLURM_JOB_NODELIST", "a,b"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}});
+  EXPECT_EQ(e.master_addr, "10.0.0.1");
+  EXPECT_EQ(e.master_port, 1234);
+  EXPECT_EQ(e.local_world_size, 1);
+}
+
+TEST(LaunchEnv, OpenMpi) {
+  auto e = parse({{"OMPI_COMM_WORLD_RANK", "1"},
+                  {"OMPI_COMM_WORLD_SIZE", "2"},
+                  {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");  // one node: loopback
+  EXPECT_EQ(e.source_name(), "openmpi");
+}
+
+TEST(LaunchEnv, OpenMpiAcrossNodesNeedsAMaster) {
+  expect_error({{"OMPI_COMM_WORLD_RANK", "1"},
+                {"OMPI_COMM_WORLD_SIZE", "4"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+               "MASTER_ADDR");
+}
+
+TEST(LaunchEnv, MalformedValuesNameTheVariable) {
+  auto with = [](std::string k, std::string v) {
+    Env e = torchrun;
+    e[k] = v;
+    return e;
+  };
+  auto without = [](std::string k) {
+    Env e = torchrun;
+    e.erase(k);
+    return e;
+  };
+  expect_error(with("RANK", "8"), "RANK");               // rank >= world size
+  expect_error(with("RANK", "-1"), "RANK");
+  expect_error(with("RANK", "two"), "RANK");             // non-numeric
+  expect_error(with("WORLD_SIZE", "4x"), "WORLD_SIZE");
+  expect_error(with("WORLD_SIZE", "0"), "WORLD_SIZE");
+  expect_error(with("LOCAL_RANK", "2"), "LOCAL_RANK");   // >= local world size
+  expect_error(with("LOCAL_WORLD_SIZE", "9"), "LOCAL_WORLD_SIZE");
+  expect_error(with("MASTER_PORT", "70000"), "MASTER_PORT");
+  expect_error(with("MASTER_PORT", "0"), "MASTER_PORT");
+  expect_error(with("MASTER_PORT", ""), "MASTER_PORT");
+  expect_error(with("MASTER_ADDR", ""), "MASTER_ADDR");
+  expect_error(without("MASTER_ADDR"), "MASTER_ADDR");   // no master with world size > 1
+  expect_error(without("MASTER_PORT"), "MASTER_PORT");
+  expect_error(without("WORLD_SIZE"), "WORLD_SIZE");
+  expect_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}}, "SLURM_PROCID");
+  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n[1-"}},
+               "SLURM_JOB_NODELIST");
+  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "SLURM_LOCALID");
+  expect_error({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK");
+}
