@@ -106,8 +106,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   // A tensor that aliases `contents` without being an autograd view: LibTorch's
   // Optimizer::zero_grad() calls detach_() on every grad, which views reject.
   static at::Tensor alias(const at::Tensor& contents, int64_t offset, const at::Tensor& like) {
+    std::vector<int64_t> strides(like.dim(), 1);
+    for (int64_t d = like.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(like.size(d + 1), 1);
     return at::empty({0}, contents.options())
-        .set_(contents.storage(), contents.storage_offset() + offset, like.sizes(), at::detail::defaultStrides(like.sizes()));
+        .set_(contents.storage(), contents.storage_offset() + offset, like.sizes(), strides);
   }
 
   static bool is_alias(const at::Tensor& grad, const at::Tensor& view) {
