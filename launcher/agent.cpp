@@ -1,0 +1,445 @@
+#include "agent.h"
+
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <set>
+
+#include "errors.h"
+#include "gpus.h"
+#include "net.h"
+
+extern char** environ;
+
+namespace ddprun {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string timestamp(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::localtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+bool failed(const WorkerProcess& p) { return p.exited() && *p.exit_status() != 0; }
+
+// mkdtemp with a template under `dir`; the run directory is unique even when
+// several runs (or nodes on a shared file system) use the same --log-dir.
+std::string make_unique_dir(const std::string& dir, const std::string& prefix) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string tmpl = dir + "/" + prefix + "XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data()))
+    throw LaunchError("cannot create a log directory in " + dir + ": " + std::strerror(errno) +
+                      "; check that --log-dir is writable");
+  return buf.data();
+}
+
+}  // namespace
+
+Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
+    : o_(options), signals_(signals), watchdog_(watchdog), host_(this_hostname()) {
+  static const std::set<std::string> ours = {
+      "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+      "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"};
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
+  }
+  // torchrun sets 1 when several workers share a node; ddprun splits the
+  // cores instead, which keeps CPU-only workers from idling (docs/launcher.md).
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    int threads = std::max(1, usable_cpus() / std::max(1, o_.nproc));
+    omp_threads_ = std::to_string(threads);
+  }
+  for (const char* v : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
+    if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") && !std::getenv("NCCL_ASYNC_ERROR_HANDLING"))
+      base_env_.push_back(std::string(v) + "=1");
+
+  bool any_files = !o_.log_dir.empty();
+  for (int lr = 0; lr < o_.nproc; ++lr) any_files = any_files || o_.redirects.of(lr) || o_.tee.of(lr);
+  if (any_files) {
+    std::string base = o_.log_dir;
+    if (base.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      base = make_unique_dir(tmp && *tmp ? tmp : "/tmp", "ddprun_");
+    }
+    std::string id = o_.run_id;
+    for (char& c : id)
+      if (c == '/') c = '_';
+    run_log_dir_ = make_unique_dir(base, id + "_");
+  }
+}
+
+Agent::~Agent() {
+  // Exceptions (lost store, exec failure) end here with workers running:
+  // WorkerProcess's destructor SIGKILLs each group; orphans follow.
+  workers_.clear();
+  kill_adopted_orphans(watchdog_.pid());
+}
+
+const char* Agent::state_name(State s) {
+  switch (s) {
+    case State::Initial: return "initial";
+    case State::Healthy: return "healthy";
+    case State::Unhealthy: return "unhealthy";
+    case State::Failed: return "failed";
+    case State::Succeeded: return "succeeded";
+    case State::Stopped: return "stopped";
+  }
+  return "?";
+}
+
+void Agent::tick() {
+  for (int s : signals_.drain()) {
+    if (s == SIGCHLD) {
+      reap();
+    } else {
+      throw Interrupted(s);
+    }
+  }
+}
+
+void Agent::reap() {
+  for (;;) {
+    int status = 0;
+    pid_t pid = ::waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    // Unknown pids are adopted orphans (ddprun is a child subreaper).
+    for (auto& w : workers_)
+      if (w.process && w.process->pid() == pid) {
+        w.process->set_exit_status(status);
+        w.exit_time = std::chrono::system_clock::now();
+      }
+  }
+}
+
+std::vector<std::string> Agent::worker_env(const Worker& w) const {
+  std::vector<std::string> env = base_env_;
+  auto put = [&](const std::string& k, const std::string& v) { env.push_back(k + "=" + v); };
+  const Assignment& a = assignment_;
+  put("LOCAL_RANK", std::to_string(w.local_rank));
+  put("RANK", std::to_string(w.rank));
+  put("GROUP_RANK", std::to_string(a.group_rank));
+  put("ROLE_RANK", std::to_string(w.rank));
+  put("ROLE_NAME", o_.role);
+  put("LOCAL_WORLD_SIZE", std::to_string(o_.nproc));
+  put("WORLD_SIZE", std::to_string(a.world_size));
+  put("GROUP_WORLD_SIZE", std::to_string(a.num_nodes));
+  put("ROLE_WORLD_SIZE", std::to_string(a.world_size));
+  put("MASTER_ADDR", a.master_addr);
+  put("MASTER_PORT", std::to_string(a.master_port));
+  put("TORCHELASTIC_RESTART_COUNT", std::to_string(round_));
+  put("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
+  put("TORCHELASTIC_RUN_ID", o_.run_id);
+  // The workers' rank 0 serves its own store at MASTER_PORT; ddprun's store
+  // (several nodes) lives elsewhere.
+  put("TORCHELASTIC_USE_AGENT_STORE", "False");
+  if (!omp_threads_.empty()) put("OMP_NUM_THREADS", omp_threads_);
+  return env;
+}
+
+void Agent::start_group() {
+  assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
+  round_ = assignment_.round;
+  failure_.reset();
+  local_failures_.clear();
+  killed_ = false;
+  workers_.clear();
+  workers_.resize(static_cast<size_t>(o_.nproc));
+
+  std::string attempt_dir;
+  if (!run_log_dir_.empty()) attempt_dir = run_log_dir_ + "/attempt_" + std::to_string(round_);
+  for (int lr = 0; lr < o_.nproc; ++lr) {
+    Worker& w = workers_[static_cast<size_t>(lr)];
+    w.local_rank = lr;
+    w.rank = assignment_.rank_offset + lr;
+    bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr);
+    int redirected = o_.redirects.of(lr);
+    int teed = o_.tee.of(lr);
+    UniqueFd out_file, err_file;
+    if (!attempt_dir.empty()) {
+      std::string dir = attempt_dir + "/" + std::to_string(lr);
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      // --log-dir keeps every stream; --tee/--redirects alone keep theirs.
+      bool keep_all = !o_.log_dir.empty();
+      if (keep_all || ((redirected | teed) & StdSpec::kOut)) {
+        w.stdout_log = dir + "/stdout.log";
+        out_file = open_log_file(w.stdout_log);
+      }
+      if (keep_all || ((redirected | teed) & StdSpec::kErr)) {
+        w.stderr_log = dir + "/stderr.log";
+        err_file = open_log_file(w.stderr_log);
+      }
+    }
+    Pipe out = make_pipe(), err = make_pipe();
+    WorkerSpec spec;
+    spec.argv = o_.command;
+    spec.env = worker_env(w);
+    spec.signal_mask = &signals_.original_mask();
+    w.process = std::make_unique<WorkerProcess>(spec, std::move(out.write), std::move(err.write));
+    watchdog_.watch(w.process->pgid());
+    std::string prefix = "[rank" + std::to_string(w.rank) + "]: ";
+    output_.add(std::move(out.read), OutputRouter::Stream::Out, prefix,
+                shown && !(redirected & StdSpec::kOut), std::move(out_file));
+    output_.add(std::move(err.read), OutputRouter::Stream::Err, prefix,
+                shown && !(redirected & StdSpec::kErr), std::move(err_file));
+  }
+  next_poll_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                  std::chrono::duration<double>(o_.monitor_interval));
+}
+
+void Agent::wait_for_events(Clock::duration timeout) {
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  output_.append_pollfds(fds);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
+  int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1000)));
+  if (r > 0) {
+    for (const auto& p : fds) {
+      if (!p.revents) continue;
+      if (p.fd == signals_.fd()) {
+        for (int s : signals_.drain())
+          if (s != SIGCHLD) pending_signals_.push_back(s);
+      } else {
+        output_.handle(p.fd);
+      }
+    }
+  }
+  reap();
+}
+
+void Agent::begin_stop(int signo) {
+  for (auto& w : workers_)
+    if (w.process && !w.process->exited()) w.process->signal_group(o_.term_timeout > 0 ? signo : SIGKILL);
+  kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                      std::chrono::duration<double>(o_.term_timeout));
+  killed_ = o_.term_timeout <= 0;
+}
+
+void Agent::end_group() {
+  // Every worker has exited; whatever they started must not outlive them:
+  // their process groups, then children that left the group (re-parented
+  // to ddprun). Then the pipes reach EOF and the last lines come out.
+  for (auto& w : workers_)
+    if (w.process) {
+      w.process->signal_group(SIGKILL);
+      watchdog_.unwatch(w.process->pgid());
+    }
+  kill_adopted_orphans(watchdog_.pid());
+  output_.drain(Clock::now() + std::chrono::seconds(2));
+  output_.close_all();
+}
+
+std::string Agent::failure_text(const Worker& w) const {
+  return "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ") on host " + host_ +
+         ": " + describe_status(*w.process->exit_status());
+}
+
+void Agent::print_summary() const {
+  std::string program = o_.program;
+  std::string bar(60, '=');
+  std::string out = bar + "\n" + program + " FAILED\n" + std::string(60, '-') + "\n";
+  auto block = [&](const Worker& w) {
+    int st = *w.process->exit_status();
+    std::string code = std::to_string(exit_code_of(st));
+    if (WIFSIGNALED(st)) code += " (" + signal_name(WTERMSIG(st)) + ")";
+    std::string s;
+    s += "  time      : " + timestamp(w.exit_time) + "\n";
+    s += "  host      : " + host_ + "\n";
+    s += "  rank      : " + std::to_string(w.rank) + " (local_rank: " + std::to_string(w.local_rank) + ")\n";
+    s += "  exitcode  : " + code + " (pid: " + std::to_string(w.process->pid()) + ")\n";
+    std::string logs = w.stdout_log;
+    if (!w.stderr_log.empty()) logs += (logs.empty() ? "" : ", ") + w.stderr_log;
+    s += "  log files : " + (logs.empty() ? std::string("<none: use --log-dir to keep them>") : logs) + "\n";
+    return s;
+  };
+  bool root_here = false;
+  if (!local_failures_.empty()) {
+    const Worker& first = workers_[local_failures_.front()];
+    root_here = failure_ && failure_->text == failure_text(first);
+  }
+  out += "Root Cause (first observed failure):\n";
+  if (root_here) {
+    out += block(workers_[local_failures_.front()]);
+  } else if (failure_) {
+    out += "  " + failure_->text + "\n";
+    out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
+  }
+  size_t shown = 0;
+  std::string others;
+  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i, ++shown)
+    others += block(workers_[local_failures_[i]]);
+  out += std::string(60, '-') + "\nOther Failures:\n" + (shown ? others : "  <NO_OTHER_FAILURES>\n") + bar + "\n";
+  write_all(2, out);
+}
+
+int Agent::run(Rendezvous& rendezvous) {
+  rdzv_ = &rendezvous;
+  if (!o_.nproc_how.empty()) say(o_.nproc_how);
+  if (!run_log_dir_.empty()) say("worker logs in " + run_log_dir_);
+  if (!omp_threads_.empty())
+    say("setting OMP_NUM_THREADS=" + omp_threads_ + " for each worker (" + std::to_string(usable_cpus()) +
+        " CPUs / " + std::to_string(o_.nproc) + " local workers); set OMP_NUM_THREADS yourself to override");
+  auto interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.monitor_interval));
+  // The one monitor loop: wait for output, exits or signals (or the next
+  // check of the other nodes), then decide by state.
+  for (;;) {
+    if (state_ == State::Initial) {
+      start_group();
+      state_ = State::Healthy;
+      continue;
+    }
+    if (state_ == State::Healthy || state_ == State::Unhealthy || state_ == State::Succeeded) {
+      auto now = Clock::now();
+      auto until = state_ == State::Unhealthy && !killed_ ? std::min(next_poll_, kill_deadline_) : next_poll_;
+      wait_for_events(until > now ? until - now : Clock::duration::zero());
+    }
+    auto now = Clock::now();
+    bool poll_due = now >= next_poll_;
+    if (poll_due) next_poll_ = now + interval;
+    int signo = 0;
+    if (!pending_signals_.empty()) {
+      signo = pending_signals_.front();
+      pending_signals_.erase(pending_signals_.begin());
+    }
+
+    switch (state_) {
+      case State::Initial:
+        break;
+      case State::Healthy: {
+        if (signo) {
+          // Forward what ddprun got to every worker; no restart follows.
+          stop_signal_ = signo;
+          say("received " + signal_name(signo) + "; forwarding it to the workers");
+          FailureRecord r{128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)};
+          try {
+            failure_ = rdzv_->report_failure(r);
+          } catch (const LaunchError&) {
+            failure_ = r;
+          }
+          begin_stop(signo);
+          state_ = State::Unhealthy;
+          break;
+        }
+        for (size_t i = 0; i < workers_.size(); ++i)
+          if (failed(*workers_[i].process) && !workers_[i].reported) {
+            workers_[i].reported = true;
+            local_failures_.push_back(i);
+          }
+        if (!local_failures_.empty()) {
+          const Worker& first = workers_[local_failures_.front()];
+          FailureRecord r{exit_code_of(*first.process->exit_status()), true, failure_text(first)};
+          failure_ = rdzv_->report_failure(r);
+          say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
+              std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
+          begin_stop(SIGTERM);
+          state_ = State::Unhealthy;
+          break;
+        }
+        bool all_exited = true;
+        for (const auto& w : workers_) all_exited = all_exited && w.process->exited();
+        if (all_exited) {
+          end_group();
+          rdzv_->mark_done();
+          state_ = State::Succeeded;
+          next_poll_ = Clock::now();
+          break;
+        }
+        if (poll_due) {
+          if (auto f = rdzv_->poll()) {
+            failure_ = *f;
+            say("stopping the workers: " + f->text);
+            begin_stop(f->restartable ? SIGTERM : f->exit_code > 128 ? f->exit_code - 128 : SIGTERM);
+            state_ = State::Unhealthy;
+          }
+        }
+        break;
+      }
+      case State::Unhealthy: {
+        if (signo) {
+          // A stop request while stopping: do not wait out the grace period.
+          if (!stop_signal_) stop_signal_ = signo;
+          for (auto& w : workers_)
+            if (!w.process->exited()) w.process->signal_group(SIGKILL);
+          killed_ = true;
+        }
+        bool all_exited = true;
+        for (const auto& w : workers_) all_exited = all_exited && w.process->exited();
+        if (all_exited) {
+          end_group();
+          state_ = stop_signal_ ? State::Stopped : State::Failed;
+        } else if (!killed_ && Clock::now() >= kill_deadline_) {
+          say("workers still running " + std::to_string(static_cast<int>(o_.term_timeout)) +
+              " s after SIGTERM; sending SIGKILL (see --term-timeout)");
+          for (auto& w : workers_)
+            if (!w.process->exited()) w.process->signal_group(SIGKILL);
+          killed_ = true;
+        }
+        break;
+      }
+      case State::Succeeded: {
+        if (signo) {
+          stop_signal_ = signo;
+          try {
+            rdzv_->report_failure({128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)});
+          } catch (const LaunchError&) {
+          }
+          state_ = State::Stopped;
+          break;
+        }
+        if (!poll_due) break;
+        if (auto f = rdzv_->poll()) {
+          // Another node failed after ours finished: the group as a whole
+          // failed, and a restart includes this node.
+          failure_ = *f;
+          state_ = State::Failed;
+          break;
+        }
+        if (rdzv_->all_done()) {
+          rdzv_->acknowledge_end();
+          rdzv_->finish([this] { tick(); });
+          return 0;
+        }
+        break;
+      }
+      case State::Failed: {
+        if (failure_ && failure_->restartable && round_ < o_.max_restarts) {
+          say("worker group failed (" + failure_->text + "); restarting every worker, restart " +
+              std::to_string(round_ + 1) + " of " + std::to_string(o_.max_restarts));
+          ++round_;
+          state_ = State::Initial;
+          break;
+        }
+        rdzv_->acknowledge_end();
+        print_summary();
+        if (failure_ && failure_->restartable && o_.max_restarts > 0)
+          say("giving up after " + std::to_string(round_) + " restarts (--max-restarts " +
+              std::to_string(o_.max_restarts) + ")");
+        rdzv_->finish([this] { tick(); });
+        return failure_ ? failure_->exit_code : 1;
+      }
+      case State::Stopped: {
+        rdzv_->acknowledge_end();
+        rdzv_->finish([this] { tick(); });
+        say("stopped by " + signal_name(stop_signal_) + "; every worker has exited");
+        return 128 + stop_signal_;
+      }
+    }
+  }
+}
+
+}  // namespace ddprun

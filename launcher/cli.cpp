@@ -1,0 +1,499 @@
+#include "cli.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/program_options.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <random>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#include "ddp/hostlist.h"
+#include "errors.h"
+#include "gpus.h"
+
+namespace po = boost::program_options;
+
+namespace ddprun {
+namespace {
+
+const char* const kUsage = R"(Usage: ddprun [options] PROGRAM [ARGS...]
+       ddprun [options] -- PROGRAM [ARGS...]
+
+Starts PROGRAM once per worker with torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+TORCHELASTIC_*), supervises the workers, and stops all of them when one fails.
+Every flag also has torchrun's underscore spelling (--nproc_per_node) and an
+environment default PET_<FLAG> (PET_NPROC_PER_NODE=4). Under Slurm, --nnodes,
+--node-rank and --master-addr default from SLURM_NNODES, SLURM_NODEID and the
+first host of SLURM_JOB_NODELIST.
+
+Examples:
+  ddprun --nproc-per-node gpu ./train --epochs 10        one worker per visible GPU
+  ddprun --standalone --nproc-per-node 4 ./train         one node, free port on loopback
+  ddprun --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 ./train
+  ddprun --nnodes 1:4 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job42 ./train
+  srun --ntasks-per-node 1 ddprun --nproc-per-node gpu --master-port 29500 ./train
+  ddprun --nproc-per-node 8 --log-dir logs --tee 3 --local-ranks-filter 0 ./train
+
+Exit status: the first failing worker's exit code (128+N if it died by signal N),
+2 for a command-line error, 1 for another launcher error, 128+N if ddprun itself
+received signal N. See docs/launcher.md.
+)";
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+[[noreturn]] void usage(const std::string& what) { throw UsageError(what + " (see ddprun --help)"); }
+
+int to_int(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  long v = 0;
+  try {
+    v = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || v < INT32_MIN || v > INT32_MAX)
+    usage(flag + " expects a whole number, got '" + text + "'");
+  return static_cast<int>(v);
+}
+
+double to_seconds(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (text.empty() || used != text.size() || !(v >= 0)) usage(flag + " expects seconds >= 0, got '" + text + "'");
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  std::istringstream in(s);
+  while (std::getline(in, cur, sep)) out.push_back(cur);
+  return out;
+}
+
+po::options_description make_description() {
+  po::options_description d("Options", 100, 50);
+  auto str = [](const char* def) { return po::value<std::string>()->default_value(def); };
+  // clang-format off
+  d.add_options()
+    ("help,h", "show this help and exit")
+    ("nproc-per-node", str("1"), "workers on this node: N, auto (visible GPUs, else CPUs), gpu (visible GPUs), cpu (CPUs)")
+    ("nnodes", str("1:1"), "number of nodes N, or MIN:MAX for c10d rendezvous")
+    ("node-rank", str("0"), "this node's rank in [0, nnodes) (static rendezvous)")
+    ("master-addr", str("127.0.0.1"), "host of node 0 (static rendezvous); IPv6 as [::1]")
+    ("master-port", str("29500"), "port on node 0: single node, the workers' MASTER_PORT; several nodes, the rendezvous store")
+    ("standalone", po::bool_switch(), "one node on loopback with a free port; ignores --rdzv-*, --master-*")
+    ("rdzv-backend", str("static"), "static (fixed --nnodes, --node-rank) or c10d (TCPStore at --rdzv-endpoint, nodes ranked by join order)")
+    ("rdzv-endpoint", str(""), "HOST[:PORT] of the c10d store (default port 29400); for static it replaces --master-addr/--master-port")
+    ("rdzv-id", str("none"), "run id shared by every node (TORCHELASTIC_RUN_ID)")
+    ("rdzv-conf", str(""), "KEY=VALUE,... : join_timeout (600 s), last_call_timeout (30 s), close_timeout (30 s), keep_alive_interval (5 s), keep_alive_max_attempt (3), is_host (auto)")
+    ("local-addr", str(""), "address other nodes reach this node at, if it hosts the workers' master (c10d)")
+    ("max-restarts", str("0"), "restart the whole worker group (every node) up to this many times after a failure")
+    ("monitor-interval", str("0.1"), "seconds between checks of the other nodes' state (local exits are seen at once)")
+    ("term-timeout", str("30"), "seconds between SIGTERM and SIGKILL when stopping workers (env DDPRUN_TERM_TIMEOUT)")
+    ("role", str("default"), "worker role name (ROLE_NAME)")
+    ("log-dir", str(""), "keep each worker's stdout and stderr in LOG_DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log")
+    ("redirects,r", str("0"), "send streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank 0:1,1:2")
+    ("tee,t", str("0"), "copy streams to the log files as well as the console (same syntax as --redirects)")
+    ("local-ranks-filter", str(""), "show only these local ranks on the console, e.g. 0 or 0,2 (files keep everything)")
+    ("no-python", po::bool_switch(), "run PROGRAM directly even if it ends in .py")
+    ("module,m", po::bool_switch(), "PROGRAM is a Python module: run $PYTHON_EXEC -u -m PROGRAM")
+    ("run-path", po::bool_switch(), "(torchrun only; rejected)")
+    ("start-method", str("spawn"), "(accepted for torchrun compatibility; workers are always fork+exec'd)");
+  // clang-format on
+  return d;
+}
+
+// "--nproc_per_node=4" -> "--nproc-per-node=4": one spelling for Boost.
+std::string normalize_flag(const std::string& arg) {
+  if (arg.rfind("--", 0) != 0) return arg;
+  size_t eq = arg.find('=');
+  std::string name = arg.substr(0, eq);
+  for (size_t i = 2; i < name.size(); ++i)
+    if (name[i] == '_') name[i] = '-';
+  return eq == std::string::npos ? name : name + arg.substr(eq);
+}
+
+struct SplitArgs {
+  std::vector<std::string> flags;
+  std::vector<std::string> command;
+};
+
+// Options end at the first non-option word (PROGRAM) or at "--": everything
+// after belongs to the program, even words that look like our flags.
+SplitArgs split_args(int argc, const char* const* argv, const po::options_description& d) {
+  SplitArgs out;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (int j = i + 1; j < argc; ++j) out.command.push_back(argv[j]);
+      break;
+    }
+    if (a.size() < 2 || a[0] != '-') {
+      for (int j = i; j < argc; ++j) out.command.push_back(argv[j]);
+      break;
+    }
+    a = normalize_flag(a);
+    out.flags.push_back(a);
+    const po::option_description* od = nullptr;
+    bool attached = false;
+    if (a.rfind("--", 0) == 0) {
+      size_t eq = a.find('=');
+      attached = eq != std::string::npos;
+      od = d.find_nothrow(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2), false);
+      if (!od) usage("unknown option '" + a.substr(0, a.find('=')) + "'");
+    } else {
+      od = d.find_nothrow(a.substr(0, 2), false, false, false);  // Boost stores short names as "-r"
+      if (!od) usage("unknown option '" + a.substr(0, 2) + "'");
+      attached = a.size() > 2;
+    }
+    if (!attached && od->semantic()->max_tokens() > 0) {
+      if (i + 1 >= argc) usage("option '" + a + "' needs a value");
+      out.flags.push_back(argv[++i]);
+    }
+  }
+  return out;
+}
+
+bool executable_file(const std::string& path, std::string& why) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    why = std::strerror(errno);
+    return false;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    why = "it is a directory";
+    return false;
+  }
+  if (::access(path.c_str(), X_OK) != 0) {
+    why = "it is not executable (chmod +x it, or name its interpreter first: ddprun ... python3 " + path + ")";
+    return false;
+  }
+  return true;
+}
+
+// PATH search done here, before any fork: the child then only calls execve,
+// and a missing program is a clear usage error instead of N worker failures.
+std::string resolve_program(const std::string& name) {
+  std::string why;
+  if (name.find('/') != std::string::npos) {
+    if (executable_file(name, why)) return name;
+    usage("cannot run PROGRAM '" + name + "': " + why);
+  }
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  for (auto dir : split(p + ":", ':')) {
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + name;
+    std::string ignored;
+    if (executable_file(candidate, ignored)) return candidate;
+  }
+  usage("PROGRAM '" + name + "' not found in PATH; give its path (./" + name + ") or install it");
+}
+
+std::string random_run_id() {
+  std::random_device rd;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%08x", rd(), rd() & 0xffff, rd() & 0xffff, rd());
+  return buf;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+RdzvConf parse_rdzv_conf(const std::string& text, std::vector<std::string>& notes) {
+  RdzvConf c;
+  if (text.empty()) return c;
+  for (const auto& item : split(text, ',')) {
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) usage("--rdzv-conf expects KEY=VALUE pairs, got '" + item + "'");
+    std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    std::string flag = "--rdzv-conf " + k;
+    if (k == "join_timeout" || k == "timeout") c.join_timeout = to_seconds(v, flag);
+    else if (k == "last_call_timeout") c.last_call_timeout = to_seconds(v, flag);
+    else if (k == "close_timeout") c.close_timeout = to_seconds(v, flag);
+    else if (k == "keep_alive_interval") c.keep_alive_interval = std::max(0.1, to_seconds(v, flag));
+    else if (k == "keep_alive_max_attempt") c.keep_alive_max_attempt = std::max(1, to_int(v, flag));
+    else if (k == "is_host") {
+      std::string l = lower(v);
+      if (l == "1" || l == "true" || l == "yes") c.is_host = true;
+      else if (l == "0" || l == "false" || l == "no") c.is_host = false;
+      else usage(flag + " expects true or false, got '" + v + "'");
+    } else {
+      notes.push_back("ignoring --rdzv-conf key '" + k + "' (ddprun understands join_timeout, last_call_timeout, "
+                      "close_timeout, keep_alive_interval, keep_alive_max_attempt, is_host)");
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+int StdSpec::of(int local_rank) const {
+  if (!mapped) return all;
+  auto it = per_rank.find(local_rank);
+  return it == per_rank.end() ? 0 : it->second;
+}
+
+StdSpec StdSpec::parse(const std::string& text, const std::string& flag) {
+  auto value = [&](const std::string& v) {
+    if (v.size() != 1 || v[0] < '0' || v[0] > '3')
+      usage(flag + " expects 0 (none), 1 (stdout), 2 (stderr) or 3 (both), optionally per local rank as "
+                   "0:1,1:2; got '" + text + "'");
+    return v[0] - '0';
+  };
+  StdSpec s;
+  if (text.find(':') == std::string::npos) {
+    s.all = value(text);
+    return s;
+  }
+  s.mapped = true;
+  for (const auto& item : split(text, ',')) {
+    size_t colon = item.find(':');
+    if (colon == std::string::npos) value("?");
+    int rank = to_int(item.substr(0, colon), flag + " local rank");
+    if (rank < 0) usage(flag + ": local rank must be >= 0 in '" + text + "'");
+    s.per_rank[rank] = value(item.substr(colon + 1));
+  }
+  return s;
+}
+
+std::pair<std::string, int> parse_endpoint(const std::string& text, int default_port, const std::string& flag) {
+  std::string host = text, port;
+  if (!text.empty() && text[0] == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos) usage(flag + ": unbalanced '[' in '" + text + "'");
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') usage(flag + ": expected [HOST]:PORT, got '" + text + "'");
+      port = text.substr(close + 2);
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    size_t colon = text.find(':');
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  if (host.empty()) usage(flag + ": no host in '" + text + "'");
+  int p = port.empty() ? default_port : to_int(port, flag + " port");
+  if (p < 1 || p > 65535) usage(flag + ": port " + std::to_string(p) + " is not in [1, 65535]");
+  return {host, p};
+}
+
+std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out) {
+  po::options_description desc = make_description();
+  SplitArgs args = split_args(argc, argv, desc);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(args.flags).options(desc).run(), vm);
+    // torchrun reads PET_<FLAG> for any flag not on the command line; store()
+    // keeps values already given, so the command line wins.
+    po::store(po::parse_environment(desc,
+                                    [&](const std::string& var) -> std::string {
+                                      std::string name;
+                                      if (var == "DDPRUN_TERM_TIMEOUT") return "term-timeout";
+                                      if (var.rfind("PET_", 0) != 0) return "";
+                                      name = lower(var.substr(4));
+                                      for (char& c : name)
+                                        if (c == '_') c = '-';
+                                      return desc.find_nothrow(name, false) ? name : "";
+                                    }),
+              vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    usage(e.what());
+  }
+  if (vm.count("help")) {
+    out << kUsage << "\n" << desc << "\n";
+    return std::nullopt;
+  }
+  auto str = [&](const char* name) { return vm[name].as<std::string>(); };
+  auto given = [&](const char* name) { return vm.count(name) && !vm[name].defaulted(); };
+
+  Options o;
+  if (args.command.empty()) usage("no PROGRAM given: ddprun [options] PROGRAM [ARGS...]");
+  if (vm["run-path"].as<bool>())
+    usage("--run-path runs a script inside torchrun's Python interpreter; ddprun cannot: use 'ddprun python3 SCRIPT'");
+
+  o.standalone = vm["standalone"].as<bool>();
+  o.nproc_spec = lower(str("nproc-per-node"));
+  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") {
+    o.nproc = to_int(o.nproc_spec, "--nproc-per-node");
+    if (o.nproc < 1) usage("--nproc-per-node must be at least 1, or auto, gpu or cpu; got '" + o.nproc_spec + "'");
+  }
+
+  std::string nnodes = str("nnodes");
+  bool nnodes_given = given("nnodes");
+  std::string master_addr = str("master-addr");
+  bool master_addr_given = given("master-addr");
+  int node_rank = to_int(str("node-rank"), "--node-rank");
+  bool node_rank_given = given("node-rank");
+
+  // Under srun each node's ddprun sees its own SLURM_NODEID; only flags the
+  // user left out are filled in, so explicit flags always win.
+  const char* s_nnodes = std::getenv("SLURM_NNODES");
+  const char* s_nodeid = std::getenv("SLURM_NODEID");
+  const char* s_nodelist = std::getenv("SLURM_JOB_NODELIST");
+  if (!o.standalone && (s_nnodes || s_nodeid || s_nodelist)) {
+    std::vector<std::string> taken;
+    if (s_nnodes && !nnodes_given) {
+      nnodes = s_nnodes;
+      taken.push_back("--nnodes " + nnodes + " (SLURM_NNODES)");
+    }
+    if (s_nodeid && !node_rank_given) {
+      node_rank = to_int(s_nodeid, "SLURM_NODEID");
+      taken.push_back("--node-rank " + std::to_string(node_rank) + " (SLURM_NODEID)");
+    }
+    if (s_nodelist && !master_addr_given && !given("rdzv-endpoint")) {
+      try {
+        master_addr = ddp::first_host(s_nodelist);
+      } catch (const std::exception& e) {
+        usage(std::string("SLURM_JOB_NODELIST: ") + e.what() + "; pass --master-addr instead");
+      }
+      taken.push_back("--master-addr " + master_addr + " (first host of SLURM_JOB_NODELIST)");
+    }
+    if (!taken.empty()) {
+      std::string note = "under Slurm:";
+      for (size_t i = 0; i < taken.size(); ++i) note += (i ? ", " : " ") + taken[i];
+      o.notes.push_back(note);
+    }
+  }
+
+  auto parts = split(nnodes, ':');
+  if (parts.size() == 1) {
+    o.min_nodes = o.max_nodes = to_int(parts[0], "--nnodes");
+  } else if (parts.size() == 2) {
+    o.min_nodes = to_int(parts[0], "--nnodes MIN");
+    o.max_nodes = to_int(parts[1], "--nnodes MAX");
+  } else {
+    usage("--nnodes expects N or MIN:MAX, got '" + nnodes + "'");
+  }
+  if (o.min_nodes < 1 || o.min_nodes > o.max_nodes)
+    usage("--nnodes " + nnodes + ": need 1 <= MIN <= MAX");
+
+  o.rdzv_backend = lower(str("rdzv-backend"));
+  if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
+    usage("--rdzv-backend must be static or c10d, got '" + o.rdzv_backend + "'");
+  o.run_id = str("rdzv-id");
+  if (o.run_id.empty()) usage("--rdzv-id must not be empty");
+  o.rdzv_conf = parse_rdzv_conf(str("rdzv-conf"), o.notes);
+  o.local_addr = str("local-addr");
+  o.master_addr = master_addr;
+  o.master_port = to_int(str("master-port"), "--master-port");
+  if (o.master_port < 1 || o.master_port > 65535)
+    usage("--master-port " + std::to_string(o.master_port) + " is not in [1, 65535]");
+  if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')
+    o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
+  if (o.master_addr.empty()) usage("--master-addr must not be empty");
+
+  std::string endpoint = str("rdzv-endpoint");
+  if (o.standalone) {
+    if (nnodes_given && o.max_nodes > 1)
+      usage("--standalone runs exactly one node; drop --nnodes " + nnodes + " or --standalone");
+    if (given("rdzv-backend") || given("rdzv-endpoint") || given("rdzv-id"))
+      o.notes.push_back("--standalone: ignoring --rdzv-backend/--rdzv-endpoint/--rdzv-id (as torchrun does)");
+    o.min_nodes = o.max_nodes = 1;
+    o.rdzv_backend = "static";
+    o.master_addr = "127.0.0.1";
+    o.run_id = random_run_id();  // torchrun uses a fresh uuid4 as well
+  } else if (o.rdzv_backend == "c10d") {
+    if (endpoint.empty()) usage("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
+    std::tie(o.endpoint_host, o.endpoint_port) = parse_endpoint(endpoint, 29400, "--rdzv-endpoint");
+  } else {
+    if (o.min_nodes != o.max_nodes)
+      usage("static rendezvous needs a fixed --nnodes N, not " + nnodes + "; use --rdzv-backend c10d for MIN:MAX");
+    if (!endpoint.empty()) {
+      auto ep = parse_endpoint(endpoint, o.master_port, "--rdzv-endpoint");
+      o.master_addr = ep.first;
+      o.master_port = ep.second;
+    }
+    if (node_rank < 0 || node_rank >= o.max_nodes)
+      usage("--node-rank " + std::to_string(node_rank) + " is not in [0, " + std::to_string(o.max_nodes) +
+            "); give each node a rank below --nnodes");
+    o.node_rank = node_rank;
+  }
+
+  o.max_restarts = to_int(str("max-restarts"), "--max-restarts");
+  if (o.max_restarts < 0) usage("--max-restarts must be >= 0");
+  o.monitor_interval = to_seconds(str("monitor-interval"), "--monitor-interval");
+  if (o.monitor_interval <= 0) usage("--monitor-interval must be above 0 seconds");
+  o.term_timeout = to_seconds(str("term-timeout"), given("term-timeout") ? "--term-timeout" : "DDPRUN_TERM_TIMEOUT");
+  o.role = str("role");
+  o.log_dir = str("log-dir");
+  o.redirects = StdSpec::parse(str("redirects"), "--redirects");
+  o.tee = StdSpec::parse(str("tee"), "--tee");
+  std::string filter = str("local-ranks-filter");
+  if (!filter.empty()) {
+    std::set<int> ranks;
+    for (const auto& r : split(filter, ',')) {
+      int v = to_int(r, "--local-ranks-filter");
+      if (v < 0) usage("--local-ranks-filter: local ranks are >= 0, got " + r);
+      ranks.insert(v);
+    }
+    o.local_ranks_filter = ranks;
+  }
+  if (given("start-method") && str("start-method") != "spawn" && str("start-method") != "fork" &&
+      str("start-method") != "forkserver")
+    usage("--start-method must be spawn, fork or forkserver");
+
+  // torchrun runs PROGRAM with Python unless --no-python; ddprun runs it
+  // directly unless it is a .py script or --module is given.
+  o.program = args.command[0];
+  bool module = vm["module"].as<bool>();
+  bool no_python = vm["no-python"].as<bool>();
+  if (module && no_python) usage("--module and --no-python contradict each other");
+  if (module || (!no_python && ends_with(o.program, ".py"))) {
+    const char* py = std::getenv("PYTHON_EXEC");
+    std::string interpreter = resolve_program(py && *py ? py : "python3");
+    if (!module && ::access(o.program.c_str(), R_OK) != 0)
+      usage("cannot read script '" + o.program + "': " + std::strerror(errno));
+    o.command = {interpreter, "-u"};
+    if (module) o.command.push_back("-m");
+    o.command.insert(o.command.end(), args.command.begin(), args.command.end());
+  } else {
+    o.command = args.command;
+    o.command[0] = resolve_program(o.program);
+  }
+  return o;
+}
+
+void resolve_nproc(Options& o) {
+  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") return;
+  int cpus = usable_cpus();
+  if (o.nproc_spec == "cpu") {
+    o.nproc = cpus;
+    o.nproc_how = "--nproc-per-node cpu: " + std::to_string(cpus) + " workers (usable CPUs)";
+    return;
+  }
+  GpuCount gpus = count_visible_gpus();
+  if (gpus.count > 0) {
+    o.nproc = gpus.count;
+    o.nproc_how = "--nproc-per-node " + o.nproc_spec + ": " + std::to_string(gpus.count) + " workers (visible GPUs, via " +
+                  gpus.how + ")";
+  } else if (o.nproc_spec == "gpu") {
+    throw LaunchError("--nproc-per-node gpu: no visible GPU (" + gpus.how +
+                      "); use --nproc-per-node cpu or a number, or check the driver and CUDA_VISIBLE_DEVICES");
+  } else {
+    // torchrun's rule: auto without CUDA means one worker per CPU.
+    o.nproc = cpus;
+    o.nproc_how = "--nproc-per-node auto: no visible GPU (" + gpus.how + "), " + std::to_string(cpus) +
+                  " workers (usable CPUs)";
+  }
+}
+
+}  // namespace ddprun

@@ -1,0 +1,453 @@
+#include "rendezvous.h"
+
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "errors.h"
+#include "net.h"
+#include "output.h"
+
+namespace ddprun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+// c10d exceptions carry a C++ backtrace after the first line.
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+void nap() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
+
+// ---------------------------------------------------------------------------
+// One node: nothing to agree on. The workers' master is this machine.
+class LocalRendezvous : public Rendezvous {
+ public:
+  LocalRendezvous(std::string addr, int port) : addr_(std::move(addr)), port_(port) {}
+  Assignment join(int round, int local_world_size, const Tick&) override {
+    Assignment a;
+    a.round = round;
+    a.world_size = local_world_size;
+    a.master_addr = addr_;
+    a.master_port = port_;
+    return a;
+  }
+  std::optional<FailureRecord> poll() override { return std::nullopt; }
+  FailureRecord report_failure(const FailureRecord& r) override { return r; }
+  void mark_done() override {}
+  bool all_done() override { return true; }
+  void acknowledge_end() override {}
+  void finish(const Tick&) override {}
+
+ private:
+  std::string addr_;
+  int port_;
+};
+
+// ---------------------------------------------------------------------------
+struct StoreConfig {
+  bool dynamic = false;     // c10d (join order) vs static (--node-rank)
+  std::string host;         // store address
+  int port = 0;
+  bool host_store = false;  // try to serve the store here
+  bool fall_back_to_client = false;  // c10d: another ddprun here may serve it already
+  std::string run_id;
+  int min_nodes = 1, max_nodes = 1;
+  int node_rank = 0;        // static only
+  std::string master_addr;  // static: the workers' MASTER_ADDR
+  std::string local_addr;   // c10d: --local-addr
+  std::string fingerprint;  // settings every node must share
+  RdzvConf conf;
+};
+
+class StoreRendezvous : public Rendezvous {
+ public:
+  StoreRendezvous(StoreConfig c, const Tick& tick) : c_(std::move(c)) { connect(tick); }
+
+  Assignment join(int round, int local_world_size, const Tick& tick) override {
+    return guarded([&] { return do_join(round, local_world_size, tick); });
+  }
+
+  std::optional<FailureRecord> poll() override {
+    return guarded([&]() -> std::optional<FailureRecord> {
+      if (store_->check({key("failed")})) return FailureRecord::parse(text(store_->get(key("failed"))));
+      auto now = Clock::now();
+      if (now < next_keep_alive_) return std::nullopt;
+      next_keep_alive_ = now + seconds(c_.conf.keep_alive_interval);
+      store_->add(key("alive/" + std::to_string(me_)), 1);
+      // A node whose ddprun died without a word (SIGKILL, power) stops
+      // counting; after keep_alive_max_attempt intervals it is declared gone.
+      auto limit = seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt);
+      for (int i = 0; i < n_; ++i) {
+        if (i == me_) continue;
+        int64_t v = store_->add(key("alive/" + std::to_string(i)), 0);
+        if (v != alive_seen_[i]) {
+          alive_seen_[i] = v;
+          alive_changed_[i] = now;
+        } else if (now - alive_changed_[i] > limit) {
+          ++gone_;  // it will never acknowledge the end either
+          FailureRecord r;
+          r.text = "node " + std::to_string(i) + " (" + hosts_[i] + ") sent no keep-alive for " +
+                   std::to_string(static_cast<int>(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt)) +
+                   " s; its ddprun is gone";
+          return do_report(r);
+        }
+      }
+      return std::nullopt;
+    });
+  }
+
+  FailureRecord report_failure(const FailureRecord& r) override {
+    return guarded([&] { return do_report(r); });
+  }
+
+  void mark_done() override {
+    guarded([&] { return store_->add(key("done"), 1); });
+  }
+
+  bool all_done() override {
+    return guarded([&] { return store_->add(key("done"), 0) >= n_; });
+  }
+
+  void acknowledge_end() override {
+    if (acknowledged_ || hosting_) return;
+    acknowledged_ = true;
+    try {
+      store_->add(key("left"), 1);
+    } catch (const std::exception&) {
+      // The host is gone already; nobody is waiting for this acknowledgement.
+    }
+  }
+
+  void finish(const Tick& tick) override {
+    if (!hosting_) return;
+    auto deadline = Clock::now() + seconds(c_.conf.close_timeout);
+    try {
+      while (store_->add(key("left"), 0) < n_ - 1 - gone_ && Clock::now() < deadline) {
+        tick();
+        nap();
+      }
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  std::string base() const { return "ddprun/" + c_.run_id + "/"; }
+  std::string key(const std::string& k) const { return base() + "r" + std::to_string(round_) + "/" + k; }
+  std::string where() const { return c_.host + ":" + std::to_string(c_.port); }
+
+  template <class F>
+  auto guarded(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const LaunchError&) {
+      throw;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw LaunchError("lost contact with the rendezvous store at " + where() +
+                        " (the node hosting it may have stopped): " + first_line(e.what()));
+    }
+  }
+
+  c10d::TCPStoreOptions options(bool server) const {
+    c10d::TCPStoreOptions o;  // only fields LibTorch 1.13 and 2.x both have
+    o.port = static_cast<uint16_t>(c_.port);
+    o.isServer = server;
+    o.waitWorkers = false;
+    o.multiTenant = false;
+    o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(seconds(c_.conf.join_timeout));
+    return o;
+  }
+
+  void connect(const Tick& tick) {
+    auto deadline = Clock::now() + seconds(c_.conf.join_timeout);
+    if (c_.host_store && c_.fall_back_to_client &&
+        !port_unavailable_reason(static_cast<uint16_t>(c_.port)).empty()) {
+      // Another ddprun on this machine serves the endpoint already; join it
+      // (checked first so c10d's bind failure does not clutter the console).
+      c_.host_store = false;
+    }
+    if (c_.host_store) {
+      std::string why = port_unavailable_reason(static_cast<uint16_t>(c_.port));
+      if (!why.empty())
+        throw LaunchError("cannot host the rendezvous store on port " + std::to_string(c_.port) + " (" + why +
+                          "); pick another --master-port, or stop the process that holds it");
+      try {
+        store_ = std::make_shared<c10d::TCPStore>(c_.host, options(true));
+        hosting_ = true;
+      } catch (const std::exception& e) {
+        if (!c_.fall_back_to_client)
+          throw LaunchError("cannot host the rendezvous store on port " + std::to_string(c_.port) + ": " +
+                            first_line(e.what()) + "; the port is in use: pick another --master-port, or stop the "
+                            "process that holds it");
+      }
+    }
+    if (!store_) {
+      // Our own interruptible wait first: TCPStore's connect loop would
+      // ignore Ctrl-C for the whole join_timeout.
+      std::string why;
+      if (!wait_until_listening(c_.host, static_cast<uint16_t>(c_.port), deadline, tick, why))
+        throw LaunchError("cannot reach the rendezvous store at " + where() + " within " +
+                          std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (" + why + "); check " +
+                          (c_.dynamic ? "--rdzv-endpoint" : "--master-addr/--master-port") +
+                          ", that the first node is running ddprun, and that the port is open");
+      try {
+        store_ = std::make_shared<c10d::TCPStore>(c_.host, options(false));
+      } catch (const std::exception& e) {
+        throw LaunchError("cannot connect to the rendezvous store at " + where() + ": " + first_line(e.what()));
+      }
+    }
+    guarded([&] {
+      std::string id = text(store_->compareSet("ddprun/run_id", {}, bytes(c_.run_id)));
+      if (id != c_.run_id)
+        throw LaunchError("the rendezvous store at " + where() + " belongs to run '" + id + "', not --rdzv-id '" +
+                          c_.run_id + "': give every node the same --rdzv-id, or use another endpoint for a new run");
+      std::string fp = text(store_->compareSet(base() + "settings", {}, bytes(c_.fingerprint)));
+      if (fp != c_.fingerprint)
+        throw LaunchError("this node's settings (" + c_.fingerprint + ") differ from run '" + c_.run_id + "' (" +
+                          fp + "): start every node with the same --nnodes and --max-restarts");
+      return 0;
+    });
+  }
+
+  FailureRecord do_report(const FailureRecord& r) {
+    return FailureRecord::parse(text(store_->compareSet(key("failed"), {}, bytes(r.serialize()))));
+  }
+
+  bool closed_count(int& n) {
+    if (!store_->check({key("closed")})) return false;
+    n = std::stoi(text(store_->get(key("closed"))));
+    return true;
+  }
+
+  Assignment do_join(int round, int nproc, const Tick& tick) {
+    auto deadline = Clock::now() + seconds(c_.conf.join_timeout);
+    std::string round_key = base() + "round";
+    // A node arriving while the others restart joins their round.
+    if (store_->check({round_key})) round = std::max(round, std::stoi(text(store_->get(round_key))));
+    round_ = round;
+    store_->set(round_key, bytes(std::to_string(round)));
+    std::string me_info = std::to_string(nproc) + " " + this_hostname() + " " + std::to_string(::getpid()) + " " +
+                          std::to_string(std::random_device{}());
+
+    if (!c_.dynamic) {
+      n_ = c_.max_nodes;
+      me_ = c_.node_rank;
+      std::string got = text(store_->compareSet(key("node/" + std::to_string(me_)), {}, bytes(me_info)));
+      if (got != me_info)
+        throw LaunchError("node rank " + std::to_string(me_) + " of run '" + c_.run_id + "' is already taken (by " +
+                          host_of(got) + "): give every node a different --node-rank");
+    } else {
+      int idx = static_cast<int>(store_->add(key("joined"), 1)) - 1;
+      int n = 0;
+      if (closed_count(n) && idx >= n) throw late(n);
+      if (idx >= c_.max_nodes)
+        throw LaunchError("run '" + c_.run_id + "' already has its maximum of " + std::to_string(c_.max_nodes) +
+                          " nodes (--nnodes " + std::to_string(c_.min_nodes) + ":" + std::to_string(c_.max_nodes) +
+                          "); raise MAX or use another --rdzv-id");
+      store_->set(key("node/" + std::to_string(idx)), bytes(me_info));
+      // The group closes when MAX nodes are in, or last_call_timeout after
+      // MIN were: whoever sees that first writes the final count, and the
+      // compare-and-set makes that one decision binding for every node.
+      std::optional<Clock::time_point> min_reached;
+      bool said = false;
+      while (!closed_count(n)) {
+        int joined = static_cast<int>(store_->add(key("joined"), 0));
+        if (joined >= c_.max_nodes) {
+          store_->compareSet(key("closed"), {}, bytes(std::to_string(c_.max_nodes)));
+          continue;
+        }
+        if (joined >= c_.min_nodes) {
+          if (!min_reached) min_reached = Clock::now();
+          if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) {
+            store_->compareSet(key("closed"), {}, bytes(std::to_string(joined)));
+            continue;
+          }
+        }
+        if (Clock::now() > deadline)
+          throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
+                            " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
+                            std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                            " s; start ddprun on the other nodes, or lower --nnodes MIN");
+        if (!said && Clock::now() > deadline - seconds(c_.conf.join_timeout) + std::chrono::seconds(5)) {
+          said = true;
+          say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" + std::to_string(joined) +
+              " of " + std::to_string(c_.min_nodes) + "-" + std::to_string(c_.max_nodes) + " so far)");
+        }
+        tick();
+        nap();
+      }
+      if (idx >= n) throw late(n);
+      n_ = n;
+      me_ = idx;
+    }
+
+    // Everyone's worker count, for WORLD_SIZE and this node's rank offset.
+    std::vector<std::string> node_keys;
+    for (int i = 0; i < n_; ++i) node_keys.push_back(key("node/" + std::to_string(i)));
+    bool said = false;
+    while (!store_->check(node_keys)) {
+      if (Clock::now() > deadline) {
+        std::string missing;
+        for (int i = 0; i < n_; ++i)
+          if (!store_->check({node_keys[i]})) missing += (missing.empty() ? "" : ",") + std::to_string(i);
+        throw LaunchError("nodes " + missing + " of run '" + c_.run_id + "' did not join within " +
+                          std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                          " s; start ddprun on every node with the same --master-addr/--master-port");
+      }
+      if (!said && Clock::now() > deadline - seconds(c_.conf.join_timeout) + std::chrono::seconds(5)) {
+        said = true;
+        say("waiting for the other nodes of run '" + c_.run_id + "' at " + where());
+      }
+      tick();
+      nap();
+    }
+    Assignment a;
+    a.round = round_;
+    a.group_rank = me_;
+    a.num_nodes = n_;
+    a.world_size = 0;
+    hosts_.assign(n_, "");
+    for (int i = 0; i < n_; ++i) {
+      std::string info = text(store_->get(node_keys[i]));
+      int count = std::stoi(info);
+      hosts_[i] = host_of(info);
+      if (i < me_) a.rank_offset += count;
+      a.world_size += count;
+    }
+
+    // Node 0 picks the workers' master port on its own machine and tells
+    // the others; the store's port stays the store's.
+    std::string master_key = key("master");
+    if (me_ == 0) {
+      std::string addr = c_.master_addr;
+      if (c_.dynamic) {
+        addr = c_.local_addr;
+        if (addr.empty()) addr = local_address_toward(c_.host, static_cast<uint16_t>(c_.port));
+        if (addr.empty()) addr = this_hostname();
+      }
+      store_->set(master_key, bytes(addr + " " + std::to_string(free_port())));
+    }
+    while (!store_->check({master_key})) {
+      if (Clock::now() > deadline)
+        throw LaunchError("node 0 of run '" + c_.run_id + "' did not publish the workers' master address in time");
+      tick();
+      nap();
+    }
+    std::istringstream m(text(store_->get(master_key)));
+    m >> a.master_addr >> a.master_port;
+
+    gone_ = 0;
+    alive_seen_.assign(n_, -1);
+    alive_changed_.assign(n_, Clock::now());
+    next_keep_alive_ = Clock::now();
+    return a;
+  }
+
+  LaunchError late(int n) const {
+    return LaunchError("run '" + c_.run_id + "' has already started with " + std::to_string(n) +
+                       " nodes; a node cannot join a running group: wait until it ends, or use another --rdzv-id");
+  }
+
+  static std::string host_of(const std::string& info) {
+    std::istringstream in(info);
+    std::string count, host;
+    in >> count >> host;
+    return host;
+  }
+
+  StoreConfig c_;
+  std::shared_ptr<c10d::TCPStore> store_;
+  bool hosting_ = false;
+  bool acknowledged_ = false;
+  int round_ = 0;
+  int me_ = 0;
+  int n_ = 1;
+  int gone_ = 0;  // nodes declared dead this round
+  std::vector<std::string> hosts_;
+  std::vector<int64_t> alive_seen_;
+  std::vector<Clock::time_point> alive_changed_;
+  Clock::time_point next_keep_alive_{};
+};
+
+}  // namespace
+
+std::string FailureRecord::serialize() const {
+  return std::to_string(exit_code) + "\n" + (restartable ? "1" : "0") + "\n" + text;
+}
+
+FailureRecord FailureRecord::parse(const std::string& s) {
+  FailureRecord r;
+  size_t a = s.find('\n');
+  size_t b = a == std::string::npos ? std::string::npos : s.find('\n', a + 1);
+  if (b == std::string::npos) {
+    r.text = s;
+    return r;
+  }
+  try {
+    r.exit_code = std::stoi(s.substr(0, a));
+  } catch (const std::exception&) {
+    r.exit_code = 1;
+  }
+  r.restartable = s.substr(a + 1, b - a - 1) == "1";
+  r.text = s.substr(b + 1);
+  return r;
+}
+
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) {
+  if (o.standalone) return std::make_unique<LocalRendezvous>("127.0.0.1", free_port());
+  if (o.rdzv_backend == "static" && o.max_nodes == 1) {
+    // The workers' rank 0 will listen on --master-port: say so now, clearly,
+    // rather than through a worker's bind error.
+    std::string why = port_unavailable_reason(static_cast<uint16_t>(o.master_port));
+    if (!why.empty())
+      throw LaunchError("--master-port " + std::to_string(o.master_port) + " is not available on this machine (" +
+                        why + "); pick another port, or use --standalone to get a free one");
+    return std::make_unique<LocalRendezvous>(o.master_addr, o.master_port);
+  }
+  StoreConfig c;
+  c.run_id = o.run_id;
+  c.min_nodes = o.min_nodes;
+  c.max_nodes = o.max_nodes;
+  c.conf = o.rdzv_conf;
+  c.local_addr = o.local_addr;
+  c.fingerprint = "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
+                  " --max-restarts " + std::to_string(o.max_restarts) + " --rdzv-backend " + o.rdzv_backend;
+  if (o.rdzv_backend == "static") {
+    c.host = o.master_addr;
+    c.port = o.master_port;
+    c.node_rank = o.node_rank;
+    c.master_addr = o.master_addr;
+    c.host_store = o.node_rank == 0;
+  } else {
+    c.dynamic = true;
+    c.host = o.endpoint_host;
+    c.port = o.endpoint_port;
+    if (o.rdzv_conf.is_host) {
+      c.host_store = *o.rdzv_conf.is_host;
+    } else {
+      // torchrun's rule: the node the endpoint names serves the store; if
+      // another ddprun on that machine already does, join it as a client.
+      c.host_store = is_local_host(c.host);
+      c.fall_back_to_client = true;
+    }
+  }
+  return std::make_unique<StoreRendezvous>(std::move(c), tick);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,41 @@
+// The launcher's signals arrive through a signalfd instead of handlers, so
+// the one monitor loop sees them in poll() next to the worker pipes and acts
+// on them in ordinary code (no async-signal-safety puzzles, no lost SIGCHLD).
+#pragma once
+
+#include <signal.h>
+
+#include <vector>
+
+#include "fd.h"
+
+namespace ddprun {
+
+class SignalChannel {
+ public:
+  // Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD and ignores SIGPIPE.
+  // Construct it first thing in main(): threads started later (TCPStore,
+  // libcuda) inherit the mask, so no signal can land on them and kill ddprun.
+  SignalChannel();
+  ~SignalChannel();
+  SignalChannel(const SignalChannel&) = delete;
+  SignalChannel& operator=(const SignalChannel&) = delete;
+
+  int fd() const { return fd_.get(); }
+
+  // The signals that arrived since the last call (non-blocking).
+  std::vector<int> drain();
+
+  // The mask ddprun was started with; workers get it back before exec.
+  const sigset_t& original_mask() const { return original_mask_; }
+
+  // True for the signals that mean "stop" (everything handled but SIGCHLD).
+  static bool is_termination(int signo) { return signo != SIGCHLD; }
+
+ private:
+  sigset_t original_mask_{};
+  struct sigaction original_sigpipe_{};
+  UniqueFd fd_;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,86 @@
+// Unit tests of the launcher's pure rules: CUDA_VISIBLE_DEVICES counting,
+// --redirects/--tee syntax, endpoints, and the command-line parser.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "cli.h"
+#include "errors.h"
+#include "gpus.h"
+
+namespace ddprun {
+namespace {
+
+TEST(CountVisible, FollowsCudasRules) {
+  EXPECT_EQ(count_visible("0,1", 4), 2);
+  EXPECT_EQ(count_visible("", 4), 0);
+  EXPECT_EQ(count_visible("-1", 4), 0);
+  EXPECT_EQ(count_visible("1,5,2", 4), 1);  // stops at the first invalid index
+  EXPECT_EQ(count_visible("0,0,1", 4), 1);  // and at a repeat
+  EXPECT_EQ(count_visible(" 2 , 3", 4), 2);
+  EXPECT_EQ(count_visible("GPU-8a1b,MIG-33", 4), 2);
+  EXPECT_EQ(count_visible("0,1,2", 2), 1 + 1);
+  EXPECT_EQ(count_visible("abc", 4), 0);
+}
+
+TEST(StdSpec, ParsesTorchrunSyntax) {
+  auto all = StdSpec::parse("3", "--tee");
+  EXPECT_EQ(all.of(0), 3);
+  EXPECT_EQ(all.of(7), 3);
+  auto map = StdSpec::parse("0:1,1:2", "--redirects");
+  EXPECT_EQ(map.of(0), StdSpec::kOut);
+  EXPECT_EQ(map.of(1), StdSpec::kErr);
+  EXPECT_EQ(map.of(2), 0);
+  EXPECT_THROW(StdSpec::parse("4", "--tee"), UsageError);
+  EXPECT_THROW(StdSpec::parse("0:9", "--tee"), UsageError);
+  EXPECT_THROW(StdSpec::parse("x:1", "--tee"), UsageError);
+}
+
+TEST(Endpoint, ParsesHostPortAndIpv6) {
+  EXPECT_EQ(parse_endpoint("node1:1234", 29400, "e"), std::make_pair(std::string("node1"), 1234));
+  EXPECT_EQ(parse_endpoint("node1", 29400, "e"), std::make_pair(std::string("node1"), 29400));
+  EXPECT_EQ(parse_endpoint("[::1]:80", 29400, "e"), std::make_pair(std::string("::1"), 80));
+  EXPECT_THROW(parse_endpoint("node1:0", 29400, "e"), UsageError);
+  EXPECT_THROW(parse_endpoint(":80", 29400, "e"), UsageError);
+}
+
+Options parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "ddprun");
+  std::vector<const char*> argv;
+  for (auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out;
+  auto o = parse_command_line(static_cast<int>(argv.size()), argv.data(), out);
+  if (!o) throw std::runtime_error("help");
+  return *o;
+}
+
+TEST(CommandLine, ProgramArgumentsAreNotFlags) {
+  auto o = parse({"--nproc_per_node", "2", "/bin/echo", "--nproc-per-node", "9", "-r", "x"});
+  EXPECT_EQ(o.nproc, 2);
+  ASSERT_EQ(o.command.size(), 5u);
+  EXPECT_EQ(o.command[0], "/bin/echo");
+  EXPECT_EQ(o.command[2], "9");
+  auto dashdash = parse({"-r3", "--", "/bin/echo", "--help"});
+  EXPECT_EQ(dashdash.redirects.of(0), 3);
+  EXPECT_EQ(dashdash.command.back(), "--help");
+}
+
+TEST(CommandLine, C10dAndStandaloneSettings) {
+  auto c = parse({"--nnodes", "2:4", "--rdzv_backend", "c10d", "--rdzv_endpoint", "h", "--rdzv-id", "j",
+                  "--rdzv-conf", "join_timeout=7,last_call_timeout=1", "/bin/true"});
+  EXPECT_EQ(c.min_nodes, 2);
+  EXPECT_EQ(c.max_nodes, 4);
+  EXPECT_EQ(c.endpoint_host, "h");
+  EXPECT_EQ(c.endpoint_port, 29400);
+  EXPECT_EQ(c.rdzv_conf.join_timeout, 7);
+  EXPECT_EQ(c.rdzv_conf.last_call_timeout, 1);
+  auto s = parse({"--standalone", "/bin/true"});
+  EXPECT_TRUE(s.standalone);
+  EXPECT_EQ(s.master_addr, "127.0.0.1");
+  EXPECT_NE(s.run_id, "none");
+  EXPECT_THROW(parse({"--standalone", "--nnodes", "2", "/bin/true"}), UsageError);
+  EXPECT_THROW(parse({"--rdzv-backend", "c10d", "/bin/true"}), UsageError);
+}
+
+}  // namespace
+}  // namespace ddprun

@@ -1,0 +1,166 @@
+// Two nodes in two network namespaces joined by a veth pair: one ddprun in
+// each, training the library's DDP check model (ddp_train_check) across the
+// link. Needs root and working `ip netns`; skips with the reason otherwise.
+// Only addresses inside the namespaces this test creates are used, and the
+// namespaces are deleted on every path (RAII, plus TearDown, plus a sweep of
+// namespaces left by earlier test processes that died).
+#include <random>
+
+#include "launcher_test_util.h"
+
+namespace ddprun_test {
+namespace {
+
+const std::string kPrefix = "ddprun_t";
+
+Result run_cmd(const std::vector<std::string>& argv, const std::string& dir, double timeout = 60) {
+  return Process(argv, {}, dir).wait(timeout);
+}
+
+std::string ip_bin() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"})
+    if (::access(p, X_OK) == 0) return p;
+  return "";
+}
+
+// Deletes namespaces named ddprun_t<pid>_* whose test process is gone.
+void sweep_stale_namespaces(const std::string& ip, const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists("/run/netns", ec)) return;
+  for (const auto& e : fs::directory_iterator("/run/netns", ec)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind(kPrefix, 0) != 0) continue;
+    pid_t owner = std::atoi(name.c_str() + kPrefix.size());
+    if (owner > 0 && ::kill(owner, 0) != 0) run_cmd({ip, "netns", "del", name}, dir);
+  }
+}
+
+class NetnsPair {
+ public:
+  NetnsPair(const std::string& ip, const std::string& dir) : ip_(ip), dir_(dir) {
+    static int serial = 0;
+    std::random_device rd;
+    int b = 100 + static_cast<int>(rd() % 100), c = static_cast<int>(rd() % 250);
+    for (int i = 0; i < 2; ++i) {
+      ns[i] = kPrefix + std::to_string(::getpid()) + "_" + std::to_string(serial) + (i ? "b" : "a");
+      veth[i] = "dv" + std::to_string(::getpid() % 100000) + std::to_string(serial % 10) + (i ? "b" : "a");
+      addr[i] = "10." + std::to_string(b) + "." + std::to_string(c) + "." + std::to_string(i + 1);
+    }
+    ++serial;
+  }
+  ~NetnsPair() { remove(); }
+  NetnsPair(const NetnsPair&) = delete;
+  NetnsPair& operator=(const NetnsPair&) = delete;
+
+  // Empty on success, else what failed.
+  std::string create() {
+    Result r = run_cmd({ip_, "netns", "add", ns[0]}, dir_);
+    if (r.code != 0) return "ip netns add failed: " + r.err;
+    created_[0] = true;
+    r = run_cmd({ip_, "netns", "add", ns[1]}, dir_);
+    if (r.code != 0) return "ip netns add failed: " + r.err;
+    created_[1] = true;
+    // Both ends are created directly inside the namespaces: nothing of this
+    // test ever appears in the host's own network namespace.
+    r = run_cmd({ip_, "link", "add", veth[0], "netns", ns[0], "type", "veth", "peer", "name", veth[1], "netns", ns[1]},
+                dir_);
+    if (r.code != 0) return "cannot create a veth pair: " + r.err;
+    for (int i = 0; i < 2; ++i) {
+      for (const auto& cmd : std::vector<std::vector<std::string>>{
+               {ip_, "-n", ns[i], "addr", "add", addr[i] + "/24", "dev", veth[i]},
+               {ip_, "-n", ns[i], "link", "set", veth[i], "up"},
+               {ip_, "-n", ns[i], "link", "set", "lo", "up"}}) {
+        r = run_cmd(cmd, dir_);
+        if (r.code != 0) return "network setup failed: " + r.err;
+      }
+    }
+    return "";
+  }
+
+  void remove() {
+    for (int i = 0; i < 2; ++i)
+      if (created_[i]) {
+        run_cmd({ip_, "netns", "del", ns[i]}, dir_);  // takes the veth end with it
+        created_[i] = false;
+      }
+  }
+
+  std::string ns[2], veth[2], addr[2];
+
+ private:
+  std::string ip_, dir_;
+  bool created_[2] = {false, false};
+};
+
+class NetnsTest : public LauncherTest {
+ protected:
+  void SetUp() override {
+    LauncherTest::SetUp();
+    ip_ = ip_bin();
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+#ifndef DDP_TRAIN_CHECK
+    GTEST_SKIP() << "the ddp_train_check target (tests/core) does not exist in this build";
+#endif
+    sweep_stale_namespaces(ip_, dir_);
+    pair_ = std::make_unique<NetnsPair>(ip_, dir_);
+    std::string err = pair_->create();
+    if (!err.empty()) {
+      pair_.reset();
+      GTEST_SKIP() << "network namespaces unavailable here: " << err;
+    }
+  }
+  void TearDown() override {
+    // Processes first (they keep namespaces alive), then the namespaces.
+    kill_all_children();
+    pair_.reset();
+    LauncherTest::TearDown();
+  }
+
+  void train_across(const std::vector<std::string>& rendezvous_flags_a,
+                    const std::vector<std::string>& rendezvous_flags_b) {
+#ifdef DDP_TRAIN_CHECK
+    std::vector<std::unique_ptr<Process>> nodes;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::string> argv{ip_, "netns", "exec", pair_->ns[i], DDPRUN_BIN, "--nproc-per-node", "1",
+                                    "--term-timeout", "5"};
+      const auto& flags = i == 0 ? rendezvous_flags_a : rendezvous_flags_b;
+      argv.insert(argv.end(), flags.begin(), flags.end());
+      argv.push_back(DDP_TRAIN_CHECK);
+      // Gloo must use the veth link, the only way between the namespaces.
+      nodes.push_back(std::make_unique<Process>(
+          argv, Env{{"GLOO_SOCKET_IFNAME", pair_->veth[i]}, {"OMP_NUM_THREADS", "1"}}, dir_));
+    }
+    Result a = nodes[0]->wait(240), b = nodes[1]->wait(240);
+    EXPECT_EQ(a.code, 0) << a.out << a.err;
+    EXPECT_EQ(b.code, 0) << b.out << b.err;
+    // c10d ranks nodes in join order, so either node may be rank 0.
+    std::string both = a.out + b.out;
+    EXPECT_NE(both.find("[rank0]: rank 0/2"), std::string::npos) << both << a.err << b.err;
+    EXPECT_NE(both.find("[rank1]: rank 1/2"), std::string::npos) << both << a.err << b.err;
+#endif
+  }
+
+  std::string ip_;
+  std::unique_ptr<NetnsPair> pair_;
+};
+
+TEST_F(NetnsTest, TrainsAcrossTwoNamespacesWithStaticRendezvous) {
+  std::string port = std::to_string(20000 + std::random_device{}() % 20000);
+  std::vector<std::string> common{"--nnodes", "2", "--master-addr", pair_->addr[0], "--master-port", port,
+                                  "--rdzv-conf", "join_timeout=120"};
+  auto a = common, b = common;
+  a.insert(a.end(), {"--node-rank", "0"});
+  b.insert(b.end(), {"--node-rank", "1"});
+  train_across(a, b);
+}
+
+TEST_F(NetnsTest, TrainsAcrossTwoNamespacesWithC10dRendezvous) {
+  std::string endpoint = pair_->addr[0] + ":" + std::to_string(20000 + std::random_device{}() % 20000);
+  std::vector<std::string> flags{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                                 "--rdzv-id", "netns", "--rdzv-conf", "join_timeout=120"};
+  train_across(flags, flags);
+}
+
+}  // namespace
+}  // namespace ddprun_test
