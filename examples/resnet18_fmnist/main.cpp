@@ -1,0 +1,186 @@
+// ResNet-18 on Fashion-MNIST resized to 96x96 (seed 002's d2l.ai chapter),
+// data-parallel. Meant for GPUs (ddprun gives each process its own; NCCL is
+// picked automatically); on CPUs use --limit-batches for a quick look.
+//
+//   ddprun --nproc-per-node 2 build/examples/resnet18_fmnist/resnet18_fmnist
+#include <ddp/ddp.h>
+
+#include <algorithm>
+#include <cstdio>
+
+namespace nn = torch::nn;
+
+// d2l's Residual: two 3x3 convolutions with BatchNorm, and a 1x1 convolution
+// on the shortcut when the shape changes.
+struct ResidualImpl : nn::Module {
+  ResidualImpl(int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
+      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).stride(stride)))),
+        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1)))),
+        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
+    if (use_1x1conv) conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = torch::relu(bn1(conv1(x)));
+    y = bn2(conv2(y));
+    if (conv3) x = conv3(x);
+    return torch::relu(y + x);
+  }
+  nn::Conv2d conv1, conv2, conv3{nullptr};
+  nn::BatchNorm2d bn1, bn2;
+};
+TORCH_MODULE(Residual);
+
+nn::Sequential resnet_block(int64_t in, int64_t out, int num_residuals, bool first_block) {
+  nn::Sequential blk;
+  for (int i = 0; i < num_residuals; ++i) {
+    if (i == 0 && !first_block)
+      blk->push_back(Residual(in, out, true, 2));
+    else
+      blk->push_back(Residual(i == 0 ? in : out, out, false, 1));
+  }
+  return blk;
+}
+
+// The seed's resnet18(num_classes, in_channels=1): a 7x7 stem, four stages of
+// two residuals, global average pooling, a linear layer. Linear and Conv2d
+// weights normal(0, 0.01), as the seed's init_weights.
+struct ResNet18Impl : nn::Module {
+  ResNet18Impl(int64_t num_classes, int64_t in_channels = 1)
+      : stem(register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(in_channels, 64, 7).stride(2).padding(3)),
+                                                    nn::BatchNorm2d(64), nn::ReLU(),
+                                                    nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))))),
+        block1(register_module("resnet_block1", resnet_block(64, 64, 2, true))),
+        block2(register_module("resnet_block2", resnet_block(64, 128, 2, false))),
+        block3(register_module("resnet_block3", resnet_block(128, 256, 2, false))),
+        block4(register_module("resnet_block4", resnet_block(256, 512, 2, false))),
+        fc(register_module("fc", nn::Linear(512, num_classes))) {
+    torch::NoGradGuard no_grad;
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* conv = m->as<nn::Conv2d>()) conv->weight.normal_(0, 0.01);
+      if (auto* linear = m->as<nn::Linear>()) linear->weight.normal_(0, 0.01);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = block4->forward(block3->forward(block2->forward(block1->forward(stem->forward(x)))));
+    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+  nn::Sequential stem, block1, block2, block3, block4;
+  nn::Linear fc;
+};
+TORCH_MODULE(ResNet18);
+
+int main(int argc, char** argv) {
+  return ddp::guarded_main([&] {
+    // 1. Options: the seed's two-GPU run (batch 512, lr 0.2, 10 epochs, images resized to 96).
+    int64_t image_size = 96;
+    boost::program_options::options_description extra("ResNet-18");
+    extra.add_options()("image-size", boost::program_options::value(&image_size)->default_value(image_size),
+                        "images are resized to this many pixels a side");
+    const auto opts = ddp::parse_train_options(argc, argv,
+                                               ddp::TrainOptions()
+                                                   .epochs(10)
+                                                   .global_batch_size(512)
+                                                   .lr(0.2)
+                                                   .data_dir(ddp::default_fashion_mnist_dir())
+                                                   .run_dir("runs/resnet18_fmnist"),
+                                               &extra);
+    auto pg = ddp::init_process_group(opts.process_group_options());
+    const int rank = pg->rank(), world = pg->size();
+    const torch::Device device = pg->device();
+    ddp::RunDir run(opts.run_dir(), *pg);
+    run.log(ddp::environment_summary(*pg));
+
+    // 2. Data, resized per batch on the training device (60000 images at 96x96 would take 2 GiB up front).
+    auto train = ddp::read_fashion_mnist(opts.data_dir(), ddp::Split::Train);
+    auto test = ddp::read_fashion_mnist(opts.data_dir(), ddp::Split::Test);
+    ddp::TensorDataset train_set(train.images, train.labels), test_set(test.images, test.labels);
+    ddp::DistributedSampler train_sampler(train_set.size().value(), *pg,
+                                          ddp::DistributedSamplerOptions().seed(opts.seed()));
+    ddp::DistributedSampler test_sampler(test_set.size().value(), *pg,
+                                         ddp::DistributedSamplerOptions().shuffle(false).pad(false));
+    const int64_t batch = opts.per_process_batch(world);
+    auto loader_options = torch::data::DataLoaderOptions(batch).workers(opts.workers());
+    auto train_loader = torch::data::make_data_loader(train_set, train_sampler, loader_options);
+    auto test_loader = torch::data::make_data_loader(test_set, test_sampler, loader_options);
+    auto resize = [&](const torch::Tensor& x) {
+      return torch::nn::functional::interpolate(x.to(device), torch::nn::functional::InterpolateFuncOptions()
+                                                                  .size(std::vector<int64_t>{image_size, image_size})
+                                                                  .mode(torch::kBilinear)
+                                                                  .align_corners(false));
+    };
+
+    // 3. Model, DDP, optimizer.
+    torch::manual_seed(opts.seed());
+    ResNet18 net(10);
+    net->to(device);
+    ddp::DistributedDataParallel model(net, pg, opts.ddp_options());
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+
+    // 4. Resume.
+    ddp::TrainState state;
+    if (!opts.resume_path().empty()) {
+      state = ddp::load_checkpoint(opts.resume_path(), *net, &optimizer, *pg);
+      run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
+    }
+    state.config = opts.to_config();
+    run.start(state.epoch);
+
+    // 5. The loop. Evaluation runs the plain module on the resized test shard.
+    struct Resized {
+      ResNet18 net;
+      std::function<torch::Tensor(const torch::Tensor&)> resize;
+      torch::Tensor forward(const torch::Tensor& x) { return net->forward(resize(x)); }
+      bool is_training() const { return net->is_training(); }
+      void eval() { net->eval(); }
+      void train(bool on) { net->train(on); }
+      Resized* operator->() { return this; }
+    } eval_net{net, resize};
+    double best_acc = 0;
+    for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
+      train_sampler.set_epoch(epoch);
+      const int64_t steps = opts.steps_per_epoch(train_sampler.num_samples(), batch);
+      ddp::Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, rank == 0);
+      ddp::MetricSums train_sums({"loss"});
+      int64_t step = 0;
+      for (auto& b : *train_loader) {
+        if (step++ == steps) break;
+        auto x = resize(b.data), y = b.target.to(device);
+        optimizer.zero_grad();
+        auto loss = torch::nn::functional::cross_entropy(model(x), y);
+        loss.backward();
+        optimizer.step();
+        ++state.step;
+        const double l = loss.item<double>();
+        train_sums.add("loss", l * static_cast<double>(x.size(0)));
+        train_sums.add_count(x.size(0));
+        bar.update(l, x.size(0) * world);
+      }
+      bar.finish();
+      const auto train_total = train_sums.all_reduced(*pg);
+      const auto eval = ddp::evaluate_classifier(eval_net, *test_loader, *pg, opts.limit_batches());
+      best_acc = std::max(best_acc, eval.accuracy());
+
+      state.epoch = epoch + 1;
+      state.sampler_epoch = epoch + 1;
+      const double seconds = bar.elapsed_seconds();
+      run.record({state.epoch, train_total.mean("loss"), eval.loss(), eval.accuracy(),
+                  static_cast<double>(train_total.count()) / seconds, seconds});
+      char line[160];
+      std::snprintf(line, sizeof line, "epoch %lld: train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s",
+                    static_cast<long long>(state.epoch), train_total.mean("loss"), eval.loss(), eval.accuracy(),
+                    static_cast<long long>(eval.count), seconds);
+      run.log(line);
+      if (opts.checkpoint_due(state.epoch)) ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
+    }
+
+    // 6. What the run leaves behind.
+    if (rank == 0) ddp::save_state_dict(*net, run.model_path());
+    char done[96];
+    std::snprintf(done, sizeof done, "best test acc %.4f", best_acc);
+    run.log(done);
+    run.draw_charts();
+    ddp::destroy_process_group();
+    return 0;
+  });
+}

@@ -1,0 +1,53 @@
+// Training checkpoints: everything --resume needs to continue a run as if it
+// had never stopped, in one file that Python's torch.load reads too.
+//
+// Rank 0 writes it atomically (a temporary file, fsync, rename, fsync of the
+// directory) after keeping the previous one as <name>.prev.pt; the other ranks
+// wait for its verdict (the process group's timeout bounds the wait). A crash
+// at any moment leaves a complete checkpoint behind.
+//
+// Contents (a dict): "model" (name -> tensor, no `module.` prefix),
+// "optimizer" (LibTorch's optimizer archive, as bytes in a uint8 tensor),
+// "epoch", "step", "sampler_epoch", "world_size", "rng_states" (every rank's
+// CPU generator), "config" (name -> string), "format" and "version".
+//
+//   ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
+//   auto state = ddp::load_checkpoint(path, *net, &optimizer, *pg);  // collective
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "ddp/process_group.h"
+#include "ddp/state_dict.h"
+
+namespace ddp {
+
+struct TrainState {
+  int64_t epoch = 0;          // epochs completed
+  int64_t step = 0;           // optimizer steps taken
+  int64_t sampler_epoch = 0;  // the epoch the sampler shuffles for next
+  int world_size = 1;         // of the run that wrote it
+  std::map<std::string, std::string> config;
+};
+
+// Collective. Rank 0 writes `path`; every rank returns once it is on disk,
+// or throws CheckpointError (rank 0: why; others: that rank 0 failed).
+void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                     const TrainState& state, ProcessGroup& pg);
+
+// Collective. Rank 0 reads `path` (falling back to <name>.prev.pt with a
+// notice if `path` is unreadable) and broadcasts it, so the other ranks need
+// no shared file system. Restores the model (prefixes stripped, tensors to
+// the model's device), the optimizer (if given) and this rank's RNG state;
+// returns the rest. Another world size works, with a notice on rank 0.
+TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                           ProcessGroup& pg);
+
+// The previous checkpoint kept next to `path`: dir/checkpoint.pt -> dir/checkpoint.prev.pt.
+std::string previous_checkpoint_path(const std::string& path);
+
+}  // namespace ddp

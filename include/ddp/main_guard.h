@@ -1,0 +1,17 @@
+// The outermost frame of a training program: runs its body and turns an
+// escaping exception into one line on stderr that names this rank, and a
+// non-zero exit status (2 for a bad command line, 1 for anything else), so a
+// launcher sees which rank failed and why.
+//
+//   int main(int argc, char** argv) {
+//     return ddp::guarded_main([&] { ... return 0; });
+//   }
+#pragma once
+
+#include <functional>
+
+namespace ddp {
+
+int guarded_main(const std::function<int()>& body);
+
+}  // namespace ddp

@@ -1,0 +1,65 @@
+// A run folder: what a run leaves behind, written by rank 0 only.
+//
+//   <run-dir>/log.txt         every line the run logged (environment, epochs, notices)
+//   <run-dir>/metrics.csv     one row per epoch:
+//                             epoch,train_loss,test_loss,test_acc,samples_per_s,epoch_s
+//                             (a regression task names its own metric in place of test_acc)
+//   <run-dir>/checkpoint.pt   the latest checkpoint (checkpoint.prev.pt: the one before)
+//   <run-dir>/model.pt        the final model's state dict
+//   <run-dir>/loss.png, <metric>.png, throughput.png, charts.gp
+//                             charts drawn by gnuplot at the end (charts.gp redraws them)
+//
+//   ddp::RunDir run(opts.run_dir(), *pg);
+//   run.start(state.epoch);                 // after a resume, keeps the earlier epochs' rows
+//   run.log("epoch 1: ...");
+//   run.record({epoch, train_loss, test_loss, test_acc, samples_per_s, epoch_s});
+//   run.draw_charts();
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+struct EpochMetrics {
+  int64_t epoch = 0;  // 1-based: the epoch just completed
+  double train_loss = 0;
+  double test_loss = 0;
+  double test_metric = 0;  // accuracy, or the task's metric
+  double samples_per_s = 0;
+  double epoch_s = 0;
+};
+
+class RunDir {
+ public:
+  // Rank 0 creates the folder (CheckpointError-free: a std::runtime_error naming
+  // the folder if it cannot). metric_name heads the metrics' fifth column.
+  RunDir(std::string path, const ProcessGroup& pg, std::string metric_name = "test_acc");
+
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const;
+  std::string checkpoint_path() const { return file("checkpoint.pt"); }
+  std::string model_path() const { return file("model.pt"); }
+  bool is_writer() const { return writer_; }
+
+  // Starts metrics.csv afresh, keeping the rows of epochs <= completed_epochs
+  // (those a resumed checkpoint already covers).
+  void start(int64_t completed_epochs = 0);
+  // Rank 0: prints `text` to stdout and appends it to log.txt. Others: nothing.
+  void log(const std::string& text);
+  // Rank 0: one row of metrics.csv, flushed at once.
+  void record(const EpochMetrics& m);
+  // Rank 0: PNG charts from metrics.csv with gnuplot. Returns false, with a
+  // notice naming the package to install, if gnuplot is missing or fails.
+  bool draw_charts();
+
+ private:
+  std::string path_, metric_;
+  bool writer_;
+  std::ofstream log_;
+};
+
+}  // namespace ddp

@@ -1,0 +1,73 @@
+// The command line every example shares (Boost.ProgramOptions), with each
+// example's own defaults and, optionally, its own extra options:
+//
+//   auto opts = ddp::parse_train_options(argc, argv,
+//       ddp::TrainOptions().epochs(10).global_batch_size(256).lr(0.2).run_dir("runs/lenet_fmnist"));
+//   int64_t batch = opts.per_process_batch(pg->size());
+//
+// --help prints the options and exits 0; a bad option throws ddp::UsageError.
+#pragma once
+
+#include <boost/program_options.hpp>
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include "ddp/ddp_options.h"
+#include "ddp/process_group.h"
+
+namespace ddp {
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct TrainOptions {
+  TORCH_ARG(int64_t, epochs) = 10;
+  // Per process. 0: global_batch_size / world size.
+  TORCH_ARG(int64_t, batch_size) = 0;
+  // All processes together; must divide by the world size.
+  TORCH_ARG(int64_t, global_batch_size) = 0;
+  TORCH_ARG(double, lr) = 0.1;
+  TORCH_ARG(uint64_t, seed) = 0;
+  TORCH_ARG(std::string, backend) = "auto";
+  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // Seconds every collective and the rendezvous may wait.
+  TORCH_ARG(int64_t, timeout_s) = 1800;
+  TORCH_ARG(std::string, data_dir) = "";
+  TORCH_ARG(std::string, run_dir) = "runs/run";
+  // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.
+  TORCH_ARG(int64_t, checkpoint_every) = 1;
+  // A checkpoint file or a run folder to continue from; "" for a fresh start.
+  TORCH_ARG(std::string, resume) = "";
+  // DataLoader worker threads (0: load in the training thread).
+  TORCH_ARG(int64_t, workers) = 0;
+  // At most this many batches per epoch, in training and in evaluation; -1: all.
+  TORCH_ARG(int64_t, limit_batches) = -1;
+
+ public:
+  // The per-process batch: --batch-size if given, else --global-batch-size / world.
+  int64_t per_process_batch(int world_size) const;
+  // The checkpoint --resume names (a folder means its checkpoint.pt); "" when not resuming.
+  std::string resume_path() const;
+  ProcessGroupOptions process_group_options() const;
+  DDPOptions ddp_options() const;
+  // Batches per epoch for `samples` per rank: ceil(samples / batch), capped by --limit-batches.
+  int64_t steps_per_epoch(size_t samples, int64_t batch) const;
+  // Whether to write a checkpoint after `completed` epochs (--checkpoint-every, and always after the last).
+  bool checkpoint_due(int64_t completed) const;
+  // Every option as text, for checkpoints and logs.
+  std::map<std::string, std::string> to_config() const;
+};
+
+// Parses argv over `defaults`. `extra` adds an example's own options (bound
+// to its variables). --help prints usage on stdout and exits 0.
+TrainOptions parse_train_options(int argc, char** argv, TrainOptions defaults = {},
+                                 const boost::program_options::options_description* extra = nullptr);
+
+}  // namespace ddp

@@ -1,0 +1,218 @@
+#include "ddp/checkpoint.h"
+
+#include <unistd.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <filesystem>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+
+namespace ddp {
+
+namespace {
+
+constexpr const char* kFormat = "libddp-checkpoint";
+constexpr int64_t kVersion = 1;
+
+torch::Tensor bytes_tensor(const std::string& s) {
+  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
+  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());
+  return t;
+}
+
+std::string tensor_bytes(const torch::Tensor& t) {
+  auto c = t.contiguous().cpu();
+  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
+}
+
+torch::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_cpu_rng_state(const torch::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+// Rank 0 says whether its part succeeded; the others learn it (and wait for it).
+void share_verdict(ProcessGroup& pg, bool ok, const std::string& what) {
+  auto flag = torch::tensor({ok ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
+  pg.broadcast(flag, 0).wait();
+  if (pg.rank() != 0 && flag.cpu().item<int64_t>() == 0)
+    throw CheckpointError(rank_tag(pg) + ": rank 0 failed " + what + "; its log says why");
+}
+
+int64_t get_int(const pickle::ValuePtr& root, const char* key, const std::string& path) {
+  auto v = root->get(key);
+  if (!v || v->kind != pickle::Value::Kind::Int)
+    throw CheckpointError(path + ": checkpoint entry \"" + key + "\" missing or not an integer; corrupt file?");
+  return v->i;
+}
+
+// Parses and checks a checkpoint; throws CheckpointError saying what is wrong.
+pickle::ValuePtr parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
+  auto root = pickle::load(bytes, path);
+  auto format = root->is_dict() ? root->get("format") : nullptr;
+  if (!format || format->s != kFormat) {
+    std::string keys;
+    if (root->is_dict())
+      for (auto& [k, v] : root->dict)
+        if (k->kind == pickle::Value::Kind::String && keys.size() < 200) keys += (keys.empty() ? "" : ", ") + k->s;
+    throw CheckpointError(path + ": a PyTorch file but not a libddp checkpoint" +
+                          (keys.empty() ? std::string() : " (keys: " + keys + ")") +
+                          ". To start from its weights, use ddp::read_state_dict() and ddp::load_state_dict().");
+  }
+  if (get_int(root, "version", path) > kVersion)
+    throw CheckpointError(path + ": checkpoint version " + std::to_string(get_int(root, "version", path)) +
+                          " is newer than this libddp understands (" + std::to_string(kVersion) + "); upgrade libddp");
+  return root;
+}
+
+}  // namespace
+
+std::string previous_checkpoint_path(const std::string& path) {
+  std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + ".prev" + p.extension().string())).string();
+}
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                     const TrainState& state, ProcessGroup& pg) {
+  // Every rank's generator: ranks may draw different random numbers (dropout).
+  auto rng = cpu_rng_state();
+  auto all_rng = pg.allgather(rng.to(pg.device()));
+  if (pg.rank() != 0) {
+    share_verdict(pg, true, "to write the checkpoint " + path);
+    return;
+  }
+  std::string error;
+  try {
+    std::ostringstream optimizer_bytes;
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.save_to(optimizer_bytes);
+
+    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+    d.insert("format", std::string(kFormat));
+    d.insert("version", kVersion);
+    d.insert("model", detail::to_ivalue(state_dict(model)));
+    d.insert("optimizer", bytes_tensor(optimizer_bytes.str()));
+    d.insert("epoch", state.epoch);
+    d.insert("step", state.step);
+    d.insert("sampler_epoch", state.sampler_epoch);
+    d.insert("world_size", static_cast<int64_t>(pg.size()));
+    c10::List<at::Tensor> rng_list;
+    for (auto& t : all_rng) rng_list.push_back(t.cpu());
+    d.insert("rng_states", rng_list);
+    c10::Dict<std::string, std::string> config;
+    for (auto& [k, v] : state.config) config.insert(k, v);
+    d.insert("config", config);
+    const auto bytes = torch::pickle_save(d);
+
+    // Keep the last good one: a hard link, so `path` never disappears.
+    namespace fs = std::filesystem;
+    if (fs::exists(path)) {
+      const std::string prev = previous_checkpoint_path(path), prev_tmp = prev + ".tmp";
+      ::unlink(prev_tmp.c_str());
+      if (::link(path.c_str(), prev_tmp.c_str()) == 0) ::rename(prev_tmp.c_str(), prev.c_str());
+    }
+    detail::write_atomically(path, bytes);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  share_verdict(pg, error.empty(), "to write the checkpoint " + path);
+  if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": " + error);
+}
+
+TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                           ProcessGroup& pg) {
+  // Rank 0 reads (and checks) the file, then everyone gets its bytes.
+  std::vector<char> bytes;
+  std::string used = path;
+  std::string error;
+  if (pg.rank() == 0) {
+    try {
+      bytes = pickle::read_file(path);
+      parse_checkpoint(bytes, path);
+    } catch (const std::exception& first) {
+      const std::string prev = previous_checkpoint_path(path);
+      error = first.what();
+      if (std::filesystem::exists(prev)) {
+        try {
+          bytes = pickle::read_file(prev);
+          parse_checkpoint(bytes, prev);
+          std::cout << "notice: " << first.what() << "\nnotice: resuming from the previous checkpoint " << prev
+                    << " instead" << std::endl;
+          used = prev;
+          error.clear();
+        } catch (const std::exception& second) {
+          error += "\n  and the previous checkpoint " + prev + " is no better: " + second.what();
+        }
+      }
+    }
+  }
+  share_verdict(pg, error.empty(), "to read the checkpoint " + path);
+  if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": cannot resume: " + error);
+  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong).to(pg.device());
+  pg.broadcast(size, 0).wait();
+  auto buffer = torch::empty({size.cpu().item<int64_t>()}, torch::kUInt8);
+  if (pg.rank() == 0 && !bytes.empty()) std::memcpy(buffer.data_ptr(), bytes.data(), bytes.size());
+  auto on_device = buffer.to(pg.device());
+  pg.broadcast(on_device, 0).wait();
+  if (pg.rank() != 0) {
+    buffer = on_device.cpu();
+    bytes.assign(static_cast<const char*>(buffer.data_ptr()), static_cast<const char*>(buffer.data_ptr()) + buffer.numel());
+  }
+
+  auto root = parse_checkpoint(bytes, used);
+  StateDict model_state;
+  if (!detail::to_state_dict(root->get("model"), model_state))
+    throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
+  load_state_dict(model, model_state);
+
+  torch::Device device = torch::kCPU;
+  for (const auto& p : model.parameters()) {
+    device = p.device();
+    break;
+  }
+  if (optimizer) {
+    auto opt = root->get("optimizer");
+    if (!opt || !opt->is_tensor()) throw CheckpointError(used + ": checkpoint has no optimizer state");
+    std::istringstream in(tensor_bytes(opt->tensor));
+    torch::serialize::InputArchive archive;
+    try {
+      archive.load_from(in, device);
+      optimizer->load(archive);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      throw CheckpointError(rank_tag(pg) + ": " + used + ": the optimizer state does not fit this optimizer (" +
+                            msg.substr(0, msg.find('\n')) + "); was it written with another optimizer or model?");
+    }
+  }
+
+  TrainState state;
+  state.epoch = get_int(root, "epoch", used);
+  state.step = get_int(root, "step", used);
+  state.sampler_epoch = get_int(root, "sampler_epoch", used);
+  state.world_size = static_cast<int>(get_int(root, "world_size", used));
+  if (auto config = root->get("config"); config && config->is_dict())
+    for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
+
+  // This rank's generator; with another world size, the old ranks' round-robin.
+  if (auto rng = root->get("rng_states"); rng && rng->kind == pickle::Value::Kind::List && !rng->items.empty()) {
+    const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
+    if (mine->is_tensor()) set_cpu_rng_state(mine->tensor.contiguous());
+  }
+  if (state.world_size != pg.size() && pg.rank() == 0)
+    std::cout << "notice: " << used << " was written by " << state.world_size << " ranks; resuming with "
+              << pg.size() << ". The model and optimizer carry over; the data order and per-rank shards differ "
+              << "from an uninterrupted run, and random streams are reused round-robin." << std::endl;
+  return state;
+}
+
+}  // namespace ddp

@@ -1,0 +1,92 @@
+#include "ddp/env_summary.h"
+
+#include <unistd.h>
+
+#include <torch/version.h>
+
+#include <cstring>
+#include <iomanip>
+#include <sstream>
+#include <vector>
+
+#include "ddp/launch_env.h"
+
+#ifdef DDP_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
+
+namespace ddp {
+
+namespace {
+
+constexpr int64_t kRowBytes = 512;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::string clean(std::string s) {
+  for (auto& c : s)
+    if (c == '|' || c == '\n') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+std::string environment_summary(ProcessGroup& pg) {
+  const LaunchEnv env = LaunchEnv::from_environment();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const torch::Device device = pg.device();
+  std::string gpu = "-", memory = "-";
+#ifdef DDP_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto* props = at::cuda::getDeviceProperties(device.index());
+    gpu = props->name;
+    std::ostringstream m;
+    m << std::fixed << std::setprecision(1) << static_cast<double>(props->totalGlobalMem) / (1024.0 * 1024 * 1024)
+      << " GiB";
+    memory = m.str();
+  }
+#endif
+  const std::string row = std::to_string(pg.rank()) + "|" + std::to_string(env.local_rank) + "|" + clean(host) + "|" +
+                          std::to_string(::getpid()) + "|" + clean(pg.backend_name()) + "|" + device.str() + "|" +
+                          clean(gpu) + "|" + memory;
+  auto t = torch::zeros({kRowBytes}, torch::kUInt8);
+  std::memcpy(t.data_ptr(), row.data(), std::min<size_t>(row.size(), kRowBytes - 1));
+  auto rows = pg.allgather(t.to(pg.device()));
+  if (pg.rank() != 0) return "";
+
+  std::vector<std::vector<std::string>> table{{"rank", "local", "host", "pid", "backend", "device", "gpu", "memory"}};
+  for (auto& r : rows) {
+    auto c = r.cpu();
+    table.push_back(split(std::string(static_cast<const char*>(c.data_ptr())), '|'));
+  }
+  std::vector<size_t> width(table[0].size(), 0);
+  for (auto& r : table)
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::ostringstream out;
+  out << "libddp: LibTorch " << TORCH_VERSION << ", " << pg.size() << " process" << (pg.size() == 1 ? "" : "es")
+      << " (" << env.source_name() << "), backend " << pg.backend_name() << ", master " << env.master_addr << ":"
+      << env.master_port << "\n";
+  for (auto& r : table) {
+    out << "  ";
+    for (size_t i = 0; i < r.size() && i < width.size(); ++i)
+      out << std::left << std::setw(static_cast<int>(width[i] + 2)) << r[i];
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace ddp

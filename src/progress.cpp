@@ -1,0 +1,84 @@
+#include "ddp/progress.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+namespace ddp {
+
+std::string format_duration(double seconds) {
+  if (seconds < 0) seconds = 0;
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600), static_cast<long long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60), static_cast<long long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  return buf;
+}
+
+Progress::Progress(std::string label, int64_t total_steps, bool enabled, std::ostream* out)
+    : label_(std::move(label)),
+      total_(total_steps),
+      enabled_(enabled),
+      interactive_(out == nullptr && ::isatty(STDOUT_FILENO)),
+      out_(out ? out : &std::cout),
+      start_(std::chrono::steady_clock::now()),
+      last_draw_(start_) {}
+
+double Progress::elapsed_seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+}
+
+double Progress::samples_per_second() const {
+  const double s = elapsed_seconds();
+  return s > 0 ? static_cast<double>(samples_) / s : 0.0;
+}
+
+std::string Progress::line() const {
+  char buf[256];
+  const double elapsed = elapsed_seconds();
+  std::string bar;
+  if (total_ > 0) {
+    const int width = 20, filled = static_cast<int>(width * std::min<int64_t>(step_, total_) / total_);
+    bar = "[" + std::string(filled, '#') + std::string(width - filled, '.') + "] ";
+  }
+  const std::string steps = total_ > 0 ? std::to_string(step_) + "/" + std::to_string(total_) : std::to_string(step_);
+  const std::string left =
+      total_ > 0 && step_ > 0 ? format_duration(elapsed / static_cast<double>(step_) * static_cast<double>(total_ - step_)) : "?";
+  std::snprintf(buf, sizeof buf, "%s %sstep %s  loss %.4f  %.0f samples/s  %s left", label_.c_str(), bar.c_str(),
+                steps.c_str(), loss_, samples_per_second(), finished_ ? "0s" : left.c_str());
+  return buf;
+}
+
+void Progress::update(double loss, int64_t samples) {
+  if (!enabled_) return;
+  ++step_;
+  samples_ += samples;
+  loss_ = loss;
+  loss_sum_ += loss;
+  const auto now = std::chrono::steady_clock::now();
+  if (interactive_) {
+    if (now - last_draw_ > std::chrono::milliseconds(100) || step_ == total_) {
+      *out_ << "\r" << line() << "\033[K" << std::flush;
+      last_draw_ = now;
+    }
+  } else {
+    const int64_t every = total_ > 0 ? std::max<int64_t>(1, total_ / 10) : 50;
+    if (step_ % every == 0 && step_ != total_) *out_ << line() << std::endl;
+  }
+}
+
+void Progress::finish() {
+  if (!enabled_ || finished_) return;
+  finished_ = true;
+  if (interactive_)
+    *out_ << "\r" << line() << "\033[K" << std::endl;
+  else
+    *out_ << line() << std::endl;
+}
+
+}  // namespace ddp

@@ -1,0 +1,192 @@
+#include "ddp/state_dict.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include <torch/csrc/jit/serialization/pickle.h>
+
+namespace ddp {
+
+namespace {
+
+bool is_zip_with(const std::vector<char>& bytes, const std::string& needle) {
+  // Entry names are stored in the clear in a zip's local headers.
+  return std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end()) != bytes.end();
+}
+
+// torch::save(module)'s archive: nested archives of parameters and buffers.
+void flatten_archive(torch::serialize::InputArchive& archive, const std::string& prefix, StateDict& out) {
+  for (const auto& key : archive.keys()) {
+    torch::Tensor t;
+    if (archive.try_read(key, t, /*is_buffer=*/false) || archive.try_read(key, t, /*is_buffer=*/true)) {
+      out.insert(prefix + key, t);
+      continue;
+    }
+    torch::serialize::InputArchive child;
+    if (archive.try_read(key, child)) flatten_archive(child, prefix + key + ".", out);
+  }
+}
+
+std::string shape(const torch::Tensor& t) {
+  std::ostringstream s;
+  s << t.sizes();
+  return s.str();
+}
+
+}  // namespace
+
+StateDict state_dict(const torch::nn::Module& module) {
+  StateDict out;
+  for (const auto& p : module.named_parameters(true)) out.insert(p.key(), p.value());
+  for (const auto& b : module.named_buffers(true)) out.insert(b.key(), b.value());
+  return out;
+}
+
+namespace detail {
+
+bool to_state_dict(const pickle::ValuePtr& v, StateDict& out) {
+  if (!v || !v->is_dict()) return false;
+  StateDict sd;
+  for (const auto& [k, t] : v->dict) {
+    if (k->kind != pickle::Value::Kind::String || !t->is_tensor()) return false;
+    sd.insert(k->s, t->tensor);
+  }
+  out = std::move(sd);
+  return true;
+}
+
+c10::impl::GenericDict to_ivalue(const StateDict& state) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::TensorType::get());
+  for (const auto& item : state) d.insert(item.key(), item.value().detach().cpu().contiguous());
+  return d;
+}
+
+void write_atomically(const std::string& path, const std::vector<char>& bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const std::string tmp = path + ".tmp";
+  auto fail = [&](const std::string& what) {
+    const std::string err = std::strerror(errno);
+    ::unlink(tmp.c_str());
+    throw CheckpointError("writing " + path + ": " + what + " failed (" + err +
+                          "); the previous file, if any, is untouched. Check free space and permissions.");
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open " + tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("fsync");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
+  // The rename itself is durable only once the directory is.
+  const std::string dir = target.has_parent_path() ? target.parent_path().string() : ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace detail
+
+StateDict read_state_dict(const std::string& path, torch::Device device) {
+  const auto bytes = pickle::read_file(path);
+  StateDict sd;
+  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0 && is_zip_with(bytes, "constants.pkl")) {
+    // A TorchScript-style archive: LibTorch's torch::save(module, path).
+    try {
+      torch::serialize::InputArchive archive;
+      archive.load_from(path, torch::Device(torch::kCPU));
+      flatten_archive(archive, "", sd);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      throw CheckpointError(path + ": not a readable LibTorch archive (" + msg.substr(0, msg.find('\n')) + ")");
+    }
+  } else {
+    auto root = pickle::load(bytes, path);
+    if (!detail::to_state_dict(root, sd)) {
+      bool found = false;
+      for (const char* key : {"model", "state_dict", "model_state_dict", "net", "module"})
+        if (root->is_dict() && detail::to_state_dict(root->get(key), sd)) {
+          found = true;
+          break;
+        }
+      if (!found)
+        throw CheckpointError(path + ": holds no model state (expected a dict of tensors, or a checkpoint dict "
+                                     "with one under \"model\" or \"state_dict\")");
+    }
+  }
+  StateDict out;
+  for (const auto& item : sd) out.insert(item.key(), item.value().to(device));
+  return out;
+}
+
+StateDict strip_module_prefix(const StateDict& state) {
+  static const std::string prefix = "module.";
+  StateDict out;
+  for (const auto& item : state) {
+    std::string name = item.key();
+    while (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+    if (out.contains(name))
+      throw CheckpointError("state dict: '" + item.key() + "' and another entry both become '" + name +
+                            "' without their module. prefixes");
+    out.insert(name, item.value());
+  }
+  return out;
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& state_in, bool strict) {
+  const StateDict state = strip_module_prefix(state_in);
+  auto targets = state_dict(module);
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& t : targets) {
+    const torch::Tensor* src = state.find(t.key());
+    if (!src) {
+      missing.push_back(t.key());
+    } else if (src->sizes() != t.value().sizes()) {
+      mismatched.push_back(t.key() + " (file " + shape(*src) + ", model " + shape(t.value()) + ")");
+    }
+  }
+  for (const auto& s : state)
+    if (!targets.contains(s.key())) unexpected.push_back(s.key());
+  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()))) {
+    std::string msg = "load_state_dict: the state does not fit the model.";
+    auto list = [&](const char* what, const std::vector<std::string>& names) {
+      if (names.empty()) return;
+      msg += std::string("\n  ") + what + ":";
+      for (size_t i = 0; i < names.size() && i < 10; ++i) msg += " " + names[i];
+      if (names.size() > 10) msg += " ... (" + std::to_string(names.size()) + " in all)";
+    };
+    list("missing", missing);
+    list("unexpected", unexpected);
+    list("shape differs", mismatched);
+    msg += "\n  Is it the checkpoint of another model? (module. prefixes are already stripped.)";
+    throw CheckpointError(msg);
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& t : targets)
+    if (const torch::Tensor* src = state.find(t.key())) t.value().copy_(*src);
+}
+
+void save_state_dict(const torch::nn::Module& module, const std::string& path) {
+  detail::write_atomically(path, torch::pickle_save(detail::to_ivalue(state_dict(module))));
+}
+
+}  // namespace ddp

@@ -1,0 +1,127 @@
+#include "ddp/train_options.h"
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+namespace ddp {
+
+namespace po = boost::program_options;
+
+int64_t TrainOptions::per_process_batch(int world_size) const {
+  if (batch_size() > 0) return batch_size();
+  if (global_batch_size() <= 0) throw UsageError("set --batch-size (per process) or --global-batch-size");
+  if (global_batch_size() % world_size != 0)
+    throw UsageError("--global-batch-size " + std::to_string(global_batch_size()) + " does not divide by the " +
+                     std::to_string(world_size) + " processes; pick a multiple of " + std::to_string(world_size) +
+                     " or set --batch-size per process");
+  return global_batch_size() / world_size;
+}
+
+std::string TrainOptions::resume_path() const {
+  if (resume().empty()) return "";
+  if (resume() == "auto") return (std::filesystem::path(run_dir()) / "checkpoint.pt").string();
+  const std::string& where = resume();
+  if (std::filesystem::is_directory(where)) return (std::filesystem::path(where) / "checkpoint.pt").string();
+  return where;
+}
+
+int64_t TrainOptions::steps_per_epoch(size_t samples, int64_t batch) const {
+  int64_t steps = (static_cast<int64_t>(samples) + batch - 1) / batch;
+  if (limit_batches() >= 0) steps = std::min(steps, limit_batches());
+  return steps;
+}
+
+bool TrainOptions::checkpoint_due(int64_t completed) const {
+  return completed == epochs() || (checkpoint_every() > 0 && completed % checkpoint_every() == 0);
+}
+
+ProcessGroupOptions TrainOptions::process_group_options() const {
+  return ProcessGroupOptions().backend(backend()).timeout(std::chrono::seconds(timeout_s()));
+}
+
+DDPOptions TrainOptions::ddp_options() const { return DDPOptions().bucket_cap_mb(bucket_cap_mb()); }
+
+std::map<std::string, std::string> TrainOptions::to_config() const {
+  auto str = [](double v) {
+    std::ostringstream s;
+    s << v;
+    return s.str();
+  };
+  return {{"epochs", std::to_string(epochs())},
+          {"batch_size", std::to_string(batch_size())},
+          {"global_batch_size", std::to_string(global_batch_size())},
+          {"lr", str(lr())},
+          {"seed", std::to_string(seed())},
+          {"backend", backend()},
+          {"bucket_cap_mb", str(bucket_cap_mb())},
+          {"timeout_s", std::to_string(timeout_s())},
+          {"data_dir", data_dir()},
+          {"run_dir", run_dir()},
+          {"checkpoint_every", std::to_string(checkpoint_every())},
+          {"resume", resume()},
+          {"workers", std::to_string(workers())},
+          {"limit_batches", std::to_string(limit_batches())}};
+}
+
+TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
+                                 const po::options_description* extra) {
+  po::options_description common("Training options");
+  // clang-format off
+  common.add_options()
+    ("help,h", "print this help and exit")
+    ("epochs", po::value(&o.epochs())->default_value(o.epochs()), "epochs to train (in all, counting resumed ones)")
+    ("batch-size", po::value(&o.batch_size())->default_value(o.batch_size()),
+       "samples per process and step (0: --global-batch-size / processes)")
+    ("global-batch-size", po::value(&o.global_batch_size())->default_value(o.global_batch_size()),
+       "samples per step over all processes")
+    ("lr", po::value(&o.lr())->default_value(o.lr()), "learning rate")
+    ("seed", po::value(&o.seed())->default_value(o.seed()), "seed of the model's initialisation and the data order")
+    ("backend", po::value(&o.backend())->default_value(o.backend()), "auto, gloo or nccl")
+    ("bucket-cap-mb", po::value(&o.bucket_cap_mb())->default_value(o.bucket_cap_mb()), "DDP gradient bucket size")
+    ("timeout", po::value(&o.timeout_s())->default_value(o.timeout_s()), "seconds any collective may wait")
+    ("data-dir", po::value(&o.data_dir())->default_value(o.data_dir()), "where the data set lives")
+    ("run-dir", po::value(&o.run_dir())->default_value(o.run_dir()),
+       "run folder: metrics.csv, log.txt, checkpoint.pt, model.pt, charts")
+    ("checkpoint-every", po::value(&o.checkpoint_every())->default_value(o.checkpoint_every()),
+       "write a checkpoint every N epochs (0: only after the last)")
+    ("resume", po::value(&o.resume())->implicit_value("auto"),
+       "continue from a checkpoint file or run folder (alone: --run-dir's checkpoint)")
+    ("workers", po::value(&o.workers())->default_value(o.workers()), "data loader threads")
+    ("limit-batches", po::value(&o.limit_batches())->default_value(o.limit_batches()),
+       "at most N batches per epoch, training and evaluation (-1: all), for quick runs");
+  // clang-format on
+  po::options_description all;
+  all.add(common);
+  if (extra) all.add(*extra);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(std::string(e.what()) + " (see --help)");
+  }
+  if (vm.count("help")) {
+    std::cout << "usage: " << (argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "example")
+              << " [options]\n  start it with: ddprun --nproc-per-node N " << (argc > 0 ? argv[0] : "example")
+              << " [options]\n\n"
+              << all << std::endl;
+    std::exit(0);
+  }
+  const bool batch_given = vm.count("batch-size") && !vm["batch-size"].defaulted();
+  const bool global_given = vm.count("global-batch-size") && !vm["global-batch-size"].defaulted();
+  if (batch_given && !global_given) o.global_batch_size(0);
+  if (global_given && !batch_given) o.batch_size(0);
+  if (batch_given && global_given)
+    throw UsageError("give --batch-size (per process) or --global-batch-size, not both");
+  if (o.epochs() < 0) throw UsageError("--epochs must be >= 0");
+  if (o.batch_size() < 0 || o.global_batch_size() < 0) throw UsageError("batch sizes must be positive");
+  if (o.lr() <= 0) throw UsageError("--lr must be > 0");
+  if (o.workers() < 0) throw UsageError("--workers must be >= 0");
+  if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
+  if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
+  return o;
+}
+
+}  // namespace ddp

@@ -1,0 +1,110 @@
+// One rank of the data layer's multi-process tests (started through
+// tests/core/multiprocess.h). Exits 0 when its checks hold, 1 with a message
+// otherwise. The scenario is argv[1].
+#include <filesystem>
+#include <iostream>
+
+#include "ddp/ddp.h"
+
+namespace {
+
+struct Fail : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+#define CHECK_OR_FAIL(cond, msg)                                                              \
+  do {                                                                                        \
+    if (!(cond)) throw Fail(std::string("check failed: ") + #cond + ": " + std::string(msg)); \
+  } while (0)
+
+// Rank-local evaluation + one all-reduce equals single-process evaluation,
+// for a data set that does not divide by the world size.
+void scenario_eval(ddp::ProcessGroup& pg) {
+  const int64_t n = 103;
+  torch::manual_seed(11);
+  auto x = torch::randn({n, 6});
+  auto y = torch::randint(0, 4, {n}, torch::kLong);
+  auto net = torch::nn::Linear(6, 4);
+  ddp::TensorDataset data(x, y);
+  ddp::DistributedSampler sampler(n, pg, ddp::DistributedSamplerOptions().shuffle(false).pad(false));
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(8));
+  const auto result = ddp::evaluate_classifier(net, *loader, pg);
+
+  torch::NoGradGuard g;
+  auto logits = net->forward(x);
+  const double loss_sum =
+      torch::nn::functional::cross_entropy(logits, y, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+          .item<double>();
+  const int64_t correct = logits.argmax(1).eq(y).sum().item<int64_t>();
+  std::cout << "rank " << pg.rank() << ": local " << sampler.num_samples() << " samples; global count " << result.count
+            << " correct " << result.correct << " (single process " << correct << ") loss " << result.loss()
+            << " (single process " << loss_sum / n << ")" << std::endl;
+  CHECK_OR_FAIL(result.count == n, "every sample counted once");
+  CHECK_OR_FAIL(result.correct == correct, "accuracy equals single-process");
+  CHECK_OR_FAIL(std::abs(result.loss_sum - loss_sum) < 1e-4 * std::abs(loss_sum), "loss equals single-process");
+  CHECK_OR_FAIL(net->is_training(), "the module is back in training mode");
+  // The training sampler pads: counting with it would count some samples twice.
+  ddp::DistributedSampler padded(n, pg);
+  CHECK_OR_FAIL(padded.total_size() > static_cast<size_t>(n) || n % pg.size() == 0, "padding repeats samples");
+}
+
+// Rank 0 writes, every rank restores the same state; a failed write on rank 0
+// is an error on every rank, not a hang.
+void scenario_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr, const std::string& dir) {
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  ddp::DistributedDataParallel model(net, pg_ptr);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(100 + step * 10 + pg.rank());
+    opt.zero_grad();
+    model(torch::randn({5, 4})).pow(2).mean().backward();
+    opt.step();
+  }
+  ddp::TrainState state;
+  state.epoch = 1;
+  state.step = 3;
+  const std::string path = dir + "/checkpoint.pt";
+  ddp::save_checkpoint(path, *net, opt, state, pg);
+  CHECK_OR_FAIL(std::filesystem::exists(path), "the checkpoint is on disk when save_checkpoint returns");
+
+  torch::manual_seed(77 + pg.rank());
+  torch::nn::Sequential other(torch::nn::Linear(4, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  torch::optim::SGD other_opt(other->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto restored = ddp::load_checkpoint(path, *other, &other_opt, pg);
+  CHECK_OR_FAIL(restored.step == 3 && restored.world_size == pg.size(), "the training state");
+  for (auto& p : net->named_parameters())
+    CHECK_OR_FAIL(torch::equal(p.value(), other->named_parameters()[p.key()]), p.key());
+
+  try {
+    ddp::save_checkpoint("/proc/no/such/dir/checkpoint.pt", *net, opt, state, pg);
+  } catch (const ddp::CheckpointError& e) {
+    std::string what = e.what();
+    std::cout << "caught: " << what << std::endl;
+    CHECK_OR_FAIL(what.find("rank " + std::to_string(pg.rank())) == 0, "names this rank");
+    if (pg.rank() != 0) CHECK_OR_FAIL(what.find("rank 0 failed") != std::string::npos, "says rank 0 failed");
+    return;
+  }
+  throw Fail("writing to an impossible path did not fail");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << "usage: ddp_data_worker SCENARIO\n";
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(60)));
+    const char* dir = std::getenv("DDP_TEST_DIR");
+    if (scenario == "eval") scenario_eval(*pg);
+    else if (scenario == "checkpoint") scenario_checkpoint(*pg, pg, dir ? dir : "/tmp");
+    else throw Fail("unknown scenario " + scenario);
+    ddp::destroy_process_group();
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "FAILED: " << e.what() << std::endl;
+    return 1;
+  }
+}

@@ -1,0 +1,93 @@
+// DistributedSampler: PyTorch's semantics, index for index.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <set>
+#include <sstream>
+
+#include "ddp/distributed_sampler.h"
+
+namespace {
+
+std::vector<std::vector<size_t>> shards(size_t n, int world, ddp::DistributedSamplerOptions o, int64_t epoch = 0) {
+  std::vector<std::vector<size_t>> out;
+  for (int r = 0; r < world; ++r) {
+    ddp::DistributedSampler s(n, world, r, o);
+    s.set_epoch(epoch);
+    out.push_back(s.indices());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(DistributedSampler, ShardsAreDisjointAndPaddedToEqualCounts) {
+  auto s = shards(10, 3, ddp::DistributedSamplerOptions().shuffle(false));
+  EXPECT_EQ(s[0], (std::vector<size_t>{0, 3, 6, 9}));
+  EXPECT_EQ(s[1], (std::vector<size_t>{1, 4, 7, 0}));  // padded with the first indices again
+  EXPECT_EQ(s[2], (std::vector<size_t>{2, 5, 8, 1}));
+  auto d = shards(10, 3, ddp::DistributedSamplerOptions().shuffle(false).drop_last(true));
+  EXPECT_EQ(d[0], (std::vector<size_t>{0, 3, 6}));
+  EXPECT_EQ(d[2], (std::vector<size_t>{2, 5, 8}));
+}
+
+TEST(DistributedSampler, WithoutPaddingEverySampleOnceOverAllRanks) {
+  for (size_t n : {0, 1, 7, 10, 101}) {
+    auto s = shards(n, 4, ddp::DistributedSamplerOptions().pad(false), 3);
+    std::multiset<size_t> all;
+    for (auto& shard : s) all.insert(shard.begin(), shard.end());
+    ASSERT_EQ(all.size(), n);
+    EXPECT_EQ(std::set<size_t>(all.begin(), all.end()).size(), n) << "no index twice";
+    for (int r = 0; r < 4; ++r)
+      EXPECT_EQ(ddp::DistributedSampler(n, 4, r, ddp::DistributedSamplerOptions().pad(false)).num_samples(), s[r].size());
+  }
+}
+
+TEST(DistributedSampler, ShuffleDependsOnSeedAndEpoch) {
+  ddp::DistributedSampler a(100, 2, 0), b(100, 2, 0), c(100, 2, 0, ddp::DistributedSamplerOptions().seed(1));
+  EXPECT_EQ(a.indices(), b.indices());
+  EXPECT_NE(a.indices(), c.indices());
+  b.set_epoch(1);
+  EXPECT_NE(a.indices(), b.indices());
+  a.set_epoch(1);
+  EXPECT_EQ(a.indices(), b.indices());
+}
+
+TEST(DistributedSampler, CopiesShareTheEpochSoTheLoadersCopyFollows) {
+  ddp::DistributedSampler mine(50, 2, 1);
+  ddp::DistributedSampler loaders = mine;  // what make_data_loader keeps
+  mine.set_epoch(5);
+  loaders.reset();
+  std::vector<size_t> seen;
+  while (auto batch = loaders.next(7)) seen.insert(seen.end(), batch->begin(), batch->end());
+  EXPECT_EQ(seen, mine.indices());
+  EXPECT_EQ(loaders.epoch(), 5);
+}
+
+TEST(DistributedSampler, SameIndicesAsPyTorch) {
+  FILE* probe = ::popen("/usr/bin/python3 -c 'import torch' 2>/dev/null", "r");
+  if (!probe || ::pclose(probe) != 0) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
+  for (auto [n, w, seed, epoch, drop] : std::vector<std::tuple<int, int, int, int, int>>{
+           {10, 3, 0, 0, 0}, {10, 3, 7, 2, 1}, {1000, 2, 42, 5, 0}, {5, 4, 1, 1, 0}, {3, 4, 0, 0, 0}}) {
+    const std::string cmd = "/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " sampler " + std::to_string(n) + " " +
+                            std::to_string(w) + " " + std::to_string(seed) + " " + std::to_string(epoch) + " " +
+                            std::to_string(drop);
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_TRUE(p);
+    std::string out;
+    char buf[4096];
+    while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+    ASSERT_EQ(::pclose(p), 0) << cmd;
+    std::istringstream lines(out);
+    std::string line;
+    for (int r = 0; r < w; ++r) {
+      std::getline(lines, line);
+      std::vector<size_t> expected;
+      std::istringstream nums(line);
+      for (size_t i; nums >> i;) expected.push_back(i);
+      ddp::DistributedSampler s(n, w, r, ddp::DistributedSamplerOptions().seed(seed).drop_last(drop));
+      s.set_epoch(epoch);
+      EXPECT_EQ(s.indices(), expected) << cmd << " rank " << r;
+    }
+  }
+}

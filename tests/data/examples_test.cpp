@@ -1,0 +1,144 @@
+// Every example for a few batches with 2 ranks, and what the run folder and
+// --resume promise: 4 epochs in one run equal 2 epochs + resume + 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../core/multiprocess.h"
+#include "ddp/state_dict.h"
+#include "idx_fixture.h"
+
+namespace fs = std::filesystem;
+using ddp::testing::describe;
+using ddp::testing::run_ranks;
+
+namespace {
+
+void expect_ok(const std::vector<ddp::testing::RankResult>& results) {
+  for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << describe(results);
+}
+
+int count_lines(const std::string& path) {
+  std::ifstream in(path);
+  int n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+std::string real_or_fixture_data(const std::string& dir) {
+  if (fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) return "/usr/share/datasets/fashion-mnist";
+  ddp::testing::write_fashion_mnist(dir + "/data", 512, 128);
+  return dir + "/data";
+}
+
+class Examples : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = ddp::testing::temp_dir("examples"); }
+  void TearDown() override {
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+  std::string dir_;
+};
+
+}  // namespace
+
+TEST_F(Examples, RandomLinearSplitsEachBatchOfThirtyOverTwoRanks) {
+  auto results = run_ranks(2, RANDOM_LINEAR, {});
+  expect_ok(results);
+  for (int r = 0; r < 2; ++r) {
+    const auto& out = results[r].output;
+    EXPECT_NE(out.find("In Model (rank " + std::to_string(r) + "): input size [15, 5] output size [15, 2]"),
+              std::string::npos) << out;
+    EXPECT_NE(out.find("input size [5, 5]"), std::string::npos) << "the last 10 samples, 5 a rank: " << out;
+  }
+  EXPECT_NE(results[0].output.find("rank  local  host"), std::string::npos) << "the environment table";
+}
+
+TEST_F(Examples, LenetRunsAFewBatchesAndFillsItsRunFolder) {
+  const std::string run = dir_ + "/run";
+  auto results = run_ranks(2, LENET_FMNIST,
+                           {"--epochs", "1", "--limit-batches", "2", "--data-dir", real_or_fixture_data(dir_),
+                            "--run-dir", run});
+  expect_ok(results);
+  EXPECT_EQ(count_lines(run + "/metrics.csv"), 2);
+  for (const char* f : {"log.txt", "model.pt", "checkpoint.pt", "charts.gp"}) EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
+  if (std::system("command -v gnuplot >/dev/null 2>&1") == 0)
+    for (const char* f : {"loss.png", "test_acc.png", "throughput.png"}) EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
+  EXPECT_NE(results[0].output.find("epoch 1: train loss"), std::string::npos) << results[0].output;
+  EXPECT_EQ(results[1].output.find("epoch 1: train loss"), std::string::npos) << "only rank 0 reports";
+}
+
+TEST_F(Examples, LenetResumeEndsWithTheSameParametersAsOneRun) {
+  ddp::testing::write_fashion_mnist(dir_ + "/data", 320, 64);
+  auto args = [&](const std::string& run, const std::string& epochs) {
+    return std::vector<std::string>{"--epochs", epochs, "--global-batch-size", "64", "--lr", "0.1", "--data-dir",
+                                    dir_ + "/data", "--run-dir", run};
+  };
+  expect_ok(run_ranks(2, LENET_FMNIST, args(dir_ + "/one", "4")));
+  expect_ok(run_ranks(2, LENET_FMNIST, args(dir_ + "/two", "2")));
+  auto resume = args(dir_ + "/two", "4");
+  resume.push_back("--resume");
+  auto results = run_ranks(2, LENET_FMNIST, resume);
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("resumed from"), std::string::npos) << results[0].output;
+
+  auto a = ddp::read_state_dict(dir_ + "/one/model.pt"), b = ddp::read_state_dict(dir_ + "/two/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key() << " differs";
+  EXPECT_EQ(count_lines(dir_ + "/two/metrics.csv"), 5) << "the resumed run continues metrics.csv";
+
+  // Another world size resumes too, with a notice.
+  auto one_rank = args(dir_ + "/two", "5");
+  one_rank.push_back("--resume");
+  results = run_ranks(1, LENET_FMNIST, one_rank);
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("was written by 2 ranks; resuming with 1"), std::string::npos) << results[0].output;
+}
+
+TEST_F(Examples, ErrorsNameTheRankAndWhatToDo) {
+  auto results = run_ranks(2, LENET_FMNIST, {"--data-dir", dir_ + "/empty", "--run-dir", dir_ + "/run"});
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(results[r].exit_code, 1) << describe(results);
+    EXPECT_NE(results[r].output.find("rank " + std::to_string(r)), std::string::npos) << results[r].output;
+    EXPECT_NE(results[r].output.find("apt-get install dataset-fashion-mnist"), std::string::npos) << results[r].output;
+  }
+  results = run_ranks(1, LENET_FMNIST, {"--epochs", "lots"});
+  EXPECT_EQ(results[0].exit_code, 2) << describe(results);
+  EXPECT_NE(results[0].output.find("rank 0: error:"), std::string::npos) << results[0].output;
+}
+
+TEST_F(Examples, Resnet18RunsOneSmallBatchOnCpus) {
+  const std::string run = dir_ + "/run";
+  auto results = run_ranks(2, RESNET18_FMNIST,
+                           {"--epochs", "1", "--limit-batches", "1", "--batch-size", "4", "--data-dir",
+                            real_or_fixture_data(dir_), "--run-dir", run});
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
+  EXPECT_TRUE(fs::exists(run + "/checkpoint.pt"));
+}
+
+TEST_F(Examples, InformerTrainsOnTheGeneratedSeriesAndReportsTheBaseline) {
+  // The generator is deterministic: two runs, the same bytes.
+  ASSERT_EQ(std::system((std::string(INFORMER_MAKE_CSV) + " " + dir_ + "/a.csv 500 11 > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((std::string(INFORMER_MAKE_CSV) + " " + dir_ + "/b.csv 500 11 > /dev/null").c_str()), 0);
+  EXPECT_EQ(ddp::testing::read_file(dir_ + "/a.csv"), ddp::testing::read_file(dir_ + "/b.csv"));
+  EXPECT_EQ(count_lines(dir_ + "/a.csv"), 501);
+  auto results = run_ranks(2, INFORMER_CSV,
+                           {"--csv", dir_ + "/a.csv", "--epochs", "1", "--limit-batches", "2", "--batch-size", "8",
+                            "--run-dir", dir_ + "/run"});
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("last-value baseline mse"), std::string::npos) << results[0].output;
+  std::ifstream metrics(dir_ + "/run/metrics.csv");
+  std::string header;
+  std::getline(metrics, header);
+  EXPECT_EQ(header, "epoch,train_loss,test_loss,test_mae,samples_per_s,epoch_s");
+
+  // A bad row is an error with its line number, on every rank.
+  std::ofstream(dir_ + "/bad.csv") << "date,a\nt0,1\nt1,x\n";
+  results = run_ranks(2, INFORMER_CSV, {"--csv", dir_ + "/bad.csv", "--run-dir", dir_ + "/run2"});
+  for (auto& r : results) {
+    EXPECT_EQ(r.exit_code, 1) << describe(results);
+    EXPECT_NE(r.output.find("bad.csv:3: column 'a' holds 'x'"), std::string::npos) << r.output;
+  }
+}

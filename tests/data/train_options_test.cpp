@@ -1,0 +1,62 @@
+// The shared command line.
+#include <gtest/gtest.h>
+
+#include "ddp/train_options.h"
+
+namespace {
+
+ddp::TrainOptions parse(std::vector<std::string> args, ddp::TrainOptions defaults = {}) {
+  args.insert(args.begin(), "example");
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  return ddp::parse_train_options(static_cast<int>(argv.size()), argv.data(), defaults);
+}
+
+}  // namespace
+
+TEST(TrainOptions, DefaultsComeFromTheExample) {
+  auto o = parse({}, ddp::TrainOptions().global_batch_size(256).lr(0.2));
+  EXPECT_EQ(o.per_process_batch(2), 128);
+  EXPECT_DOUBLE_EQ(o.lr(), 0.2);
+  EXPECT_EQ(o.limit_batches(), -1);
+  EXPECT_EQ(o.resume_path(), "");
+}
+
+TEST(TrainOptions, BatchSizePerProcessOrGlobal) {
+  auto defaults = ddp::TrainOptions().global_batch_size(256);
+  EXPECT_EQ(parse({"--batch-size", "32"}, defaults).per_process_batch(4), 32);
+  EXPECT_EQ(parse({"--global-batch-size", "96"}, defaults).per_process_batch(3), 32);
+  EXPECT_THROW(parse({"--global-batch-size", "100"}, defaults).per_process_batch(3), ddp::UsageError);
+  EXPECT_THROW(parse({"--global-batch-size", "64", "--batch-size", "8"}, defaults), ddp::UsageError);
+}
+
+TEST(TrainOptions, AllCommonOptions) {
+  auto o = parse({"--epochs", "3", "--lr", "0.5", "--seed", "9", "--backend", "gloo", "--bucket-cap-mb", "1.5",
+                  "--data-dir", "/d", "--run-dir", "/r", "--checkpoint-every", "2", "--workers", "2",
+                  "--limit-batches", "4", "--timeout", "60", "--batch-size", "8"});
+  EXPECT_EQ(o.epochs(), 3);
+  EXPECT_EQ(o.seed(), 9u);
+  EXPECT_EQ(o.backend(), "gloo");
+  EXPECT_DOUBLE_EQ(o.ddp_options().bucket_cap_mb(), 1.5);
+  EXPECT_EQ(o.process_group_options().timeout(), std::chrono::seconds(60));
+  EXPECT_EQ(o.data_dir(), "/d");
+  EXPECT_EQ(o.workers(), 2);
+  EXPECT_EQ(o.steps_per_epoch(100, 8), 4);
+  EXPECT_EQ(o.steps_per_epoch(20, 8), 3);
+  EXPECT_TRUE(o.checkpoint_due(2));
+  EXPECT_FALSE(o.checkpoint_due(1));
+  EXPECT_TRUE(o.checkpoint_due(3));  // the last epoch always
+  EXPECT_EQ(o.to_config().at("lr"), "0.5");
+}
+
+TEST(TrainOptions, ResumeAloneMeansTheRunDirsCheckpoint) {
+  EXPECT_EQ(parse({"--run-dir", "/nonexistent/run", "--resume"}).resume_path(), "/nonexistent/run/checkpoint.pt");
+  EXPECT_EQ(parse({"--resume=/x/ck.pt"}).resume_path(), "/x/ck.pt");
+  EXPECT_EQ(parse({"--resume", "/tmp"}).resume_path(), "/tmp/checkpoint.pt");
+}
+
+TEST(TrainOptions, BadValuesAreUsageErrors) {
+  EXPECT_THROW(parse({"--epochs", "many"}), ddp::UsageError);
+  EXPECT_THROW(parse({"--no-such-option"}), ddp::UsageError);
+  EXPECT_THROW(parse({"--lr", "0"}), ddp::UsageError);
+}
