@@ -300,7 +300,14 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     if (pg->size() > 1) pg->broadcast(order, 0).wait();
     auto cpu = order.cpu();
     std::vector<size_t> agreed(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
-    initialize_buckets(assignment_for(agreed));
+    auto assignment = assignment_for(agreed);
+    // Often the real order packs the same buckets as the guess (a plain stack
+    // of layers): then reallocating would only cost a bucket's worth of peak
+    // memory and a copy of every gradient. Every rank sees the same order and
+    // the same buckets, so all of them decide alike.
+    bool same = assignment.size() == buckets.size();
+    for (size_t b = 0; same && b < buckets.size(); ++b) same = assignment[b] == buckets[b].vars;
+    if (!same) initialize_buckets(assignment);
     stats.buckets_rebuilt = true;
   }
 

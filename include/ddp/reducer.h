@@ -23,8 +23,13 @@ struct ReducerStats {
   size_t num_buckets = 0;
   std::vector<int64_t> bucket_bytes;  // per bucket, in launch order
   double backward_ms = 0;          // first gradient ready -> end of backward
-  double exposed_comm_ms = 0;      // waiting for communication after backward finished
-  bool buckets_rebuilt = false;    // the ready-order rebuild has happened
+  // Waiting for communication after backward finished. It includes waiting
+  // for slower ranks to reach their last bucket: the minimum over ranks is
+  // the communication cost itself, the spread is rank skew.
+  double exposed_comm_ms = 0;
+  // The buckets follow the order gradients really became ready (rebuilt
+  // after the first iteration, or kept when that order packs the same buckets).
+  bool buckets_rebuilt = false;
 };
 
 class Reducer {

@@ -30,6 +30,11 @@ TEST_P(DDPWorld, SeveralBucketsAndTheirRebuild) {
                                "3", "--steps", "5"});
 }
 
+TEST_P(DDPWorld, RebuildReordersBucketsToTheRealReadyOrder) {
+  expect_all_pass(GetParam(), {"grads", "--reversed", "1", "--bucket-cap-mb", "0.002", "--first-bucket-mb", "0.001",
+                               "--min-buckets", "3", "--steps", "5"});
+}
+
 TEST_P(DDPWorld, GradientsCopiedWhenNotBucketViews) {
   expect_all_pass(GetParam(), {"grads", "--as-view", "0", "--bucket-cap-mb", "0.002", "--steps", "4"});
 }

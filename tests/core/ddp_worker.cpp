@@ -30,11 +30,20 @@ struct Fail : std::runtime_error {
 // Linear layers, optionally with a float and a double part, a BatchNorm in
 // front, and an extra layer that only some ranks use.
 struct NetImpl : torch::nn::Module {
-  NetImpl(bool mixed, bool batchnorm, int out = 4, bool with_extra = false) : mixed(mixed), use_bn(batchnorm) {
+  NetImpl(bool mixed, bool batchnorm, int out = 4, bool with_extra = false, bool reversed = false)
+      : mixed(mixed), use_bn(batchnorm) {
     if (use_bn) bn = register_module("bn", torch::nn::BatchNorm1d(8));
-    l1 = register_module("l1", torch::nn::Linear(8, 32));
-    l2 = register_module("l2", torch::nn::Linear(32, 32));
-    l3 = register_module("l3", torch::nn::Linear(32, out));
+    if (reversed) {
+      // Registered in the order gradients become ready: the initial bucket
+      // guess (reverse registration) is wrong, so the rebuild must reorder.
+      l3 = register_module("l3", torch::nn::Linear(32, out));
+      l2 = register_module("l2", torch::nn::Linear(32, 32));
+      l1 = register_module("l1", torch::nn::Linear(8, 32));
+    } else {
+      l1 = register_module("l1", torch::nn::Linear(8, 32));
+      l2 = register_module("l2", torch::nn::Linear(32, 32));
+      l3 = register_module("l3", torch::nn::Linear(32, out));
+    }
     if (with_extra) extra = register_module("extra", torch::nn::Linear(8, out));
     if (mixed) {
       l1->to(torch::kFloat);
@@ -107,8 +116,9 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
   auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
   // Rank-skewed initial weights: DDP must make every rank take rank 0's.
   torch::manual_seed(flags["--skew"] == "1" ? 17 + rank : 17);
-  Net net(mixed, false);
-  Net ref(mixed, false);
+  const bool reversed = flags["--reversed"] == "1";
+  Net net(mixed, false, 4, false, reversed);
+  Net ref(mixed, false, 4, false, reversed);
   auto options = ddp::DDPOptions()
                      .bucket_cap_mb(flags.count("--bucket-cap-mb") ? std::stod(flags["--bucket-cap-mb"]) : 25.0)
                      .first_bucket_mb(flags.count("--first-bucket-mb") ? std::stod(flags["--first-bucket-mb"]) : 1.0)
@@ -116,6 +126,7 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
   ddp::DistributedDataParallel model(net, counting, options);
   expect_same_across_ranks(raw, net->parameters(), "initial parameters");
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  const auto initial_buckets = model.reducer().bucket_indices();
   for (int step = 0; step < steps; ++step) {
     auto [x, y] = global_batch(step, per_rank * world);
     copy_params(*net, *ref);
@@ -137,6 +148,9 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
   if (flags.count("--min-buckets"))
     EXPECT_OR_FAIL(s.num_buckets >= std::stoul(flags["--min-buckets"]), "expected several buckets");
   if (steps >= 2) EXPECT_OR_FAIL(s.buckets_rebuilt, "buckets were not rebuilt after the first iteration");
+  if (reversed && steps >= 2 && s.num_buckets > 1)
+    EXPECT_OR_FAIL(model.reducer().bucket_indices() != initial_buckets,
+                   "the rebuild kept the guessed buckets although gradients arrived in another order");
   return 0;
 }
 

@@ -1,0 +1,372 @@
+// One rank of the libddp throughput / memory benchmark. Started by
+// bench/run_lenet_bench.py (or by hand, or by ddprun/torchrun) with torchrun's
+// variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); prints one
+// machine-readable line:
+//
+//   RESULT impl=libddp mode=ddp model=lenet rank=0 world=2 iters=200 it_s=123.4 ...
+//
+// Modes (the gradient synchronisation, everything else is identical):
+//   local           no communication while training: every process trains its
+//                   own model (a barrier before and after the timed loop only,
+//                   so that all processes load the cores at the same time)
+//   ddp             ddp::DistributedDataParallel
+//   allreduce_each  after backward, for each parameter: allreduce(grad).wait()
+//                   and divide by the world size (pytorch/examples
+//                   cpp/distributed/dist-mnist.cpp's approach)
+//   interleaved     local, ddp, allreduce_each and ddp_overlap (ddp with 0.25 MB
+//                   buckets) in the same processes, each with its own model,
+//                   alternating every --chunk steps for --rounds alternations;
+//                   one RESULT line per mode. The machine's speed drifts, and
+//                   this keeps it out of the ratios between modes.
+//
+// Models: lenet (the seed's LeNet, Fashion-MNIST shaped synthetic data) and
+// mlp100 (about 100 MB of float parameters, for the peak-RSS comparison).
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <ctime>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ddp/ddp.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+// CPU time in ms: the whole process (Gloo's threads included), or this thread.
+double cpu_ms(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// The seed's LeNet: conv 1->20 3x3, ReLU, avg-pool 2; conv 20->50 5x5, ReLU,
+// avg-pool 2; flatten; linear 800->128, ReLU; linear 128->10.
+struct LeNetImpl : torch::nn::Module {
+  LeNetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 20, 3)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(20, 50, 5)))),
+        fc1(register_module("fc1", torch::nn::Linear(800, 128))),
+        fc2(register_module("fc2", torch::nn::Linear(128, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::avg_pool2d(torch::relu(conv1(x)), 2);  // 26x26 -> 13x13
+    x = torch::avg_pool2d(torch::relu(conv2(x)), 2);  // 9x9 -> 4x4
+    x = torch::relu(fc1(x.flatten(1)));
+    return fc2(x);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(LeNet);
+
+// About 100 MB of float parameters: 6 x Linear(2048, 2048) (25.2 M) + a head.
+struct MLPImpl : torch::nn::Module {
+  static constexpr int kWidth = 2048;
+  static constexpr int kLayers = 6;
+  MLPImpl() {
+    for (int i = 0; i < kLayers; ++i)
+      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(kWidth, kWidth)));
+    head = register_module("head", torch::nn::Linear(kWidth, 10));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    for (auto& l : layers) x = torch::relu(l(x));
+    return head(x);
+  }
+  std::vector<torch::nn::Linear> layers;
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(MLP);
+
+struct Args {
+  std::string mode = "ddp";
+  std::string model = "lenet";
+  int iters = 200;
+  int warmup = 20;
+  int batch = 128;
+  double lr = 0.2;
+  double bucket_cap_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool bucket_view = true;
+  int threads = 1;
+  int rounds = 10;  // interleaved: alternations
+  int chunk = 10;   // interleaved: steps per mode per alternation
+  std::string tag;  // echoed in the result line, for the driver
+  bool trace_rss = false;  // current and peak RSS after every step, on stderr
+  // Fixed data is memorised within a few dozen steps; gradients then shrink
+  // into denormal floats, which x86 handles up to 100x slower, and the timing
+  // would depend on how far each mode has trained. Flushed in both programs.
+  bool flush_denormal = true;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::cerr << "lenet_bench: " << why << "\n"
+            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|interleaved] [--model lenet|mlp100] [--iters N]\n"
+               "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
+               "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
+               "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)]\n"
+               "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    if (k == "-h" || k == "--help") usage("help");
+    if (i + 1 >= argc) usage("missing value for " + k);
+    std::string v = argv[++i];
+    if (k == "--mode") a.mode = v;
+    else if (k == "--model") a.model = v;
+    else if (k == "--iters") a.iters = std::stoi(v);
+    else if (k == "--warmup") a.warmup = std::stoi(v);
+    else if (k == "--batch") a.batch = std::stoi(v);
+    else if (k == "--lr") a.lr = std::stod(v);
+    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
+    else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(v);
+    else if (k == "--bucket-view") a.bucket_view = v != "0";
+    else if (k == "--threads") a.threads = std::stoi(v);
+    else if (k == "--rounds") a.rounds = std::stoi(v);
+    else if (k == "--chunk") a.chunk = std::stoi(v);
+    else if (k == "--tag") a.tag = v;
+    else if (k == "--trace-rss") a.trace_rss = v != "0";
+    else if (k == "--flush-denormal") a.flush_denormal = v != "0";
+    else usage("unknown flag " + k);
+  }
+  if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "interleaved") usage("unknown mode " + a.mode);
+  if (a.model != "lenet" && a.model != "mlp100") usage("unknown model " + a.model);
+  if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
+    usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
+  return a;
+}
+
+long peak_rss_kb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;  // KiB on Linux
+}
+
+long current_rss_kb() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (!f) return -1;
+  long pages = 0, resident = 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
+  std::fclose(f);
+  return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One way of training: its own model (same initial values), optimizer and
+// gradient synchronisation, and what its timed steps cost.
+template <typename Net>
+struct Trainer {
+  using DDP = ddp::DistributedDataParallel<typename Net::ContainedType>;
+  std::string name, kind;  // kind: local | ddp | allreduce_each
+  double bucket_cap_mb = 25, first_bucket_mb = 1;
+  bool bucket_view = true;
+  Net net{nullptr};
+  std::unique_ptr<DDP> model;
+  std::unique_ptr<torch::optim::SGD> opt;
+  std::vector<at::Tensor> params;
+
+  std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, chunk_it_s;
+  double elapsed_ms = 0, proc_cpu_ms = 0, main_cpu_ms = 0;
+  int timed = 0;
+  torch::Tensor last_loss;
+
+  void build(const Args& a, const std::shared_ptr<ddp::ProcessGroup>& pg) {
+    torch::manual_seed(0);  // same initial parameters on every rank and in every trainer
+    net = Net();
+    if (kind == "ddp")
+      model = std::make_unique<DDP>(net, pg,
+                                    ddp::DDPOptions()
+                                        .bucket_cap_mb(bucket_cap_mb)
+                                        .first_bucket_mb(first_bucket_mb)
+                                        .gradient_as_bucket_view(bucket_view));
+    opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(a.lr));
+    params = net->parameters();
+  }
+
+  void one_step(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, bool record) {
+    const int world = pg.size();
+    auto t0 = Clock::now();
+    opt->zero_grad();
+    auto out = model ? (*model)(x) : net->forward(x);
+    auto loss = torch::cross_entropy_loss(out, y);
+    auto t1 = Clock::now();
+    loss.backward();
+    auto t2 = Clock::now();
+    if (kind == "allreduce_each" && world > 1) {
+      // pytorch/examples cpp/distributed/dist-mnist.cpp's approach, blocking.
+      torch::NoGradGuard no_grad;
+      for (auto& p : params) {
+        auto& g = p.mutable_grad();
+        pg.allreduce(g).wait();
+        g.div_(world);
+      }
+    }
+    auto t3 = Clock::now();
+    opt->step();
+    auto t4 = Clock::now();
+    last_loss = loss.detach();
+    if (record) {
+      auto d = [](auto s, auto e) { return std::chrono::duration<double, std::milli>(e - s).count(); };
+      fwd.push_back(d(t0, t1));
+      bwd.push_back(d(t1, t2));
+      sync.push_back(d(t2, t3));
+      step.push_back(d(t3, t4));
+      if (model) {
+        exposed.push_back(model->stats().exposed_comm_ms);
+        backward_ms.push_back(model->stats().backward_ms);
+      }
+    }
+  }
+
+  // `n` timed steps, after a barrier so that every rank starts together.
+  template <typename After>
+  void timed_steps(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, int n, After after) {
+    pg.barrier();
+    const double proc0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+    const auto start = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      one_step(pg, x, y, true);
+      after();
+    }
+    const double ms = ms_since(start);
+    elapsed_ms += ms;
+    proc_cpu_ms += cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - proc0;
+    main_cpu_ms += cpu_ms(CLOCK_THREAD_CPUTIME_ID) - thread0;
+    timed += n;
+    chunk_it_s.push_back(n * 1000.0 / ms);
+  }
+
+  double checksum() const {
+    torch::NoGradGuard g;
+    double c = 0;
+    for (const auto& p : params) c += p.to(torch::kDouble).sum().template item<double>();
+    return c;
+  }
+};
+
+template <typename Net>
+int run(const Args& a) {
+  const auto env = ddp::LaunchEnv::from_environment();
+  const int rank = env.rank, world = env.world_size;
+  // Every mode joins the group (local only for the barriers), so that the
+  // processes are equally set up; Gloo's threads idle outside collectives.
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(300)));
+  const long rss_before_model = current_rss_kb();
+
+  std::vector<std::unique_ptr<Trainer<Net>>> trainers;
+  auto add = [&](std::string name, std::string kind, double cap, double first, bool view) {
+    auto t = std::make_unique<Trainer<Net>>();
+    t->name = std::move(name);
+    t->kind = std::move(kind);
+    t->bucket_cap_mb = cap;
+    t->first_bucket_mb = first;
+    t->bucket_view = view;
+    t->build(a, pg);
+    trainers.push_back(std::move(t));
+  };
+  if (a.mode == "interleaved") {
+    // All modes in one pair of processes, alternating every --chunk steps, so
+    // that they see the same machine (this host's speed drifts by 2x).
+    add("local", "local", a.bucket_cap_mb, a.first_bucket_mb, a.bucket_view);
+    add("ddp", "ddp", a.bucket_cap_mb, a.first_bucket_mb, a.bucket_view);
+    add("allreduce_each", "allreduce_each", a.bucket_cap_mb, a.first_bucket_mb, a.bucket_view);
+    add("ddp_overlap", "ddp", 0.25, 0.25, a.bucket_view);
+  } else {
+    add(a.tag.empty() ? a.mode : a.tag, a.mode, a.bucket_cap_mb, a.first_bucket_mb, a.bucket_view);
+  }
+  const int64_t param_bytes = [&] {
+    int64_t b = 0;
+    for (const auto& p : trainers.front()->params) b += p.numel() * p.element_size();
+    return b;
+  }();
+
+  // Synthetic, fixed data: a different shard per rank, reused every step.
+  torch::manual_seed(1234 + rank);
+  torch::Tensor x = a.model == "lenet" ? torch::randn({a.batch, 1, 28, 28}) : torch::randn({a.batch, MLPImpl::kWidth});
+  torch::Tensor y = torch::randint(0, 10, {a.batch}, torch::kLong);
+
+  int step_no = 0;
+  auto trace = [&] {
+    if (a.trace_rss)
+      std::cerr << "RSS rank=" << rank << " step=" << step_no++ << " current_mb=" << current_rss_kb() / 1024.0
+                << " peak_mb=" << peak_rss_kb() / 1024.0 << std::endl;
+  };
+  trace();
+  for (auto& t : trainers) {
+    for (int i = 0; i < a.warmup; ++i) {
+      t->one_step(*pg, x, y, false);
+      trace();
+    }
+  }
+  if (a.mode == "interleaved") {
+    const size_t n = trainers.size();
+    for (int r = 0; r < a.rounds; ++r)
+      for (size_t k = 0; k < n; ++k) trainers[(k + r) % n]->timed_steps(*pg, x, y, a.chunk, trace);
+  } else {
+    trainers.front()->timed_steps(*pg, x, y, a.iters, trace);
+  }
+  const long peak = peak_rss_kb();
+  pg->barrier();
+
+  for (auto& tp : trainers) {
+    auto& t = *tp;
+    const bool is_ddp = static_cast<bool>(t.model);
+    std::ostringstream line;
+    line.setf(std::ios::fixed);
+    line.precision(4);
+    line << "RESULT impl=libddp mode=" << t.kind << " model=" << a.model << " rank=" << rank << " world=" << world
+         << " batch=" << a.batch << " iters=" << t.timed << " it_s=" << (t.timed * 1000.0 / t.elapsed_ms)
+         << " chunk_it_s=" << median(t.chunk_it_s) << " ms_per_iter=" << t.elapsed_ms / t.timed
+         << " cpu_ms_per_iter=" << t.proc_cpu_ms / t.timed << " main_cpu_ms_per_iter=" << t.main_cpu_ms / t.timed
+         << " fwd_ms=" << median(t.fwd) << " bwd_ms=" << median(t.bwd) << " sync_ms=" << median(t.sync)
+         << " step_ms=" << median(t.step) << " exposed_comm_ms=" << (is_ddp ? median(t.exposed) : 0.0)
+         << " backward_ms=" << (is_ddp ? median(t.backward_ms) : 0.0)
+         << " buckets=" << (is_ddp ? t.model->stats().num_buckets : 0)
+         << " bytes_reduced=" << (is_ddp ? t.model->stats().bytes_reduced : 0)
+         << " bucket_view=" << (is_ddp ? static_cast<int>(t.bucket_view) : -1)
+         << " bucket_cap_mb=" << t.bucket_cap_mb << " first_bucket_mb=" << t.first_bucket_mb
+         << " param_mb=" << param_bytes / 1048576.0 << " peak_rss_mb=" << peak / 1024.0
+         << " base_rss_mb=" << rss_before_model / 1024.0 << " checksum=" << t.checksum()
+         << " loss=" << t.last_loss.template item<double>()
+         << " flush_denormal=" << static_cast<int>(a.flush_denormal) << " tag=" << t.name;
+    std::cout << line.str() << std::endl;
+  }
+  trainers.clear();
+  ddp::destroy_process_group();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  try {
+    torch::set_num_threads(a.threads);
+    torch::set_num_interop_threads(1);
+    at::globalContext().setFlushDenormal(a.flush_denormal);
+    return a.model == "lenet" ? run<LeNet>(a) : run<MLP>(a);
+  } catch (const std::exception& e) {
+    std::cerr << "lenet_bench: " << e.what() << std::endl;
+    return 1;
+  }
+}

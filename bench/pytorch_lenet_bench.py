@@ -1,0 +1,186 @@
+"""PyTorch's side of the libddp benchmark: one rank of PyTorch's own
+DistributedDataParallel (or of local training, for reference) on the same
+model, data shape, loss and optimizer as bench/lenet_bench.cpp. Run with the
+Python that has torch (/usr/bin/python3 here) and torchrun's variables; prints
+the same RESULT line as ddp_bench_lenet:
+
+  RESULT impl=pytorch mode=ddp model=lenet rank=0 world=2 iters=200 it_s=123.4 ...
+"""
+import argparse
+import os
+import resource
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+
+class LeNet(torch.nn.Module):
+    # The seed's LeNet, as bench/lenet_bench.cpp.
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 20, 3)
+        self.conv2 = torch.nn.Conv2d(20, 50, 5)
+        self.fc1 = torch.nn.Linear(800, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.avg_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.avg_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+WIDTH, LAYERS = 2048, 6
+
+
+class MLP(torch.nn.Module):
+    # About 100 MB of float parameters, as bench/lenet_bench.cpp's mlp100.
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS))
+        self.head = torch.nn.Linear(WIDTH, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = F.relu(layer(x))
+        return self.head(x)
+
+
+def current_rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1048576.0
+
+
+class Trainer:
+    """One way of training (its own model, optimizer, DDP or not) and what its timed steps cost."""
+
+    def __init__(self, name, mode, a):
+        self.name, self.mode, self.a = name, mode, a
+        torch.manual_seed(0)
+        self.net = LeNet() if a.model == "lenet" else MLP()
+        self.model = self.net
+        if mode == "ddp":
+            self.model = DistributedDataParallel(self.net, bucket_cap_mb=a.bucket_cap_mb,
+                                                 gradient_as_bucket_view=bool(a.bucket_view))
+        self.opt = torch.optim.SGD(self.net.parameters(), lr=a.lr)
+        self.fwd, self.bwd, self.step_ms, self.chunk_it_s = [], [], [], []
+        self.elapsed = self.proc_cpu = self.main_cpu = 0.0
+        self.timed = 0
+        self.last_loss = None
+
+    def one_step(self, x, y, record):
+        t0 = time.perf_counter()
+        self.opt.zero_grad(set_to_none=False)  # as LibTorch 1.13's zero_grad()
+        loss = F.cross_entropy(self.model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        self.last_loss = loss.detach()
+        if record:
+            self.fwd.append((t1 - t0) * 1e3)
+            self.bwd.append((t2 - t1) * 1e3)
+            self.step_ms.append((t3 - t2) * 1e3)
+
+    def timed_steps(self, x, y, n):
+        dist.barrier()  # every rank starts together
+        proc0, thread0 = time.process_time(), time.thread_time()
+        start = time.perf_counter()
+        for _ in range(n):
+            self.one_step(x, y, True)
+        elapsed = time.perf_counter() - start
+        self.elapsed += elapsed
+        self.proc_cpu += time.process_time() - proc0
+        self.main_cpu += time.thread_time() - thread0
+        self.timed += n
+        self.chunk_it_s.append(n / elapsed)
+
+    def buckets(self):
+        if self.mode != "ddp":
+            return 0, 0
+        try:  # private API, but the bucket layout is useful context
+            info = self.model._get_ddp_logging_data()
+            sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes", ""))
+            return len([s for s in sizes.split(",") if s.strip()]), int(info.get("total_parameter_size_bytes", 0))
+        except Exception:
+            return -1, 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", choices=["local", "ddp", "interleaved"], default="ddp",
+                    help="interleaved: local and ddp in the same processes, alternating every --chunk steps")
+    ap.add_argument("--model", choices=["lenet", "mlp100"], default="lenet")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=0.2)
+    ap.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ap.add_argument("--bucket-view", type=int, default=0, help="gradient_as_bucket_view (PyTorch's default: 0)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=10, help="interleaved: alternations")
+    ap.add_argument("--chunk", type=int, default=10, help="interleaved: steps per mode per alternation")
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--flush-denormal", type=int, default=1, help="as lenet_bench.cpp: fixed data is memorised, "
+                    "and denormal gradients would make timings depend on training progress")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    torch.set_flush_denormal(bool(a.flush_denormal))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # Every mode joins the group (local only for the barriers), as the C++ side.
+    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=300))
+    base_rss = current_rss_mb()
+
+    if a.mode == "interleaved":
+        trainers = [Trainer("pytorch_local", "local", a), Trainer("pytorch_ddp", "ddp", a)]
+    else:
+        trainers = [Trainer(a.tag or f"pytorch_{a.mode}", a.mode, a)]
+    param_mb = sum(p.numel() * p.element_size() for p in trainers[0].net.parameters()) / 1048576.0
+    torch.manual_seed(1234 + rank)
+    x = torch.randn(a.batch, 1, 28, 28) if a.model == "lenet" else torch.randn(a.batch, WIDTH)
+    y = torch.randint(0, 10, (a.batch,))
+
+    for t in trainers:
+        for _ in range(a.warmup):
+            t.one_step(x, y, False)
+    if a.mode == "interleaved":
+        for r in range(a.rounds):
+            for k in range(len(trainers)):
+                trainers[(k + r) % len(trainers)].timed_steps(x, y, a.chunk)
+    else:
+        trainers[0].timed_steps(x, y, a.iters)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    dist.barrier()
+
+    med = statistics.median
+    for t in trainers:
+        with torch.no_grad():
+            checksum = sum(p.double().sum().item() for p in t.net.parameters())
+        num_buckets, bytes_reduced = t.buckets()
+        n = t.timed
+        fields = [
+            ("impl", "pytorch"), ("mode", t.mode), ("model", a.model), ("rank", rank), ("world", world),
+            ("batch", a.batch), ("iters", n), ("it_s", f"{n / t.elapsed:.4f}"),
+            ("chunk_it_s", f"{med(t.chunk_it_s):.4f}"), ("ms_per_iter", f"{t.elapsed * 1e3 / n:.4f}"),
+            ("cpu_ms_per_iter", f"{t.proc_cpu * 1e3 / n:.4f}"), ("main_cpu_ms_per_iter", f"{t.main_cpu * 1e3 / n:.4f}"),
+            ("fwd_ms", f"{med(t.fwd):.4f}"), ("bwd_ms", f"{med(t.bwd):.4f}"), ("sync_ms", "0.0000"),
+            ("step_ms", f"{med(t.step_ms):.4f}"), ("exposed_comm_ms", "0.0000"), ("backward_ms", "0.0000"),
+            ("buckets", num_buckets), ("bytes_reduced", bytes_reduced),
+            ("bucket_view", a.bucket_view if t.mode == "ddp" else -1), ("bucket_cap_mb", f"{a.bucket_cap_mb:.4f}"),
+            ("first_bucket_mb", "1.0000"), ("param_mb", f"{param_mb:.4f}"), ("peak_rss_mb", f"{peak_mb:.4f}"),
+            ("base_rss_mb", f"{base_rss:.4f}"), ("checksum", f"{checksum:.4f}"),
+            ("loss", f"{t.last_loss.item():.4f}"), ("flush_denormal", a.flush_denormal), ("tag", t.name),
+        ]
+        print("RESULT " + " ".join(f"{k}={v}" for k, v in fields), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
