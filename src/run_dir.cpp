@@ -124,4 +124,16 @@ bool RunDir::draw_charts() {
   return true;
 }
 
+TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, ProcessGroup& pg) {
+  TrainState state;
+  if (!opts.resume_path().empty()) {
+    state = load_checkpoint(opts.resume_path(), model, &optimizer, pg);
+    run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
+  }
+  state.config = opts.to_config();
+  run.start(state.epoch);
+  return state;
+}
+
 }  // namespace ddp

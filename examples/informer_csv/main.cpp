@@ -70,13 +70,7 @@ int main(int argc, char** argv) {
     torch::optim::Adam optimizer(net->parameters(), torch::optim::AdamOptions(opts.lr()));
 
     // 4. Resume.
-    ddp::TrainState state;
-    if (!opts.resume_path().empty()) {
-      state = ddp::load_checkpoint(opts.resume_path(), *net, &optimizer, *pg);
-      run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
-    }
-    state.config = opts.to_config();
-    run.start(state.epoch);
+    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg);
 
     // 5. The loop.
     for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {

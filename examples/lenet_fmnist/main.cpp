@@ -75,13 +75,7 @@ int main(int argc, char** argv) {
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));
 
     // 4. Resume: model, optimizer, epoch, step, sampler epoch and RNG state.
-    ddp::TrainState state;
-    if (!opts.resume_path().empty()) {
-      state = ddp::load_checkpoint(opts.resume_path(), *net, &optimizer, *pg);
-      run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
-    }
-    state.config = opts.to_config();
-    run.start(state.epoch);
+    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg);
     run.log("lenet_fmnist: " + std::to_string(world) + " x " + std::to_string(batch) + " samples per step, lr " +
             std::to_string(opts.lr()) + ", epochs " + std::to_string(state.epoch + 1) + ".." +
             std::to_string(opts.epochs()));
