@@ -64,6 +64,13 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 
+// Children forked after the trap is set inherit it; they get the default
+// dispositions back so that only the worker itself writes its trap file.
+void reset_signals() {
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGINT, SIG_DFL);
+}
+
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
 
 [[noreturn]] void sleep_forever() {
@@ -133,12 +140,16 @@ int main(int argc, char** argv) {
   }
   if (grandchild) {
     pid_t pid = ::fork();
-    if (pid == 0) sleep_forever();
+    if (pid == 0) {
+      reset_signals();  // the trap is the worker's: a grandchild must not write sig.<RANK> too
+      sleep_forever();
+    }
     write_file(pid_dir + "/gc." + tag, std::to_string(pid));
   }
   if (escapee) {
     pid_t pid = ::fork();
     if (pid == 0) {
+      reset_signals();
       ::setsid();  // leaves the worker's process group and session
       sleep_forever();
     }
