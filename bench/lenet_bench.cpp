@@ -103,6 +103,9 @@ struct Args {
   int chunk = 10;   // interleaved: steps per mode per alternation
   std::string tag;  // echoed in the result line, for the driver
   bool trace_rss = false;  // current and peak RSS after every step, on stderr
+  // DDPOptions::malloc_mmap_threshold_mb for ddp (negative: the library's
+  // default); when positive, local and allreduce_each fix the same thresholds.
+  double malloc_mmap_mb = -1;
   // Fixed data is memorised within a few dozen steps; gradients then shrink
   // into denormal floats, which x86 handles up to 100x slower, and the timing
   // would depend on how far each mode has trained. Flushed in both programs.
@@ -114,7 +117,7 @@ struct Args {
             << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|interleaved] [--model lenet|mlp100] [--iters N]\n"
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
-               "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)]\n"
+               "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
                "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
   std::exit(2);
 }
@@ -141,6 +144,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--tag") a.tag = v;
     else if (k == "--trace-rss") a.trace_rss = v != "0";
     else if (k == "--flush-denormal") a.flush_denormal = v != "0";
+    else if (k == "--malloc-mmap-mb") a.malloc_mmap_mb = std::stod(v);
     else usage("unknown flag " + k);
   }
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "interleaved") usage("unknown mode " + a.mode);
@@ -193,12 +197,14 @@ struct Trainer {
   void build(const Args& a, const std::shared_ptr<ddp::ProcessGroup>& pg) {
     torch::manual_seed(0);  // same initial parameters on every rank and in every trainer
     net = Net();
-    if (kind == "ddp")
-      model = std::make_unique<DDP>(net, pg,
-                                    ddp::DDPOptions()
-                                        .bucket_cap_mb(bucket_cap_mb)
-                                        .first_bucket_mb(first_bucket_mb)
-                                        .gradient_as_bucket_view(bucket_view));
+    if (kind == "ddp") {
+      auto options =
+          ddp::DDPOptions().bucket_cap_mb(bucket_cap_mb).first_bucket_mb(first_bucket_mb).gradient_as_bucket_view(bucket_view);
+      if (a.malloc_mmap_mb >= 0) options.malloc_mmap_threshold_mb(a.malloc_mmap_mb);
+      model = std::make_unique<DDP>(net, pg, options);
+    } else if (a.malloc_mmap_mb > 0) {
+      ddp::fix_malloc_thresholds(a.malloc_mmap_mb);
+    }
     opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(a.lr));
     params = net->parameters();
   }

@@ -54,6 +54,10 @@ MEMORY_MODES = {
     "local": ("cpp", ["--mode", "local"]),
     "ddp": ("cpp", ["--mode", "ddp", "--bucket-view", "1"]),
     "ddp_no_bucket_view": ("cpp", ["--mode", "ddp", "--bucket-view", "0"]),
+    # DDPOptions::malloc_mmap_threshold_mb: the default fixes glibc's thresholds at
+    # the largest gradient (16 MiB here); 0 leaves glibc's dynamic threshold on.
+    "ddp_no_malloc_tuning": ("cpp", ["--mode", "ddp", "--bucket-view", "1", "--malloc-mmap-mb", "0"]),
+    "local_same_malloc_tuning": ("cpp", ["--mode", "local", "--malloc-mmap-mb", "16"]),
     "pytorch_local": ("py", ["--mode", "local"]),
     "pytorch_ddp": ("py", ["--mode", "ddp", "--bucket-view", "0"]),
     "pytorch_ddp_bucket_view": ("py", ["--mode", "ddp", "--bucket-view", "1"]),
@@ -306,15 +310,16 @@ def memory(args, writer):
         res = run_mode(args, impl, flags, common, args.world, "mem_" + m)
         for x in res:
             writer.writerow(dict(section="memory", round=0, label="mem_" + m, **x))
-        peaks[m] = (max(x["peak_rss_mb"] for x in res), max(x["base_rss_mb"] for x in res), res[0]["param_mb"])
+        peaks[m] = (max(x["peak_rss_mb"] for x in res), max(x["base_rss_mb"] for x in res), res[0]["param_mb"],
+                    max(x["ms_per_iter"] for x in res))
         print(f"  memory {m:24s} peak RSS {peaks[m][0]:8.1f} MB", flush=True)
     print(f"\nPeak RSS (max over ranks), MLP 6 x Linear(2048, 2048) + head = {peaks['local'][2]:.1f} MB of parameters, "
           f"batch {args.mem_batch}, {args.mem_iters + 1} SGD steps\n")
-    print("| mode | peak RSS MB | RSS before the model MB | peak - before MB | peak / local peak |")
-    print("|---|---:|---:|---:|---:|")
-    for m, (peak, base, _) in peaks.items():
+    print("| mode | peak RSS MB | RSS before the model MB | peak - before MB | peak / local peak | ms/step |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for m, (peak, base, _, ms) in peaks.items():
         ref = peaks["pytorch_local" if m.startswith("pytorch") else "local"][0]
-        print(f"| {m} | {peak:.1f} | {base:.1f} | {peak - base:.1f} | {peak / ref:.3f} |")
+        print(f"| {m} | {peak:.1f} | {base:.1f} | {peak - base:.1f} | {peak / ref:.3f} | {ms:.0f} |")
     ratio = peaks["ddp"][0] / peaks["local"][0]
     print(f"\nlibddp DDP (gradient_as_bucket_view) / local peak RSS: {ratio:.3f} (target <= 1.1: "
           f"{'met' if ratio <= 1.1 else 'MISSED'})")
@@ -338,7 +343,7 @@ def main():
     ap.add_argument("--chunk", type=int, default=10, help="interleaved: steps per mode per alternation")
     ap.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-RSS comparison")
     ap.add_argument("--memory-only", action="store_true")
-    ap.add_argument("--mem-iters", type=int, default=3)
+    ap.add_argument("--mem-iters", type=int, default=8)
     ap.add_argument("--mem-batch", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="2 rounds x 15 iterations, 4 modes, small memory run")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")

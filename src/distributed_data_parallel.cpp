@@ -1,5 +1,7 @@
 #include "ddp/distributed_data_parallel.h"
 
+#include "ddp/malloc_tuning.h"
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -8,6 +10,10 @@
 
 namespace ddp {
 namespace {
+
+// Below this, gradient temporaries are small enough that what glibc keeps of
+// them is noise, and activations of that size are better reused from the heap.
+constexpr double kAutoMallocTuningMinMb = 4.0;
 
 std::string describe(const std::string& kind, const std::string& name, const at::Tensor& t) {
   std::ostringstream s;
@@ -33,6 +39,16 @@ std::vector<std::string> split(const std::string& text) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
+}
+
+// DDPOptions::malloc_mmap_threshold_mb resolved for these parameters: the
+// automatic choice puts every gradient-sized temporary above the threshold.
+double malloc_threshold_for(const std::vector<at::Tensor>& params, double requested_mb) {
+  if (requested_mb >= 0) return requested_mb;
+  int64_t largest = 0;
+  for (const auto& p : params) largest = std::max<int64_t>(largest, p.numel() * static_cast<int64_t>(p.element_size()));
+  const double mb = static_cast<double>(largest) / (1024.0 * 1024.0);
+  return mb >= kAutoMallocTuningMinMb ? mb : 0.0;
 }
 
 }  // namespace
@@ -123,6 +139,7 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   buffers_ = module_->buffers(true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
 
+  if (!params.front().is_cuda()) fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb()));
   verify_same_model(*module_, *pg_);
   broadcast_coalesced(*pg_, state, 0);
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);

@@ -4,6 +4,7 @@
 #include "ddp/ddp_options.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/launch_env.h"
+#include "ddp/malloc_tuning.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 

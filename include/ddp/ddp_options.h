@@ -20,6 +20,13 @@ struct DDPOptions {
   // of every gradient in memory. On by default here (off in PyTorch) because
   // it is faster and smaller; see docs/design.md.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  // CPU models only: fix glibc's malloc thresholds, once per process, so that
+  // freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h). Negative
+  // (the default): at the largest gradient's size when that is at least
+  // 4 MiB, else leave malloc alone; positive: at this many MiB; 0: never. Any
+  // MALLOC_*_ setting in the environment wins. Not in PyTorch; see
+  // docs/design.md.
+  TORCH_ARG(double, malloc_mmap_threshold_mb) = -1.0;
 };
 
 }  // namespace ddp

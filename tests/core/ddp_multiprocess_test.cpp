@@ -63,5 +63,12 @@ TEST_P(DDPWorld, DifferentModelsFailOnEveryRankWithinTheTimeout) {
   expect_all_pass(GetParam(), {"mismatch", "--timeout", "60"});
 }
 
+TEST(DDPMalloc, LargeGradientsFixGlibcThresholdsAtTheirSizeSmallOnesLeaveThemAlone) {
+  for (const char* model : {"large", "small"}) {
+    auto results = run_ranks(2, DDP_WORKER, {"malloc", "--model", model});
+    for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << model << "\n" << describe(results);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DDPWorld, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -297,6 +297,24 @@ int scenario_parity(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> p
   return 0;
 }
 
+// DDPOptions::malloc_mmap_threshold_mb's automatic choice: at the largest
+// gradient's size for a model with a 16 MiB weight, nothing for a small one.
+// fix_malloc_thresholds() latches its first applied call, so asking for 1 MiB
+// afterwards tells what DistributedDataParallel did.
+int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  const bool large = flags["--model"] == "large";
+  torch::nn::Linear net(large ? 2048 : 32, large ? 2048 : 4);
+  ddp::DistributedDataParallel model(net, pg);
+  const auto seen = ddp::fix_malloc_thresholds(1.0);
+  std::cout << "malloc: " << seen.reason << std::endl;
+  EXPECT_OR_FAIL(seen.applied, seen.reason);
+  const std::size_t expected = large ? 2048u * 2048u * 4u : 1024u * 1024u;
+  EXPECT_OR_FAIL(seen.mmap_threshold == expected, "threshold " + std::to_string(seen.mmap_threshold) + ", expected " +
+                                                      std::to_string(expected));
+  EXPECT_OR_FAIL(seen.trim_threshold == 2 * expected, "trim threshold twice the mmap threshold");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -316,6 +334,7 @@ int main(int argc, char** argv) {
     else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg);
     else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg);
     else if (scenario == "parity") rc = scenario_parity(*pg, pg, flags);
+    else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();
     return rc;
