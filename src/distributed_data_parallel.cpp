@@ -3,6 +3,8 @@
 #include "ddp/malloc_tuning.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -43,7 +45,16 @@ std::vector<std::string> split(const std::string& text) {
 
 // DDPOptions::malloc_mmap_threshold_mb resolved for these parameters: the
 // automatic choice puts every gradient-sized temporary above the threshold.
-double malloc_threshold_for(const std::vector<at::Tensor>& params, double requested_mb) {
+// DDP_MALLOC_MMAP_THRESHOLD_MB in the environment overrides the option, so
+// that a job can be tuned without a rebuild.
+double malloc_threshold_for(const std::vector<at::Tensor>& params, double requested_mb, int rank) {
+  if (const char* env = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")) {
+    char* end = nullptr;
+    const double v = std::strtod(env, &end);
+    TORCH_CHECK(end != env && *end == '\0' && std::isfinite(v), "rank ", rank,
+                ": DDP_MALLOC_MMAP_THRESHOLD_MB='", env, "' is not a number; use MiB (4), 0 to leave malloc alone, or -1 for the automatic choice");
+    requested_mb = v;
+  }
   if (requested_mb >= 0) return requested_mb;
   int64_t largest = 0;
   for (const auto& p : params) largest = std::max<int64_t>(largest, p.numel() * static_cast<int64_t>(p.element_size()));
@@ -139,7 +150,7 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   buffers_ = module_->buffers(true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
 
-  if (!params.front().is_cuda()) fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb()));
+  if (!params.front().is_cuda()) fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
   verify_same_model(*module_, *pg_);
   broadcast_coalesced(*pg_, state, 0);
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);

@@ -24,8 +24,8 @@ struct DDPOptions {
   // freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h). Negative
   // (the default): at the largest gradient's size when that is at least
   // 4 MiB, else leave malloc alone; positive: at this many MiB; 0: never. Any
-  // MALLOC_*_ setting in the environment wins. Not in PyTorch; see
-  // docs/design.md.
+  // MALLOC_*_ setting in the environment wins, and DDP_MALLOC_MMAP_THRESHOLD_MB
+  // overrides this value. Not in PyTorch; see docs/design.md.
   TORCH_ARG(double, malloc_mmap_threshold_mb) = -1.0;
 };
 

@@ -70,5 +70,13 @@ TEST(DDPMalloc, LargeGradientsFixGlibcThresholdsAtTheirSizeSmallOnesLeaveThemAlo
   }
 }
 
+TEST(DDPMalloc, EnvironmentTurnsItOffAndRejectsANonNumber) {
+  auto off = run_ranks(2, DDP_WORKER, {"malloc", "--model", "large"}, {{"DDP_MALLOC_MMAP_THRESHOLD_MB", "0"}});
+  for (const auto& r : off) ASSERT_EQ(r.exit_code, 0) << describe(off);
+  auto bad = run_ranks(2, DDP_WORKER, {"malloc", "--model", "large", "--expect-error", "is not a number"},
+                       {{"DDP_MALLOC_MMAP_THRESHOLD_MB", "16MB"}});
+  for (const auto& r : bad) ASSERT_EQ(r.exit_code, 0) << describe(bad);
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DDPWorld, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -304,11 +304,22 @@ int scenario_parity(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> p
 int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
   const bool large = flags["--model"] == "large";
   torch::nn::Linear net(large ? 2048 : 32, large ? 2048 : 4);
+  if (flags.count("--expect-error")) {
+    try {
+      ddp::DistributedDataParallel model(net, pg);
+    } catch (const std::exception& e) {
+      std::cout << "caught: " << e.what() << std::endl;
+      EXPECT_OR_FAIL(std::string(e.what()).find(flags["--expect-error"]) != std::string::npos, e.what());
+      return 0;
+    }
+    throw Fail("no error for DDP_MALLOC_MMAP_THRESHOLD_MB=" + std::string(std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")));
+  }
   ddp::DistributedDataParallel model(net, pg);
   const auto seen = ddp::fix_malloc_thresholds(1.0);
   std::cout << "malloc: " << seen.reason << std::endl;
   EXPECT_OR_FAIL(seen.applied, seen.reason);
-  const std::size_t expected = large ? 2048u * 2048u * 4u : 1024u * 1024u;
+  const bool env_off = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB") != nullptr;
+  const std::size_t expected = large && !env_off ? 2048u * 2048u * 4u : 1024u * 1024u;
   EXPECT_OR_FAIL(seen.mmap_threshold == expected, "threshold " + std::to_string(seen.mmap_threshold) + ", expected " +
                                                       std::to_string(expected));
   EXPECT_OR_FAIL(seen.trim_threshold == 2 * expected, "trim threshold twice the mmap threshold");
