@@ -52,7 +52,8 @@ double malloc_threshold_for(const std::vector<at::Tensor>& params, double reques
     char* end = nullptr;
     const double v = std::strtod(env, &end);
     TORCH_CHECK(end != env && *end == '\0' && std::isfinite(v), "rank ", rank,
-                ": DDP_MALLOC_MMAP_THRESHOLD_MB='", env, "' is not a number; use MiB (4), 0 to leave malloc alone, or -1 for the automatic choice");
+                ": DistributedDataParallel: DDP_MALLOC_MMAP_THRESHOLD_MB='", env,
+                "' is not a number; give MiB (4), 0 to leave malloc alone, or -1 for the automatic choice");
     requested_mb = v;
   }
   if (requested_mb >= 0) return requested_mb;
@@ -150,7 +151,9 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   buffers_ = module_->buffers(true);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
 
-  if (!params.front().is_cuda()) fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
+  if (params.front().is_cpu()) {
+    fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
+  }
   verify_same_model(*module_, *pg_);
   broadcast_coalesced(*pg_, state, 0);
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);

@@ -1,5 +1,6 @@
 #include "ddp/malloc_tuning.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -28,8 +29,9 @@ MallocTuning apply(double mmap_threshold_mb) {
     return t;
   }
 #if defined(__GLIBC__)
-  // glibc caps the mmap threshold at 32 MiB on 64-bit hosts (HEAP_MAX_SIZE / 2).
-  const double mb = mmap_threshold_mb < 32.0 ? mmap_threshold_mb : 32.0;
+  // glibc caps the mmap threshold at 32 MiB on 64-bit hosts (HEAP_MAX_SIZE / 2);
+  // below its own 128 KiB default every small tensor would be an mmap().
+  const double mb = std::clamp(mmap_threshold_mb, 0.125, 32.0);
   t.mmap_threshold = static_cast<std::size_t>(mb * 1024 * 1024);
   t.trim_threshold = 2 * t.mmap_threshold;
   // Either call also turns the dynamic adjustment off for good.

@@ -21,11 +21,13 @@ struct DDPOptions {
   // it is faster and smaller; see docs/design.md.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
   // CPU models only: fix glibc's malloc thresholds, once per process, so that
-  // freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h). Negative
-  // (the default): at the largest gradient's size when that is at least
-  // 4 MiB, else leave malloc alone; positive: at this many MiB; 0: never. Any
-  // MALLOC_*_ setting in the environment wins, and DDP_MALLOC_MMAP_THRESHOLD_MB
-  // overrides this value. Not in PyTorch; see docs/design.md.
+  // freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h).
+  // Negative (the default): at the largest gradient's size when that is at
+  // least 4 MiB, else leave malloc alone; positive: at this many MiB; 0:
+  // never. DDP_MALLOC_MMAP_THRESHOLD_MB overrides this value, and any
+  // MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
+  // MALLOC_MMAP_MAX_ or glibc.malloc.* tunable in the environment wins over
+  // both. Not in PyTorch; see docs/design.md.
   TORCH_ARG(double, malloc_mmap_threshold_mb) = -1.0;
 };
 

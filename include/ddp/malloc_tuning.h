@@ -6,7 +6,7 @@
 // into gradients that already exist (gradient_as_bucket_view, or any step
 // after the first) frees a gradient-sized temporary per layer per step; after
 // the first such free those temporaries come from the heap, and the holes
-// they leave stay resident. With about 100 MB of parameters that is 25-40 MB
+// they leave stay resident. With about 100 MB of parameters that is 19-55 MB
 // of freed memory that RSS keeps (docs/performance.md, "Where the memory
 // goes"). Fixing both thresholds at a gradient's size returns every
 // gradient-sized temporary to the system when it is freed, and keeps smaller
@@ -33,8 +33,8 @@ struct MallocTuning {
 // or "" if none: a choice the library never overrides.
 std::string malloc_settings_chosen_by_user();
 
-// Sets M_MMAP_THRESHOLD to mmap_threshold_mb MiB and M_TRIM_THRESHOLD to
-// twice that, once per process (later calls return the first call's result),
+// Sets M_MMAP_THRESHOLD to mmap_threshold_mb MiB (clamped to glibc's
+// 128 KiB .. 32 MiB) and M_TRIM_THRESHOLD to twice that, once per process (later calls return the first call's result),
 // unless the user chose malloc settings in the environment, the threshold is
 // not positive, or the C library is not glibc. DistributedDataParallel calls
 // it for CPU models whose largest gradient has at least 4 MiB, at that size
