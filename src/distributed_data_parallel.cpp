@@ -58,7 +58,7 @@ double malloc_threshold_for(const std::vector<at::Tensor>& params, double reques
   }
   if (requested_mb >= 0) return requested_mb;
   int64_t largest = 0;
-  for (const auto& p : params) largest = std::max<int64_t>(largest, p.numel() * static_cast<int64_t>(p.element_size()));
+  for (const auto& p : params) largest = std::max<int64_t>(largest, static_cast<int64_t>(p.nbytes()));
   const double mb = static_cast<double>(largest) / (1024.0 * 1024.0);
   return mb >= kAutoMallocTuningMinMb ? mb : 0.0;
 }

@@ -34,10 +34,11 @@ struct MallocTuning {
 std::string malloc_settings_chosen_by_user();
 
 // Sets M_MMAP_THRESHOLD to mmap_threshold_mb MiB (clamped to glibc's
-// 128 KiB .. 32 MiB) and M_TRIM_THRESHOLD to twice that, once per process (later calls return the first call's result),
-// unless the user chose malloc settings in the environment, the threshold is
-// not positive, or the C library is not glibc. DistributedDataParallel calls
-// it for CPU models whose largest gradient has at least 4 MiB, at that size
+// 128 KiB .. 32 MiB) and M_TRIM_THRESHOLD to twice that, once per process
+// (later calls return the first applied call's result), unless the user chose
+// malloc settings in the environment, the threshold is not positive, or the C
+// library is not glibc. DistributedDataParallel calls it for CPU models whose
+// largest gradient has at least 4 MiB, at that size
 // (DDPOptions::malloc_mmap_threshold_mb).
 MallocTuning fix_malloc_thresholds(double mmap_threshold_mb);
 
