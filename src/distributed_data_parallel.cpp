@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <unordered_set>
 #include <sstream>
 
 namespace ddp {
@@ -17,16 +18,49 @@ namespace {
 // them is noise, and activations of that size are better reused from the heap.
 constexpr double kAutoMallocTuningMinMb = 4.0;
 
+// Each tensor once, under the first name it has, in LibTorch's order (the
+// module first, then its children depth-first: Python's named_modules()
+// order). A weight registered twice (tied embeddings, a layer applied twice)
+// is one parameter, as in PyTorch.
+std::vector<std::pair<std::string, at::Tensor>> unique_named(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  std::unordered_set<const void*> seen;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : dict)
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// Sparse gradients would need a bucket of their own and a sparse all-reduce;
+// refuse them where the user can still change the model.
+void refuse_sparse_gradients(const torch::nn::Module& module, int rank) {
+  for (const auto& m : module.named_modules("", /*include_self=*/true)) {
+    bool sparse = false;
+    if (const auto* e = m.value()->as<torch::nn::Embedding>()) sparse = e->options.sparse();
+    if (const auto* e = m.value()->as<torch::nn::EmbeddingBag>()) sparse = e->options.sparse();
+    if (!sparse) continue;
+    for (const auto& p : m.value()->named_parameters(false)) {
+      const std::string name = m.key().empty() ? p.key() : m.key() + "." + p.key();
+      TORCH_CHECK(!p.value().requires_grad(), "rank ", rank, ": DistributedDataParallel: parameter '", name,
+                  "' gets sparse gradients (its embedding was made with sparse(true)); libddp reduces dense "
+                  "gradients only. Construct the embedding with sparse(false), or freeze it.");
+    }
+  }
+}
+
 std::string describe(const std::string& kind, const std::string& name, const at::Tensor& t) {
   std::ostringstream s;
   s << kind << " '" << name << "' " << t.sizes() << " " << t.dtype();
+  // A different layout makes a different bucket view, and a frozen layer
+  // different buckets: both must agree across ranks.
+  if (!t.is_contiguous()) s << " strides " << t.strides();
+  if (kind == "parameter") s << (t.requires_grad() ? " requires_grad" : " frozen");
   return s.str();
 }
 
 std::vector<std::string> signature(const torch::nn::Module& module) {
   std::vector<std::string> lines;
-  for (const auto& p : module.named_parameters(true)) lines.push_back(describe("parameter", p.key(), p.value()));
-  for (const auto& b : module.named_buffers(true)) lines.push_back(describe("buffer", b.key(), b.value()));
+  for (const auto& p : unique_named(module.named_parameters(true))) lines.push_back(describe("parameter", p.first, p.second));
+  for (const auto& b : unique_named(module.named_buffers(true))) lines.push_back(describe("buffer", b.first, b.second));
   return lines;
 }
 
@@ -139,16 +173,17 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   std::vector<at::Tensor> state;
-  for (const auto& p : module_->named_parameters(true)) {
-    state.push_back(p.value());
-    if (p.value().requires_grad()) {
-      params.push_back(p.value());
-      names.push_back(p.key());
+  for (const auto& [name, p] : unique_named(module_->named_parameters(true))) {
+    state.push_back(p);
+    if (p.requires_grad()) {
+      params.push_back(p);
+      names.push_back(name);
     }
   }
   TORCH_CHECK(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
-  buffers_ = module_->buffers(true);
+  refuse_sparse_gradients(*module_, pg_->rank());
+  for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
 
   if (params.front().is_cpu()) {
@@ -166,11 +201,15 @@ void DDPBase::pre_forward() {
   // communication at all, so rank-0-only evaluation through the wrapper works.
   if (!torch::GradMode::is_enabled()) return;
   reducer_->prepare_for_forward();
-  if (options_.broadcast_buffers() && !buffers_.empty()) broadcast_coalesced(*pg_, buffers_, 0);
+  // As PyTorch: buffers follow rank 0 before a forward that follows a
+  // synchronised one, so once per gradient-accumulation cycle.
+  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
+    broadcast_coalesced(*pg_, buffers_, 0);
 }
 
 void DDPBase::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;
+  require_forward_param_sync_ = reducer_->sync();
   reducer_->prepare_for_backward(outputs);
 }
 

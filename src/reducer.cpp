@@ -1,12 +1,17 @@
 #include "ddp/reducer.h"
 
+#include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/utils/grad_layout_contract.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
+#include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -16,13 +21,17 @@ namespace ddp {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
-                                                           const std::vector<size_t>& order, int64_t first_cap,
-                                                           int64_t cap) {
+namespace {
+
+// Packs `order` into buckets as PyTorch's compute_bucket_assignment_by_size:
+// one open bucket per dtype and device, closed once it reaches its limit;
+// each dtype and device walks `limits` (the last one repeats).
+std::vector<std::vector<size_t>> pack(const std::vector<at::Tensor>& params, const std::vector<size_t>& order,
+                                      const std::vector<int64_t>& limits) {
   struct Open {
     std::vector<size_t> vars;
     int64_t bytes = 0;
-    bool first = true;  // this dtype/device has not closed a bucket yet
+    size_t limit = 0;  // index into limits
   };
   std::map<std::pair<int, std::string>, Open> open;
   std::vector<std::vector<size_t>> result;
@@ -31,21 +40,46 @@ std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at:
     auto& bucket = open[{static_cast<int>(p.scalar_type()), p.device().str()}];
     bucket.vars.push_back(i);
     bucket.bytes += p.numel() * static_cast<int64_t>(p.element_size());
-    if (bucket.bytes >= (bucket.first ? first_cap : cap)) {
+    if (bucket.bytes >= limits[bucket.limit]) {
       result.push_back(std::move(bucket.vars));
       bucket.vars.clear();
       bucket.bytes = 0;
-      bucket.first = false;
+      bucket.limit = std::min(bucket.limit + 1, limits.size() - 1);
     }
   }
   for (auto& [key, bucket] : open)
     if (!bucket.vars.empty()) result.push_back(std::move(bucket.vars));
-  // Launch order: a bucket is ready when its last member is, and members are
-  // listed in ready order, so order buckets by where their members start.
+  return result;
+}
+
+}  // namespace
+
+std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<size_t>& order, int64_t first_cap,
+                                                           int64_t cap) {
+  auto result = pack(params, order, {first_cap, cap});
+  // A bucket is ready when its last member is: launch in that order, so that
+  // a bucket of another dtype whose first member came early does not hold
+  // back the ones behind it.
   std::vector<size_t> position(params.size());
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
-  std::sort(result.begin(), result.end(),
-            [&](const auto& a, const auto& b) { return position[a.front()] < position[b.front()]; });
+  std::stable_sort(result.begin(), result.end(),
+                   [&](const auto& a, const auto& b) { return position[a.back()] < position[b.back()]; });
+  return result;
+}
+
+std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params, int64_t first_cap,
+                                                           int64_t cap, bool find_unused_parameters) {
+  std::vector<size_t> order(params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = k;
+  // PyTorch 1.13 packs the first iteration into one bucket per dtype unless
+  // find_unused_parameters is on; the rebuild after it uses the caps.
+  const std::vector<int64_t> limits = find_unused_parameters
+                                          ? std::vector<int64_t>{first_cap, cap}
+                                          : std::vector<int64_t>{std::numeric_limits<int64_t>::max()};
+  auto result = pack(params, order, limits);
+  std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
+  std::reverse(result.begin(), result.end());
   return result;
 }
 
@@ -55,10 +89,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     size_t index = 0;  // within the bucket
   };
   struct Bucket {
-    at::Tensor contents;             // flat, one dtype
-    std::vector<size_t> vars;        // parameter indices
-    std::vector<at::Tensor> views;   // aliases of contents shaped like each parameter
-    size_t pending = 0;              // gradients not yet ready this iteration
+    at::Tensor contents;            // flat, one dtype
+    std::vector<size_t> vars;       // parameter indices
+    std::vector<at::Tensor> views;  // aliases of contents laid out like each parameter
+    size_t pending = 0;             // gradients not yet ready this iteration
     Work work;
   };
 
@@ -67,27 +101,38 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::shared_ptr<ProcessGroup> pg;
   DDPOptions options;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps our hooks alive across iterations
+  at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
 
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
   size_t next_bucket = 0;  // buckets launch strictly in order, the same on every rank
 
-  std::vector<char> marked;  // ready this iteration
-  std::vector<char> used;    // got a real gradient this iteration (find_unused_parameters)
+  std::vector<char> marked;        // ready this backward
+  std::vector<char> locally_used;  // got a gradient since the last synchronised backward, no_sync ones included
   std::vector<size_t> unused_from_graph;
+  bool unused_marked = false;  // unused_from_graph marked ready in this backward
+  at::Tensor used_map;         // find_unused_parameters: locally_used, all-reduced
+  Work used_work;
 
   bool sync = true;
   bool expect_hooks = false;  // a DDP forward prepared this backward
-  bool finalize_queued = false;
-  bool record_order = true;   // during the first synchronised iteration
-  bool rebuild_pending = false;
+  // Graph tasks (identified by their exec_info) whose end we asked to hear
+  // about, and whether each is the backward through this forward's output
+  // (a reentrant backward inside it, as activation checkpointing runs, is not).
+  std::map<const void*, bool> armed_tasks;
+  std::unordered_set<const torch::autograd::Node*> output_fns;
+
+  bool rebuilt = false;          // buckets follow a recorded ready order
+  bool rebuild_pending = false;  // the first synchronised backward finished: rebuild before the next forward
   std::vector<size_t> ready_order;
   Clock::time_point first_ready;
+  bool timing = false;
 
   ReducerStats stats;
   mutable std::mutex mutex;
 
   std::string who() const { return "rank " + std::to_string(pg->rank()) + ": DistributedDataParallel: "; }
+  bool should_rebuild() const { return !rebuilt && !options.find_unused_parameters(); }
 
   void register_hooks() {
     std::weak_ptr<Impl> weak = shared_from_this();
@@ -105,9 +150,18 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
   // A tensor that aliases `contents` without being an autograd view: LibTorch's
   // Optimizer::zero_grad() calls detach_() on every grad, which views reject.
+  // Laid out as the parameter when that is dense (channels_last stays
+  // channels_last, so AccumulateGrad's gradient copies in without a
+  // transpose), else row-major, as PyTorch's bucket views.
   static at::Tensor alias(const at::Tensor& contents, int64_t offset, const at::Tensor& like) {
-    std::vector<int64_t> strides(like.dim(), 1);
-    for (int64_t d = like.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * std::max<int64_t>(like.size(d + 1), 1);
+    std::vector<int64_t> strides;
+    if (like.is_non_overlapping_and_dense()) {
+      strides.assign(like.strides().begin(), like.strides().end());
+    } else {
+      strides.assign(like.dim(), 1);
+      for (int64_t d = like.dim() - 2; d >= 0; --d)
+        strides[d] = strides[d + 1] * std::max<int64_t>(like.size(d + 1), 1);
+    }
     return at::empty({0}, contents.options())
         .set_(contents.storage(), contents.storage_offset() + offset, like.sizes(), strides);
   }
@@ -133,12 +187,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
         b.views.push_back(alias(b.contents, offset, p));
         slots[vars[k]] = {buckets.size(), k};
         offset += p.numel();
-        // Gradients that exist (a rebuild, or accumulation before the first
-        // synchronised step) move into the bucket.
+        // Gradients that live in the old buckets (a rebuild during gradient
+        // accumulation) move into the new ones.
         auto& grad = p.mutable_grad();
-        if (grad.defined()) {
+        if (options.gradient_as_bucket_view() && grad.defined()) {
           b.views.back().copy_(grad);
-          if (options.gradient_as_bucket_view()) grad = b.views.back();
+          grad = b.views.back();
         }
       }
       b.pending = vars.size();
@@ -149,84 +203,169 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     for (const auto& b : buckets) stats.bucket_bytes.push_back(b.contents.numel() * b.contents.element_size());
   }
 
-  std::vector<std::vector<size_t>> assignment_for(const std::vector<size_t>& order) const {
-    auto mb = [](double v) { return static_cast<int64_t>(v * 1024 * 1024); };
-    return compute_bucket_assignment(params, order, mb(options.first_bucket_mb()), mb(options.bucket_cap_mb()));
-  }
+  int64_t bytes(double mb) const { return static_cast<int64_t>(mb * 1024 * 1024); }
 
   void autograd_hook(size_t i) {
     std::lock_guard<std::mutex> lock(mutex);
+    // Usage counts in no_sync backwards too (as PyTorch), so that a parameter
+    // used only while accumulating is reduced at the synchronised step.
+    if (options.find_unused_parameters() && params[i].grad().defined()) locally_used[i] = 1;
     if (!expect_hooks) return;  // no_sync, or a backward not prepared by a DDP forward
-    if (!finalize_queued) {
-      finalize_queued = true;
+    if (!timing) {
+      timing = true;
       first_ready = Clock::now();
-      std::weak_ptr<Impl> weak = shared_from_this();
-      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-        if (auto self = weak.lock()) self->finalize_backward();
-      });
-      for (size_t u : unused_from_graph) mark_ready(u, false);
     }
-    mark_ready(i, true);
+    arm_end_of_graph_task();
+    if (!unused_marked) {
+      unused_marked = true;
+      for (size_t u : unused_from_graph) mark_ready(u);
+    }
+    // Every hook counts, whatever its gradient: every rank then sees a
+    // complete order.
+    if (should_rebuild()) ready_order.push_back(i);
+    mark_ready(i);
   }
 
-  void mark_ready(size_t i, bool has_grad) {
-    if (marked[i]) {
-      if (!has_grad) return;  // already marked unused from the graph, and then it was used after all
-      TORCH_CHECK(false, who(), "parameter '", names[i],
-                  "' was marked ready twice in one backward. Reentrant backward (activation checkpointing) "
-                  "or using the module's output in two backward calls is not supported.");
+  // The end of backward belongs to the outermost backward. A reentrant
+  // backward (activation checkpointing) is its own graph task and ends first:
+  // a callback is queued on every graph task that fires a hook, and only the
+  // one that finds every gradient ready, or that is the backward through the
+  // forward's output, finalizes.
+  void arm_end_of_graph_task() {
+    const void* task = torch::autograd::get_current_graph_task_exec_info();
+    if (armed_tasks.count(task)) return;
+    bool outer = output_fns.empty();
+    if (!outer) {
+      if (const auto* nodes = torch::autograd::get_current_graph_task_nodes_in_graph()) {
+        for (const auto* fn : output_fns) outer = outer || nodes->count(const_cast<torch::autograd::Node*>(fn)) > 0;
+      } else {
+        outer = true;
+      }
     }
+    armed_tasks[task] = outer;
+    std::weak_ptr<Impl> weak = shared_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak, task] {
+      if (auto self = weak.lock()) self->end_of_graph_task(task);
+    });
+  }
+
+  void end_of_graph_task(const void* task) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = armed_tasks.find(task);
+    if (it == armed_tasks.end()) return;
+    const bool outer = it->second;
+    armed_tasks.erase(it);
+    if (!expect_hooks) return;
+    const bool all_marked = std::all_of(marked.begin(), marked.end(), [](char m) { return m != 0; });
+    if (all_marked || (outer && armed_tasks.empty())) finalize_backward();
+    // Otherwise a reentrant backward ended inside the outer one, whose hooks
+    // and callback are still to come.
+  }
+
+  void mark_ready(size_t i) {
+    TORCH_CHECK(!marked[i], who(), "parameter '", names[i],
+                "' was marked ready twice in one backward. Either it received a gradient after being found unused "
+                "(find_unused_parameters, with a reentrant backward such as activation checkpointing), or the same "
+                "parameters were used by two reentrant backward passes, or the module's output was used in two "
+                "backward calls.");
     marked[i] = 1;
     const auto& slot = slots[i];
     auto& bucket = buckets[slot.bucket];
-    const auto& view = bucket.views[slot.index];
-    auto& grad = params[i].mutable_grad();
-    if (has_grad && grad.defined()) {
-      used[i] = 1;
-      if (record_order) ready_order.push_back(i);
-      if (!is_alias(grad, view)) {
-        view.copy_(grad);
-        if (options.gradient_as_bucket_view()) grad = view;
-      }
-    } else {
-      view.zero_();
-    }
+    copy_grad_to_bucket(i, bucket.views[slot.index]);
     if (--bucket.pending == 0) launch_ready_buckets();
   }
 
+  // As PyTorch's mark_variable_ready_dense: a gradient that is not already
+  // the bucket view is scaled by 1/W on its way in (one pass); one that is
+  // is divided by W in place; a missing one contributes zeros.
+  void copy_grad_to_bucket(size_t i, at::Tensor view) {
+    torch::NoGradGuard no_grad;
+    auto& grad = params[i].mutable_grad();
+    if (!grad.defined()) {
+      view.zero_();
+      return;
+    }
+    TORCH_CHECK(!grad.is_sparse(), who(), "parameter '", names[i],
+                "' received a sparse gradient; only dense gradients are supported (construct embeddings with "
+                "sparse(false))");
+    TORCH_CHECK(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
+                grad.scalar_type(), " gradient, expected ", view.scalar_type());
+    if (!is_alias(grad, view)) {
+      if (grad.requires_grad())
+        view.copy_(grad.detach().div(pg->size()));
+      else
+        at::mul_out(view, grad, inverse_world);
+      if (options.gradient_as_bucket_view()) grad = view;
+    } else if (pg->size() > 1) {
+      view.div_(pg->size());
+    }
+  }
+
   void launch_ready_buckets() {
-    const int world = pg->size();
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       auto& b = buckets[next_bucket++];
-      if (world > 1) {
-        // Averaging before summing, as PyTorch does: one pass over the bucket.
-        b.contents.div_(world);
-        b.work = pg->allreduce(b.contents);
+      if (pg->size() > 1) b.work = pg->allreduce(b.contents);
+    }
+    // After the last bucket, which parameters were used anywhere.
+    if (next_bucket == buckets.size() && options.find_unused_parameters() && pg->size() > 1 && !used_work.valid()) {
+      used_map = torch::from_blob(locally_used.data(), {static_cast<int64_t>(locally_used.size())}, torch::kInt8)
+                     .to(torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
+      used_work = pg->allreduce(used_map);
+    }
+  }
+
+  // Collectives this rank launched in an iteration that did not finish
+  // (backward threw) must end before their buckets are touched again.
+  void settle_unfinished() {
+    if (!expect_hooks) return;
+    size_t launched = 0;
+    std::string failure;
+    for (size_t b = 0; b < next_bucket; ++b) {
+      ++launched;
+      try {
+        buckets[b].work.wait();
+      } catch (const std::exception& e) {
+        if (failure.empty()) failure = e.what();
       }
     }
+    try {
+      used_work.wait();
+    } catch (const std::exception& e) {
+      if (failure.empty()) failure = e.what();
+    }
+    if (launched > 0 || std::any_of(marked.begin(), marked.end(), [](char m) { return m != 0; })) {
+      std::cerr << who() << "the previous backward did not finish (" << launched << " of " << buckets.size()
+                << " bucket all-reduces had started; they were waited for). Ranks whose backward finished wait for "
+                   "the rest and fail within the process group's timeout."
+                << (failure.empty() ? "" : " The wait failed: " + failure) << std::endl;
+    }
+    reset_iteration();
   }
 
   void reset_iteration() {
     std::fill(marked.begin(), marked.end(), 0);
-    std::fill(used.begin(), used.end(), 0);
     for (auto& b : buckets) {
       b.pending = b.vars.size();
       b.work = Work();
     }
+    used_work = Work();
     next_bucket = 0;
     expect_hooks = false;
-    finalize_queued = false;
+    unused_marked = false;
+    timing = false;
+    armed_tasks.clear();
     unused_from_graph.clear();
   }
 
   void finalize_backward() {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!expect_hooks) return;
     const auto backward_end = Clock::now();
     torch::NoGradGuard no_grad;
-    if (options.find_unused_parameters())
+    if (options.find_unused_parameters()) {
+      // Parameters in the graph whose hook never fired count as unused too.
+      unused_marked = true;
       for (size_t i = 0; i < params.size(); ++i)
-        if (!marked[i]) mark_ready(i, false);
+        if (!marked[i]) mark_ready(i);
+    }
 
     if (next_bucket < buckets.size()) {
       std::ostringstream missing;
@@ -247,36 +386,36 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
                   "ddp::DDPOptions().find_unused_parameters(true).");
     }
 
-    at::Tensor globally_used;
-    Work used_work;
-    if (options.find_unused_parameters() && pg->size() > 1) {
-      globally_used = torch::from_blob(used.data(), {static_cast<int64_t>(used.size())}, torch::kInt8)
-                          .to(torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
-      used_work = pg->allreduce(globally_used);
-    }
     const auto wait_start = Clock::now();
     for (auto& b : buckets) b.work.wait();
     used_work.wait();
     const auto wait_end = Clock::now();
-    std::vector<int32_t> used_anywhere;
-    if (globally_used.defined()) {
-      auto cpu = globally_used.cpu();
-      used_anywhere.assign(cpu.data_ptr<int32_t>(), cpu.data_ptr<int32_t>() + cpu.numel());
+    const int32_t* used_anywhere = nullptr;
+    at::Tensor used_cpu;
+    if (used_map.defined() && used_work.valid()) {
+      used_cpu = used_map.cpu();
+      used_anywhere = used_cpu.data_ptr<int32_t>();
     }
 
     const bool as_view = options.gradient_as_bucket_view();
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& view = buckets[slots[i].bucket].views[slots[i].index];
       auto& grad = params[i].mutable_grad();
-      if (used[i] || is_alias(grad, view)) {
-        if (!as_view) grad.copy_(view);
-        continue;
+      if (options.find_unused_parameters()) {
+        // A parameter no rank used keeps its gradient untouched (undefined
+        // stays undefined, so optimizers skip it), as PyTorch.
+        const bool used = locally_used[i] || (used_anywhere ? used_anywhere[i] > 0 : false);
+        if (!used) continue;
       }
-      // Not used here: takes the average if some rank used it; a parameter no
-      // rank used keeps an undefined gradient, so optimizers skip it (as PyTorch).
-      bool used_elsewhere = used_anywhere.empty() ? pg->size() > 1 : used_anywhere[i] > 0;
-      if (used_elsewhere || grad.defined()) grad = as_view ? view : view.clone();
+      if (as_view) {
+        if (!is_alias(grad, view)) grad = view;
+      } else if (!grad.defined()) {
+        grad = torch::autograd::utils::clone_obey_contract(view, params[i]);
+      } else {
+        grad.copy_(view);
+      }
     }
+    std::fill(locally_used.begin(), locally_used.end(), 0);
 
     stats.iterations++;
     stats.bytes_reduced = 0;
@@ -284,27 +423,33 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     stats.backward_ms = std::chrono::duration<double, std::milli>(backward_end - first_ready).count();
     stats.exposed_comm_ms = std::chrono::duration<double, std::milli>(wait_end - wait_start).count();
 
-    if (record_order) {
-      record_order = false;
-      // As PyTorch: buckets follow the real ready order from the second
-      // iteration on, unless the graph may change between iterations.
-      rebuild_pending = !options.find_unused_parameters() && ready_order.size() == params.size();
-    }
+    // Every rank that finishes its first synchronised backward rebuilds
+    // before its next forward, so all take part in the broadcast.
+    if (should_rebuild()) rebuild_pending = true;
     reset_iteration();
   }
 
   void rebuild_buckets() {
     // Every rank adopts rank 0's order, so buckets (and collectives) match.
-    auto order = torch::tensor(std::vector<int64_t>(ready_order.begin(), ready_order.end()), torch::kInt64)
-                     .to(pg->device());
-    if (pg->size() > 1) pg->broadcast(order, 0).wait();
-    auto cpu = order.cpu();
-    std::vector<size_t> agreed(cpu.data_ptr<int64_t>(), cpu.data_ptr<int64_t>() + cpu.numel());
-    auto assignment = assignment_for(agreed);
-    // Often the real order packs the same buckets as the guess (a plain stack
-    // of layers): then reallocating would only cost a bucket's worth of peak
-    // memory and a copy of every gradient. Every rank sees the same order and
-    // the same buckets, so all of them decide alike.
+    // The first element says whether rank 0's order is complete.
+    std::vector<int64_t> message(params.size() + 1, -1);
+    message[0] = ready_order.size() == params.size() ? 1 : 0;
+    for (size_t k = 0; k < ready_order.size() && k < params.size(); ++k)
+      message[k + 1] = static_cast<int64_t>(ready_order[k]);
+    auto tensor = torch::tensor(message, torch::kInt64).to(pg->device());
+    if (pg->size() > 1) pg->broadcast(tensor, 0).wait();
+    auto cpu = tensor.cpu();
+    const int64_t* data = cpu.data_ptr<int64_t>();
+    rebuilt = true;
+    ready_order.clear();
+    if (data[0] != 1) return;  // rank 0 did not see every hook: keep the buckets
+    std::vector<size_t> agreed(data + 1, data + 1 + params.size());
+    auto assignment =
+        compute_bucket_assignment(params, agreed, bytes(options.first_bucket_mb()), bytes(options.bucket_cap_mb()));
+    // Often the real order packs the same buckets as the guess: then
+    // reallocating would only cost a bucket's worth of peak memory and a copy
+    // of every gradient. Every rank sees the same order and the same buckets,
+    // so all of them decide alike.
     bool same = assignment.size() == buckets.size();
     for (size_t b = 0; same && b < buckets.size(); ++b) same = assignment[b] == buckets[b].vars;
     if (!same) initialize_buckets(assignment);
@@ -334,11 +479,16 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  const DDPOptions& options)
     : impl_(std::make_shared<Impl>()) {
   TORCH_CHECK(params.size() == names.size(), "Reducer: one name per parameter");
+  TORCH_CHECK(!params.empty(), "Reducer: no parameters");
   TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_mb() > 0,
               "DDPOptions: bucket_cap_mb and first_bucket_mb must be positive");
+  std::unordered_set<const void*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
     TORCH_CHECK(!params[i].is_sparse(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '", names[i],
                 "' is sparse; only dense parameters are supported");
+    TORCH_CHECK(seen.insert(params[i].unsafeGetTensorImpl()).second, "rank ", pg->rank(),
+                ": DistributedDataParallel: parameter '", names[i],
+                "' is given twice; pass each shared tensor once (DistributedDataParallel deduplicates them)");
     TORCH_CHECK(params[i].device() == pg->device(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '",
                 names[i], "' is on ", params[i].device().str(), " but the ", pg->backend_name(), " process group works on ",
                 pg->device().str(), "; move the model there first (model->to(pg->device()))");
@@ -348,35 +498,36 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.names = std::move(names);
   s.pg = std::move(pg);
   s.options = options;
+  s.inverse_world = at::native::wrapped_scalar_tensor(1.0 / s.pg->size());
   s.marked.assign(s.params.size(), 0);
-  s.used.assign(s.params.size(), 0);
+  s.locally_used.assign(s.params.size(), 0);
   s.register_hooks();
-  // Until the real order is known: gradients arrive roughly in reverse
-  // registration order (the last layer's first).
-  std::vector<size_t> order(s.params.size());
-  for (size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
-  s.initialize_buckets(s.assignment_for(order));
+  s.initialize_buckets(initial_bucket_assignment(s.params, s.bytes(options.first_bucket_mb()),
+                                                 s.bytes(options.bucket_cap_mb()), options.find_unused_parameters()));
 }
 
 Reducer::~Reducer() = default;
 
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  if (impl_->rebuild_pending) {
-    impl_->rebuild_pending = false;
-    impl_->rebuild_buckets();
+  auto& s = *impl_;
+  s.settle_unfinished();
+  if (s.rebuild_pending) {
+    s.rebuild_pending = false;
+    s.rebuild_buckets();
   }
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
-  if (!s.sync) {
-    s.expect_hooks = false;
-    return;
-  }
-  if (s.finalize_queued) s.reset_iteration();  // a backward that never finished (an exception inside it)
+  s.settle_unfinished();
+  if (!s.sync) return;
   s.expect_hooks = true;
+  if (s.should_rebuild()) s.ready_order.clear();
+  s.output_fns.clear();
+  for (const auto& t : outputs)
+    if (t.defined() && t.grad_fn()) s.output_fns.insert(t.grad_fn().get());
   if (s.options.find_unused_parameters()) s.find_unused(outputs);
 }
 

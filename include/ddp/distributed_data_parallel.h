@@ -85,12 +85,14 @@ class DDPBase {
   DDPOptions options_;
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
+  bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
 };
 
 }  // namespace detail
 
 // Checks that every rank holds the same parameters and buffers (count,
-// names, shapes, dtypes); throws on every rank, naming the first difference.
+// names, shapes, strides, dtypes, which parameters require grad); throws on
+// every rank, naming the first difference.
 void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg);
 
 // Every rank takes rank 0's values of these tensors (coalesced by dtype).

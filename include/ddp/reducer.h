@@ -34,7 +34,8 @@ struct ReducerStats {
 
 class Reducer {
  public:
-  // `params` are the parameters that require grad, `names` their dotted names.
+  // `params` are the parameters that require grad, each tensor once, and
+  // `names` their dotted names.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> pg,
           const DDPOptions& options);
   ~Reducer();
@@ -58,13 +59,21 @@ class Reducer {
   std::shared_ptr<Impl> impl_;  // hooks hold weak references to it
 };
 
-// Bucket assignment, exposed for tests: parameters in `order` (the order their
-// gradients are expected to be ready) are packed into buckets of one dtype and
-// device each; the first bucket of each dtype is capped at first_cap bytes, the
-// rest at cap bytes; a parameter is never split. Buckets come back in the order
-// they become ready.
+// Bucket assignment, exposed for tests; PyTorch 1.13's rules. Parameters are
+// taken in `order` and packed into buckets of one dtype and device each; per
+// dtype and device, the first bucket closes once it holds at least first_cap
+// bytes, the later ones at cap; a parameter is never split. Buckets come back
+// in the order they become ready in `order` (by their last member), which is
+// the order the reducer launches them in.
 std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
                                                            const std::vector<size_t>& order, int64_t first_cap,
                                                            int64_t cap);
+
+// The buckets DistributedDataParallel starts with, before the real ready order
+// is known, as PyTorch 1.13's constructor: packed in registration order (one
+// bucket per dtype when find_unused_parameters is off, else first_cap then
+// cap), then reversed, since gradients arrive roughly last layer first.
+std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params, int64_t first_cap,
+                                                           int64_t cap, bool find_unused_parameters);
 
 }  // namespace ddp
