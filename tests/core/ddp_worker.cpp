@@ -4,6 +4,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "counting_process_group.h"
@@ -261,39 +263,135 @@ int scenario_mismatch(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup>
   throw Fail("different models on different ranks were accepted");
 }
 
-// The same deterministic model, data and optimizer as pytorch_ddp_parity.py.
-int scenario_parity(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
-  const int rank = raw.rank(), world = raw.size();
-  torch::nn::Sequential net(torch::nn::Linear(6, 16), torch::nn::Tanh(), torch::nn::Linear(16, 16), torch::nn::Tanh(),
-                            torch::nn::Linear(16, 3));
+// Each tensor once, in the order DistributedDataParallel (and Python's
+// named_parameters()) lists them.
+std::vector<std::pair<std::string, torch::Tensor>> unique_parameters(const torch::nn::Module& m) {
+  std::set<const void*> seen;
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : m.named_parameters(true))
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+// The models, data and optimizer of pytorch_ddp_parity.py, case by case:
+// change both together.
+struct ParityCase {
+  std::string variant;
+  bool as_view;
+  bool small_buckets;
+};
+const std::map<std::string, ParityCase>& parity_cases() {
+  static const std::map<std::string, ParityCase> cases = {
+      {"defaults", {"plain", false, false}},      {"bucket_view", {"plain", true, false}},
+      {"buckets", {"plain", false, true}},        {"buckets_view", {"plain", true, true}},
+      {"find_unused", {"extra", false, true}},    {"no_sync", {"plain", true, true}},
+      {"batchnorm", {"batchnorm", false, true}},  {"tied", {"tied", true, true}},
+      {"set_to_none", {"plain", true, true}},
+  };
+  return cases;
+}
+
+struct ParityNetImpl : torch::nn::Module {
+  explicit ParityNetImpl(const std::string& variant) : variant(variant) {
+    l1 = register_module("l1", torch::nn::Linear(6, 16));
+    if (variant == "batchnorm") bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    l2 = register_module("l2", torch::nn::Linear(16, 16));
+    if (variant == "tied") register_module("l2b", l2);  // the same layer twice: one parameter for DDP
+    l3 = register_module("l3", torch::nn::Linear(16, 3));
+    if (variant == "extra") extra = register_module("extra", torch::nn::Linear(6, 3));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_extra = false) {
+    auto h = l1(x);
+    if (bn) h = bn(h);
+    h = torch::tanh(l2(torch::tanh(h)));
+    if (variant == "tied") h = torch::tanh(l2(h));
+    auto y = l3(h);
+    if (use_extra) y = y + extra(x);
+    return y;
+  }
+  std::string variant;
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, extra{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(ParityNet);
+
+std::pair<torch::Tensor, torch::Tensor> parity_batch(int step, int rows) {
+  auto n = torch::arange(rows, torch::kDouble).unsqueeze(1);
+  auto x = torch::sin(0.1 * (step * 1000 + n * 7 + torch::arange(6, torch::kDouble).unsqueeze(0) * 3)).to(torch::kFloat);
+  auto y = torch::cos(0.05 * (step * 500 + n * 5 + torch::arange(3, torch::kDouble).unsqueeze(0))).to(torch::kFloat);
+  return {x, y};
+}
+
+std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::ProcessGroup> pg) {
+  const auto& c = parity_cases().at(name);
+  const int rank = pg->rank(), world = pg->size();
+  ParityNet net(c.variant);
   {
     torch::NoGradGuard g;
     int layer = 0;
-    for (auto& p : net->named_parameters(true)) {
-      auto k = torch::arange(p.value().numel(), torch::kDouble);
-      auto v = p.key().find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer)
-                                                             : 0.01 * torch::cos(k + layer);
-      p.value().copy_(v.reshape(p.value().sizes()).to(torch::kFloat));
+    for (auto& [key, p] : unique_parameters(*net)) {
+      auto k = torch::arange(p.numel(), torch::kDouble);
+      auto v = key.find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer) : 0.01 * torch::cos(k + layer);
+      p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
       ++layer;
     }
   }
-  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(0.001).first_bucket_mb(0.0005));
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  const int per_rank = 16;
+  auto options = ddp::DDPOptions().gradient_as_bucket_view(c.as_view).find_unused_parameters(name == "find_unused");
+  if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
+  ddp::DistributedDataParallel model(net, pg, options);
+  // LibTorch's parameters() lists a tied weight twice, and SGD would step it twice.
+  std::vector<torch::Tensor> unique;
+  for (auto& [key, p] : unique_parameters(*net)) unique.push_back(p);
+  torch::optim::SGD opt(unique, torch::optim::SGDOptions(0.05).momentum(0.9));
+  const int per_rank = 16, lo = rank * per_rank;
   for (int step = 0; step < 30; ++step) {
-    auto n = torch::arange(per_rank * world, torch::kDouble).unsqueeze(1);
-    auto x = torch::sin(0.1 * (step * 1000 + n * 7 + torch::arange(6, torch::kDouble).unsqueeze(0) * 3)).to(torch::kFloat);
-    auto y = torch::cos(0.05 * (step * 500 + n * 5 + torch::arange(3, torch::kDouble).unsqueeze(0))).to(torch::kFloat);
-    opt.zero_grad();
-    torch::mse_loss(model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank)).backward();
+    if (name == "set_to_none") {
+      for (auto& p : unique) p.mutable_grad() = torch::Tensor();  // LibTorch 2.x's zero_grad()
+    } else {
+      opt.zero_grad();
+    }
+    if (name == "no_sync") {
+      for (int micro = 0; micro < 3; ++micro) {
+        auto [x, y] = parity_batch(step * 3 + micro, per_rank * world);
+        if (micro < 2) {
+          auto guard = model.no_sync();
+          torch::mse_loss(model(x.narrow(0, lo, per_rank)), y.narrow(0, lo, per_rank)).backward();
+        } else {
+          torch::mse_loss(model(x.narrow(0, lo, per_rank)), y.narrow(0, lo, per_rank)).backward();
+        }
+      }
+    } else {
+      auto [x, y] = parity_batch(step, per_rank * world);
+      const bool use_extra = name == "find_unused" && (step % 3 == 0 || (rank == 0 && step % 2 == 0));
+      torch::mse_loss(model(x.narrow(0, lo, per_rank), use_extra), y.narrow(0, lo, per_rank)).backward();
+    }
     opt.step();
   }
-  std::ofstream out(flags["--out"] + "/cpp_rank" + std::to_string(rank) + ".bin", std::ios::binary);
-  for (auto& p : net->parameters()) {
-    auto c = p.detach().contiguous();
-    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  std::string bytes;
+  auto append = [&](const torch::Tensor& t) {
+    auto c = t.detach().to(torch::kFloat).contiguous();
+    bytes.append(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  };
+  for (auto& [key, p] : unique_parameters(*net)) append(p);
+  for (auto& b : net->buffers(true))
+    if (b.is_floating_point()) append(b);
+  return bytes;
+}
+
+// Writes <out>/cpp_<case>_rank<r>.bin for every case in --cases (all by default).
+int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  std::vector<std::string> cases;
+  if (flags.count("--cases")) {
+    std::stringstream list(flags["--cases"]);
+    for (std::string c; std::getline(list, c, ',');) cases.push_back(c);
+  } else {
+    for (const auto& [name, c] : parity_cases()) cases.push_back(name);
   }
-  std::cout << "rank " << rank << ": buckets=" << model.stats().num_buckets << std::endl;
+  for (const auto& name : cases) {
+    const auto bytes = run_parity_case(name, pg);
+    std::ofstream out(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin", std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
   return 0;
 }
 
@@ -344,7 +442,7 @@ int main(int argc, char** argv) {
     else if (scenario == "unused") rc = scenario_unused(*pg, pg, flags);
     else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg);
     else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg);
-    else if (scenario == "parity") rc = scenario_parity(*pg, pg, flags);
+    else if (scenario == "parity") rc = scenario_parity(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();

@@ -1,41 +1,119 @@
-"""PyTorch's own DDP on the model, data and optimizer of ddp_worker's `parity`
-scenario. Started once per rank with torchrun's variables; writes the final
-parameters as raw float32 to <out>/torch_rank<r>.bin."""
+"""PyTorch's own DDP on the models, data and optimizer of ddp_worker's `parity`
+scenario, case by case. Started once per rank with torchrun's variables;
+writes each case's final parameters and float buffers as raw float32 to
+<out>/torch_<case>_rank<r>.bin. The C++ side is scenario_parity in
+ddp_worker.cpp: change both together."""
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+STEPS = 30
+PER_RANK = 16
+SMALL = dict(first=512, cap=1024)  # bytes: several buckets for these models
 
-def main(out_dir):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
-                              torch.nn.Linear(16, 3))
+# case: (model variant, gradient_as_bucket_view, bucket sizes or None for the defaults)
+CASES = {
+    "defaults": ("plain", False, None),
+    "bucket_view": ("plain", True, None),
+    "buckets": ("plain", False, SMALL),
+    "buckets_view": ("plain", True, SMALL),
+    "find_unused": ("extra", False, SMALL),
+    "no_sync": ("plain", True, SMALL),
+    "batchnorm": ("batchnorm", False, SMALL),
+    "tied": ("tied", True, SMALL),
+    "set_to_none": ("plain", True, SMALL),
+}
+
+
+class Net(nn.Module):
+    def __init__(self, variant):
+        super().__init__()
+        self.l1 = nn.Linear(6, 16)
+        if variant == "batchnorm":
+            self.bn = nn.BatchNorm1d(16)
+        self.l2 = nn.Linear(16, 16)
+        if variant == "tied":
+            self.l2b = self.l2  # the same layer registered twice: one parameter for DDP
+        self.l3 = nn.Linear(16, 3)
+        if variant == "extra":
+            self.extra = nn.Linear(6, 3)
+        self.variant = variant
+
+    def forward(self, x, use_extra=False):
+        h = self.l1(x)
+        if self.variant == "batchnorm":
+            h = self.bn(h)
+        h = torch.tanh(self.l2(torch.tanh(h)))
+        if self.variant == "tied":
+            h = torch.tanh(self.l2b(h))
+        y = self.l3(h)
+        if use_extra:
+            y = y + self.extra(x)
+        return y
+
+
+def init(net):
     with torch.no_grad():
         for layer, (name, p) in enumerate(net.named_parameters()):
             k = torch.arange(p.numel(), dtype=torch.float64)
             v = 0.3 * torch.sin(0.7 * k + layer) if "weight" in name else 0.01 * torch.cos(k + layer)
             p.copy_(v.reshape(p.shape).float())
-    model = DistributedDataParallel(net, bucket_cap_mb=0.001)
+
+
+def batch(step, world):
+    n = torch.arange(PER_RANK * world, dtype=torch.float64).unsqueeze(1)
+    x = torch.sin(0.1 * (step * 1000 + n * 7 + torch.arange(6, dtype=torch.float64).unsqueeze(0) * 3)).float()
+    y = torch.cos(0.05 * (step * 500 + n * 5 + torch.arange(3, dtype=torch.float64).unsqueeze(0))).float()
+    return x, y
+
+
+def run_case(case, rank, world):
+    variant, as_view, sizes = CASES[case]
+    net = Net(variant)
+    init(net)
+    kwargs = dict(gradient_as_bucket_view=as_view, find_unused_parameters=case == "find_unused")
+    saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
+    if sizes:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = sizes["first"]
+        kwargs["bucket_cap_mb"] = sizes["cap"] / float(1 << 20)
+    model = DistributedDataParallel(net, **kwargs)
+    dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    per_rank = 16
-    for step in range(30):
-        n = torch.arange(per_rank * world, dtype=torch.float64).unsqueeze(1)
-        x = torch.sin(0.1 * (step * 1000 + n * 7 + torch.arange(6, dtype=torch.float64).unsqueeze(0) * 3)).float()
-        y = torch.cos(0.05 * (step * 500 + n * 5 + torch.arange(3, dtype=torch.float64).unsqueeze(0))).float()
-        opt.zero_grad()
-        lo, hi = rank * per_rank, (rank + 1) * per_rank
-        torch.nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
+    lo, hi = rank * PER_RANK, (rank + 1) * PER_RANK
+    mse = nn.functional.mse_loss
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=case == "set_to_none")
+        if case == "no_sync":
+            for micro in range(3):
+                x, y = batch(step * 3 + micro, world)
+                if micro < 2:
+                    with model.no_sync():
+                        mse(model(x[lo:hi]), y[lo:hi]).backward()
+                else:
+                    mse(model(x[lo:hi]), y[lo:hi]).backward()
+        else:
+            x, y = batch(step, world)
+            use_extra = case == "find_unused" and (step % 3 == 0 or (rank == 0 and step % 2 == 0))
+            mse(model(x[lo:hi], use_extra), y[lo:hi]).backward()
         opt.step()
-    with open(os.path.join(out_dir, f"torch_rank{rank}.bin"), "wb") as f:
-        for p in net.parameters():
-            f.write(p.detach().contiguous().numpy().tobytes())
+    tensors = [p for p in net.parameters()] + [b for b in net.buffers() if b.is_floating_point()]
+    return b"".join(t.detach().float().contiguous().numpy().tobytes() for t in tensors)
+
+
+def main(out_dir, cases):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for case in cases:
+        data = run_case(case, rank, world)
+        with open(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), "wb") as f:
+            f.write(data)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES))
