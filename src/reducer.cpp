@@ -116,6 +116,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
   bool sync = true;
   bool expect_hooks = false;  // a DDP forward prepared this backward
+  uint64_t generation = 0;    // counts prepared backwards
   // Graph tasks (identified by their exec_info) whose end we asked to hear
   // about, and whether each is the backward through this forward's output
   // (a reentrant backward inside it, as activation checkpointing runs, is not).
@@ -244,10 +245,32 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     }
     armed_tasks[task] = outer;
     std::weak_ptr<Impl> weak = shared_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak, task] {
+    // The engine drops a failed graph task, its callbacks unrun, before the
+    // exception reaches the caller: the guard's destructor then waits for the
+    // collectives this backward launched, so that the caller's next step
+    // (zero_grad() on bucket views, the next forward) cannot race with them.
+    auto guard = std::make_shared<TaskGuard>(weak, generation);
+    torch::autograd::Engine::get_default_engine().queue_callback([weak, task, guard] {
+      guard->ended = true;
       if (auto self = weak.lock()) self->end_of_graph_task(task);
     });
   }
+
+  struct TaskGuard {
+    TaskGuard(std::weak_ptr<Impl> impl, uint64_t generation) : impl(std::move(impl)), generation(generation) {}
+    ~TaskGuard() {
+      if (ended) return;  // the graph task finished; its callback did the rest
+      if (auto self = impl.lock()) {
+        std::lock_guard<std::mutex> lock(self->mutex);
+        if (self->generation == generation) self->settle_unfinished();
+      }
+    }
+    TaskGuard(const TaskGuard&) = delete;
+    TaskGuard& operator=(const TaskGuard&) = delete;
+    std::weak_ptr<Impl> impl;
+    uint64_t generation;
+    bool ended = false;
+  };
 
   void end_of_graph_task(const void* task) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -524,6 +547,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   s.settle_unfinished();
   if (!s.sync) return;
   s.expect_hooks = true;
+  ++s.generation;
   if (s.should_rebuild()) s.ready_order.clear();
   s.output_fns.clear();
   for (const auto& t : outputs)

@@ -37,3 +37,27 @@ TEST(BucketAssignment, FollowsTheGivenReadyOrder) {
   auto b = ddp::compute_bucket_assignment(p, {1, 3, 0, 2}, 200, 200);
   EXPECT_EQ(b, (Buckets{{1, 3}, {0, 2}}));
 }
+
+TEST(BucketAssignment, BucketsLaunchByTheirLastMember) {
+  // A float bucket whose first member is ready first but whose last member
+  // is ready last must not hold back the double bucket.
+  std::vector<at::Tensor> p{torch::zeros({4}), torch::zeros({4}, torch::kDouble), torch::zeros({4}, torch::kDouble),
+                            torch::zeros({4}, torch::kDouble), torch::zeros({4})};
+  auto b = ddp::compute_bucket_assignment(p, {0, 1, 2, 3, 4}, 1 << 20, 1 << 20);
+  EXPECT_EQ(b, (Buckets{{1, 2, 3}, {0, 4}}));
+}
+
+TEST(BucketAssignment, FirstIterationIsOneBucketPerDtypeAsPyTorch) {
+  std::vector<at::Tensor> p{torch::zeros({25}), torch::zeros({25}, torch::kDouble), torch::zeros({25}),
+                            torch::zeros({25})};
+  auto b = ddp::initial_bucket_assignment(p, 150, 250, /*find_unused_parameters=*/false);
+  EXPECT_EQ(b, (Buckets{{1}, {0, 2, 3}}));
+}
+
+TEST(BucketAssignment, FirstIterationWithFindUnusedPacksInRegistrationOrderThenReverses) {
+  // 100 bytes each; the first bucket (in registration order) closes at 150
+  // bytes, the rest at 250: {0,1}, {2,3,4}, {5}; reversed for the ready order.
+  std::vector<at::Tensor> p(6, torch::zeros({25}));
+  auto b = ddp::initial_bucket_assignment(p, 150, 250, /*find_unused_parameters=*/true);
+  EXPECT_EQ(b, (Buckets{{5}, {2, 3, 4}, {0, 1}}));
+}

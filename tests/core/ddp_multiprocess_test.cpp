@@ -63,6 +63,53 @@ TEST_P(DDPWorld, DifferentModelsFailOnEveryRankWithinTheTimeout) {
   expect_all_pass(GetParam(), {"mismatch", "--timeout", "60"});
 }
 
+TEST_P(DDPWorld, GradientsResetToNoneEveryStep) {
+  expect_all_pass(GetParam(), {"grads", "--set-to-none", "1", "--bucket-cap-mb", "0.002", "--first-bucket-mb",
+                               "0.001", "--steps", "5"});
+}
+
+TEST_P(DDPWorld, LayerAppliedTwiceIsOneParameter) { expect_all_pass(GetParam(), {"tied", "--shape", "sequential"}); }
+
+TEST_P(DDPWorld, EmbeddingTiedToTheOutputLayerIsOneParameter) {
+  expect_all_pass(GetParam(), {"tied", "--shape", "embedding"});
+}
+
+TEST_P(DDPWorld, TiedWeightsCopiedWhenNotBucketViews) {
+  expect_all_pass(GetParam(), {"tied", "--shape", "embedding", "--as-view", "0"});
+}
+
+TEST_P(DDPWorld, BranchUsedOnlyUnderNoSyncIsReducedNotZeroed) {
+  expect_all_pass(GetParam(), {"no_sync", "--unused-branch", "1"});
+}
+
+TEST_P(DDPWorld, HookWithoutGradientOnOneRankStillRebuildsTogether) {
+  expect_all_pass(GetParam(), {"undefined_grad", "--timeout", "30"});
+}
+
+TEST_P(DDPWorld, FrozenLayerOnOneRankIsANamedError) {
+  expect_all_pass(GetParam(), {"mismatch", "--kind", "frozen", "--timeout", "60"});
+}
+
+TEST_P(DDPWorld, DifferentWeightLayoutOnOneRankIsANamedError) {
+  expect_all_pass(GetParam(), {"mismatch", "--kind", "strides", "--timeout", "60"});
+}
+
+TEST_P(DDPWorld, SparseEmbeddingIsRefusedAtConstruction) { expect_all_pass(GetParam(), {"sparse"}); }
+
+TEST_P(DDPWorld, ReentrantBackwardFinalizesWithTheOuterOne) {
+  expect_all_pass(GetParam(), {"reentrant", "--timeout", "30"});
+}
+
+TEST_P(DDPWorld, FailedBackwardIsWaitedForBeforeTheNextIteration) {
+  expect_all_pass(GetParam(), {"failed_backward", "--timeout", "30"});
+}
+
+TEST_P(DDPWorld, BuffersBroadcastOncePerAccumulationCycle) { expect_all_pass(GetParam(), {"buffers_once"}); }
+
+TEST_P(DDPWorld, ChannelsLastWeightGetsAChannelsLastBucketView) {
+  expect_all_pass(GetParam(), {"channels_last"});
+}
+
 TEST(DDPMalloc, LargeGradientsFixGlibcThresholdsAtTheirSizeSmallOnesLeaveThemAlone) {
   for (const char* model : {"large", "small"}) {
     auto results = run_ranks(2, DDP_WORKER, {"malloc", "--model", model});
