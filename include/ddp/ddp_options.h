@@ -6,12 +6,16 @@
 namespace ddp {
 
 struct DDPOptions {
-  // Gradients are all-reduced in buckets of at most this many MiB.
+  // Gradients are all-reduced in buckets that close once they hold this many
+  // MiB (a parameter is never split). As PyTorch 1.13, the first iteration
+  // uses one bucket per dtype unless find_unused_parameters is on; buckets
+  // are rebuilt in the real ready order after it.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
   // The first bucket (the last layers' gradients, ready first) is smaller so
   // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
   TORCH_ARG(double, first_bucket_mb) = 1.0;
-  // Before each forward, every rank takes rank 0's buffers (BatchNorm's running stats).
+  // Before the first forward of each gradient-accumulation cycle, every rank
+  // takes rank 0's buffers (BatchNorm's running stats).
   TORCH_ARG(bool, broadcast_buffers) = true;
   // Parameters outside this iteration's autograd graph count as ready with a
   // zero gradient; costs a graph traversal and one small all-reduce a step.
