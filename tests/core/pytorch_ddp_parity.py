@@ -1,8 +1,8 @@
 """PyTorch's own DDP on the models, data and optimizer of ddp_worker's `parity`
 scenario, case by case. Started once per rank with torchrun's variables;
 writes each case's final parameters and float buffers as raw float32 to
-<out>/torch_<case>_rank<r>.bin. The C++ side is scenario_parity in
-ddp_worker.cpp: change both together."""
+<out>/torch_<case>_rank<r>.bin. The C++ side is
+parity_scenario.cpp: change both together."""
 import os
 import sys
 

@@ -1,0 +1,132 @@
+// The parity scenario of ddp_worker: the models, data and optimizer of
+// pytorch_ddp_parity.py, case by case, trained by libddp.
+#include <fstream>
+#include <sstream>
+
+#include "worker_common.h"
+
+namespace ddp::testing {
+
+// The models, data and optimizer of pytorch_ddp_parity.py, case by case:
+// change both together.
+struct ParityCase {
+  std::string variant;
+  bool as_view;
+  bool small_buckets;
+};
+const std::map<std::string, ParityCase>& parity_cases() {
+  static const std::map<std::string, ParityCase> cases = {
+      {"defaults", {"plain", false, false}},      {"bucket_view", {"plain", true, false}},
+      {"buckets", {"plain", false, true}},        {"buckets_view", {"plain", true, true}},
+      {"find_unused", {"extra", false, true}},    {"no_sync", {"plain", true, true}},
+      {"batchnorm", {"batchnorm", false, true}},  {"tied", {"tied", true, true}},
+      {"set_to_none", {"plain", true, true}},
+  };
+  return cases;
+}
+
+struct ParityNetImpl : torch::nn::Module {
+  explicit ParityNetImpl(const std::string& variant) : variant(variant) {
+    l1 = register_module("l1", torch::nn::Linear(6, 16));
+    if (variant == "batchnorm") bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    l2 = register_module("l2", torch::nn::Linear(16, 16));
+    if (variant == "tied") register_module("l2b", l2);  // the same layer twice: one parameter for DDP
+    l3 = register_module("l3", torch::nn::Linear(16, 3));
+    if (variant == "extra") extra = register_module("extra", torch::nn::Linear(6, 3));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_extra = false) {
+    auto h = l1(x);
+    if (bn) h = bn(h);
+    h = torch::tanh(l2(torch::tanh(h)));
+    if (variant == "tied") h = torch::tanh(l2(h));
+    auto y = l3(h);
+    if (use_extra) y = y + extra(x);
+    return y;
+  }
+  std::string variant;
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, extra{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(ParityNet);
+
+std::pair<torch::Tensor, torch::Tensor> parity_batch(int step, int rows) {
+  auto n = torch::arange(rows, torch::kDouble).unsqueeze(1);
+  auto x = torch::sin(0.1 * (step * 1000 + n * 7 + torch::arange(6, torch::kDouble).unsqueeze(0) * 3)).to(torch::kFloat);
+  auto y = torch::cos(0.05 * (step * 500 + n * 5 + torch::arange(3, torch::kDouble).unsqueeze(0))).to(torch::kFloat);
+  return {x, y};
+}
+
+std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::ProcessGroup> pg) {
+  const auto& c = parity_cases().at(name);
+  const int rank = pg->rank(), world = pg->size();
+  ParityNet net(c.variant);
+  {
+    torch::NoGradGuard g;
+    int layer = 0;
+    for (auto& [key, p] : unique_parameters(*net)) {
+      auto k = torch::arange(p.numel(), torch::kDouble);
+      auto v = key.find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer) : 0.01 * torch::cos(k + layer);
+      p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
+      ++layer;
+    }
+  }
+  auto options = ddp::DDPOptions().gradient_as_bucket_view(c.as_view).find_unused_parameters(name == "find_unused");
+  if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
+  ddp::DistributedDataParallel model(net, pg, options);
+  // LibTorch's parameters() lists a tied weight twice, and SGD would step it twice.
+  std::vector<torch::Tensor> unique;
+  for (auto& [key, p] : unique_parameters(*net)) unique.push_back(p);
+  torch::optim::SGD opt(unique, torch::optim::SGDOptions(0.05).momentum(0.9));
+  const int per_rank = 16, lo = rank * per_rank;
+  for (int step = 0; step < 30; ++step) {
+    if (name == "set_to_none") {
+      for (auto& p : unique) p.mutable_grad() = torch::Tensor();  // LibTorch 2.x's zero_grad()
+    } else {
+      opt.zero_grad();
+    }
+    if (name == "no_sync") {
+      for (int micro = 0; micro < 3; ++micro) {
+        auto [x, y] = parity_batch(step * 3 + micro, per_rank * world);
+        if (micro < 2) {
+          auto guard = model.no_sync();
+          torch::mse_loss(model(x.narrow(0, lo, per_rank)), y.narrow(0, lo, per_rank)).backward();
+        } else {
+          torch::mse_loss(model(x.narrow(0, lo, per_rank)), y.narrow(0, lo, per_rank)).backward();
+        }
+      }
+    } else {
+      auto [x, y] = parity_batch(step, per_rank * world);
+      const bool use_extra = name == "find_unused" && (step % 3 == 0 || (rank == 0 && step % 2 == 0));
+      torch::mse_loss(model(x.narrow(0, lo, per_rank), use_extra), y.narrow(0, lo, per_rank)).backward();
+    }
+    opt.step();
+  }
+  std::string bytes;
+  auto append = [&](const torch::Tensor& t) {
+    auto c = t.detach().to(torch::kFloat).contiguous();
+    bytes.append(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  };
+  for (auto& [key, p] : unique_parameters(*net)) append(p);
+  for (auto& b : net->buffers(true))
+    if (b.is_floating_point()) append(b);
+  return bytes;
+}
+
+// Writes <out>/cpp_<case>_rank<r>.bin for every case in --cases (all by default).
+int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  std::vector<std::string> cases;
+  if (flags.count("--cases")) {
+    std::stringstream list(flags["--cases"]);
+    for (std::string c; std::getline(list, c, ',');) cases.push_back(c);
+  } else {
+    for (const auto& [name, c] : parity_cases()) cases.push_back(name);
+  }
+  for (const auto& name : cases) {
+    const auto bytes = run_parity_case(name, pg);
+    std::ofstream out(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin", std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  return 0;
+}
+
+}  // namespace ddp::testing

@@ -1,0 +1,135 @@
+// What the rank programs of the multi-process DDP tests share: the check
+// that fails a rank, the small models and data, comparisons against a
+// single-process reference, and the scenarios that live in other files.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ddp/ddp.h"
+
+namespace ddp::testing {
+
+struct Fail : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+#define EXPECT_OR_FAIL(cond, msg)                                                           \
+  do {                                                                                      \
+    if (!(cond)) throw Fail(std::string("check failed: ") + #cond + ": " + std::string(msg)); \
+  } while (0)
+
+// Linear layers, optionally with a float and a double part, a BatchNorm in
+// front, and an extra layer that only some ranks use.
+struct NetImpl : torch::nn::Module {
+  NetImpl(bool mixed, bool batchnorm, int out = 4, bool with_extra = false, bool reversed = false)
+      : mixed(mixed), use_bn(batchnorm) {
+    if (use_bn) bn = register_module("bn", torch::nn::BatchNorm1d(8));
+    if (reversed) {
+      // Registered in the order gradients become ready: the initial bucket
+      // guess (reverse registration) is wrong, so the rebuild must reorder.
+      l3 = register_module("l3", torch::nn::Linear(32, out));
+      l2 = register_module("l2", torch::nn::Linear(32, 32));
+      l1 = register_module("l1", torch::nn::Linear(8, 32));
+    } else {
+      l1 = register_module("l1", torch::nn::Linear(8, 32));
+      l2 = register_module("l2", torch::nn::Linear(32, 32));
+      l3 = register_module("l3", torch::nn::Linear(32, out));
+    }
+    if (with_extra) extra = register_module("extra", torch::nn::Linear(8, out));
+    if (mixed) {
+      l1->to(torch::kFloat);
+      l2->to(torch::kDouble);
+      l3->to(torch::kDouble);
+      if (extra) extra->to(torch::kDouble);
+    } else {
+      to(torch::kDouble);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_extra = false) {
+    if (use_bn) x = bn(x);
+    auto h = torch::relu(l1(mixed ? x.to(torch::kFloat) : x));
+    h = torch::relu(l2(h.to(torch::kDouble)));
+    auto y = l3(h);
+    if (use_extra) y = y + extra(x.to(torch::kDouble));
+    return y;
+  }
+  bool mixed, use_bn;
+  torch::nn::BatchNorm1d bn{nullptr};
+  torch::nn::Linear l1{nullptr}, l2{nullptr}, l3{nullptr}, extra{nullptr};
+};
+TORCH_MODULE(Net);
+
+// The global batch of step `step` (the same on every rank), and this rank's rows.
+inline std::pair<torch::Tensor, torch::Tensor> global_batch(int step, int rows) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({rows, 8}, torch::kDouble), torch::randn({rows, 4}, torch::kDouble)};
+}
+
+inline void copy_params(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard g;
+  auto src = from.named_parameters(true);
+  for (auto& p : to.named_parameters(true)) p.value().copy_(src[p.key()]);
+  auto bsrc = from.named_buffers(true);
+  for (auto& b : to.named_buffers(true)) b.value().copy_(bsrc[b.key()]);
+}
+
+inline void expect_same_across_ranks(ddp::ProcessGroup& pg, const std::vector<torch::Tensor>& tensors, const std::string& what) {
+  std::vector<torch::Tensor> flat;
+  for (auto& t : tensors) flat.push_back(t.detach().to(torch::kDouble).reshape(-1));
+  auto mine = torch::cat(flat);
+  auto all = pg.allgather(mine);
+  for (int r = 0; r < pg.size(); ++r)
+    EXPECT_OR_FAIL(torch::equal(all[r], all[0]), what + " differ between rank " + std::to_string(r) + " and rank 0");
+}
+
+inline void expect_grads_close(torch::nn::Module& ddp_model, torch::nn::Module& ref, const std::string& when,
+                        bool with_extra = false) {
+  auto ref_params = ref.named_parameters(true);
+  for (auto& p : ddp_model.named_parameters(true)) {
+    if (!with_extra && p.key().rfind("extra", 0) == 0) continue;
+    auto g = p.value().grad();
+    auto r = ref_params[p.key()].grad();
+    EXPECT_OR_FAIL(g.defined() && r.defined(), when + ": gradient of " + p.key() + " is missing");
+    auto diff = (g.to(torch::kDouble) - r.to(torch::kDouble)).abs().max().item<double>();
+    bool close = torch::allclose(g.to(torch::kDouble), r.to(torch::kDouble), 1e-6, 1e-9);
+    EXPECT_OR_FAIL(close, when + ": gradient of " + p.key() + " differs from the single-process gradient by " +
+                              std::to_string(diff));
+  }
+}
+
+// Options with tiny buckets: the first holds one small tensor, a 16x16
+// double weight (2 KiB) is alone in its bucket.
+inline ddp::DDPOptions tiny_buckets() { return ddp::DDPOptions().first_bucket_mb(0.0001).bucket_cap_mb(0.001); }
+
+// Each tensor once, in the order DistributedDataParallel (and Python's
+// named_parameters()) lists them.
+inline std::vector<std::pair<std::string, torch::Tensor>> unique_parameters(const torch::nn::Module& m) {
+  std::set<const void*> seen;
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& p : m.named_parameters(true))
+    if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+using Flags = std::map<std::string, std::string>;
+
+// reducer_scenarios.cpp: one scenario per reducer rule.
+int scenario_tied(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_undefined_grad(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
+int scenario_reentrant(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
+int scenario_failed_backward(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
+int scenario_buffers_once(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
+int scenario_channels_last(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
+int scenario_sparse(std::shared_ptr<ProcessGroup> pg);
+
+// parity_scenario.cpp: the models of pytorch_ddp_parity.py.
+int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
+}  // namespace ddp::testing
