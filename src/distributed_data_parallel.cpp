@@ -1,11 +1,13 @@
 #include "ddp/distributed_data_parallel.h"
 
 #include "ddp/malloc_tuning.h"
+#include "ddp/object_collectives.h"
+#include "parse_number.h"
+#include "usage_check.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <unordered_set>
@@ -40,7 +42,7 @@ void refuse_sparse_gradients(const torch::nn::Module& module, int rank) {
     if (!sparse) continue;
     for (const auto& p : m.value()->named_parameters(false)) {
       const std::string name = m.key().empty() ? p.key() : m.key() + "." + p.key();
-      TORCH_CHECK(!p.value().requires_grad(), "rank ", rank, ": DistributedDataParallel: parameter '", name,
+      check_usage(!p.value().requires_grad(), "rank ", rank, ": DistributedDataParallel: parameter '", name,
                   "' gets sparse gradients (its embedding was made with sparse(true)); libddp reduces dense "
                   "gradients only. Construct the embedding with sparse(false), or freeze it.");
     }
@@ -83,12 +85,11 @@ std::vector<std::string> split(const std::string& text) {
 // that a job can be tuned without a rebuild.
 double malloc_threshold_for(const std::vector<at::Tensor>& params, double requested_mb, int rank) {
   if (const char* env = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")) {
-    char* end = nullptr;
-    const double v = std::strtod(env, &end);
-    TORCH_CHECK(end != env && *end == '\0' && std::isfinite(v), "rank ", rank,
+    const auto v = parse_number(env);
+    check_usage(v.has_value(), "rank ", rank,
                 ": DistributedDataParallel: DDP_MALLOC_MMAP_THRESHOLD_MB='", env,
                 "' is not a number; give MiB (4), 0 to leave malloc alone, or -1 for the automatic choice");
-    requested_mb = v;
+    requested_mb = *v;
   }
   if (requested_mb >= 0) return requested_mb;
   int64_t largest = 0;
@@ -112,14 +113,7 @@ void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
   if (differ.empty()) return;
 
   // Everyone knows now: fetch rank 0's signature to say exactly what differs.
-  auto length = torch::tensor({static_cast<int64_t>(text.size())}, torch::kInt64).to(pg.device());
-  pg.broadcast(length, 0).wait();
-  auto bytes = torch::zeros({length.item<int64_t>()}, torch::kUInt8);
-  if (pg.rank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  bytes = bytes.to(pg.device());
-  pg.broadcast(bytes, 0).wait();
-  bytes = bytes.cpu();
-  const auto theirs = split(std::string(reinterpret_cast<const char*>(bytes.data_ptr()), bytes.numel()));
+  const auto theirs = split(broadcast_object(pg, text, 0));
 
   std::ostringstream msg;
   msg << "rank " << pg.rank() << ": DistributedDataParallel: the model is not the same on every rank; ranks";
@@ -136,7 +130,7 @@ void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
     }
   }
   msg << "\n  Build the same model (same layers, shapes and dtypes) on every rank before wrapping it.";
-  throw std::runtime_error(msg.str());
+  throw UsageError(msg.str());
 }
 
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root) {
@@ -164,12 +158,12 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   }
 }
 
-namespace detail {
-
-DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options)
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         std::shared_ptr<ProcessGroup> pg,
+                                                         DistributedDataParallelOptions options)
     : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
-  TORCH_CHECK(module_, "DistributedDataParallel: the module is null");
-  TORCH_CHECK(pg_, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
+  check_usage(module_ != nullptr, "DistributedDataParallel: the module is null");
+  check_usage(pg_ != nullptr, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   std::vector<at::Tensor> state;
@@ -180,7 +174,7 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
       names.push_back(name);
     }
   }
-  TORCH_CHECK(!params.empty(), "rank ", pg_->rank(),
+  check_usage(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
   refuse_sparse_gradients(*module_, pg_->rank());
   for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
@@ -194,9 +188,9 @@ DDPBase::DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<Proc
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
 }
 
-DDPBase::~DDPBase() = default;
+DistributedDataParallelBase::~DistributedDataParallelBase() = default;
 
-void DDPBase::pre_forward() {
+void DistributedDataParallelBase::pre_forward() {
   // Forward passes that build no graph (evaluation under NoGradGuard) do no
   // communication at all, so rank-0-only evaluation through the wrapper works.
   if (!torch::GradMode::is_enabled()) return;
@@ -207,11 +201,10 @@ void DDPBase::pre_forward() {
     broadcast_coalesced(*pg_, buffers_, 0);
 }
 
-void DDPBase::post_forward(const std::vector<at::Tensor>& outputs) {
+void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;
   require_forward_param_sync_ = reducer_->sync();
   reducer_->prepare_for_backward(outputs);
 }
 
-}  // namespace detail
 }  // namespace ddp

@@ -11,7 +11,7 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
                                        DistributedSamplerOptions options)
     : state_(std::make_shared<State>()), num_replicas_(num_replicas), rank_(rank), options_(options) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
-    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) + " is not in [0, " +
+    throw UsageError("DistributedSampler: rank " + std::to_string(rank) + " is not in [0, " +
                                 std::to_string(num_replicas) + ")");
   state_->dataset_size = dataset_size;
   reset();

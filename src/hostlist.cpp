@@ -1,13 +1,14 @@
 #include "ddp/hostlist.h"
 
 #include <cctype>
-#include <stdexcept>
+
+#include "ddp/errors.h"
 
 namespace ddp {
 namespace {
 
 [[noreturn]] void fail(const std::string& text, size_t pos, const std::string& what) {
-  throw std::invalid_argument("malformed Slurm host list '" + text + "' at position " +
+  throw LaunchEnvError("malformed Slurm host list '" + text + "' at position " +
                               std::to_string(pos) + ": " + what);
 }
 

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "ddp/hostlist.h"
+#include "parse_number.h"
 
 namespace ddp {
 namespace {
@@ -13,18 +14,12 @@ namespace {
 }
 
 long parse_int(const std::string& name, const std::string& value, long lo, long hi) {
-  size_t used = 0;
-  long v = 0;
-  try {
-    v = std::stol(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (value.empty() || used != value.size())
+  if (!parse_integer(value))
     fail(name + "='" + value + "' is not an integer; set it to a whole number or unset it");
-  if (v < lo || v > hi)
+  const auto v = parse_integer(value, lo, hi);
+  if (!v)
     fail(name + "=" + value + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return v;
+  return static_cast<long>(*v);
 }
 
 class Reader {
@@ -117,7 +112,7 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     if (auto nodes = r.str("SLURM_JOB_NODELIST")) {
       try {
         master = first_host(*nodes);
-      } catch (const std::invalid_argument& e) {
+      } catch (const LaunchEnvError& e) {
         fail(std::string("SLURM_JOB_NODELIST: ") + e.what());
       }
     }

@@ -5,7 +5,7 @@
 #include <iostream>
 #include <string>
 
-#include "ddp/train_options.h"
+#include "ddp/errors.h"
 
 namespace ddp {
 

@@ -3,7 +3,8 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "ddp/c10d_compat.h"
+#include "c10d_compat.h"
+#include "parse_number.h"
 
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -119,6 +120,28 @@ bool has_gpu() {
 
 }  // namespace
 
+ProcessGroupOptions& ProcessGroupOptions::backend(std::string name) {
+  if (name != "auto" && name != "gloo" && name != "nccl" && name != "mpi")
+    throw UsageError("ProcessGroupOptions: unknown backend '" + name + "'; use auto, gloo or nccl");
+  backend_ = std::move(name);
+  return *this;
+}
+
+ProcessGroupOptions& ProcessGroupOptions::timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw UsageError("ProcessGroupOptions: the timeout must be positive, got " + std::to_string(timeout.count()) +
+                     " ms");
+  timeout_ = timeout;
+  return *this;
+}
+
+ProcessGroupOptions& ProcessGroupOptions::init_method(std::string method) {
+  if (method != "env://" && method.rfind("tcp://", 0) != 0)
+    throw UsageError("ProcessGroupOptions: init_method '" + method + "' is not supported; use env:// or tcp://HOST:PORT");
+  init_method_ = std::move(method);
+  return *this;
+}
+
 std::string rank_tag(const ProcessGroup& pg) {
   return "rank " + std::to_string(pg.rank()) + "/" + std::to_string(pg.size());
 }
@@ -135,25 +158,21 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
     std::string hostport = init.substr(6);
     size_t colon = hostport.rfind(':');
     if (colon == std::string::npos || colon == 0)
-      throw std::invalid_argument(who + "init_method '" + init + "' must be tcp://HOST:PORT");
+      throw UsageError(who + "init_method '" + init + "' must be tcp://HOST:PORT");
     env.master_addr = hostport.substr(0, colon);
-    try {
-      int port = std::stoi(hostport.substr(colon + 1));
-      if (port < 1 || port > 65535) throw std::out_of_range("port");
-      env.master_port = static_cast<uint16_t>(port);
-    } catch (const std::exception&) {
-      throw std::invalid_argument(who + "init_method '" + init + "' has no valid port (1-65535)");
-    }
+    const auto port = parse_integer(hostport.substr(colon + 1), 1, 65535);
+    if (!port) throw UsageError(who + "init_method '" + init + "' has no valid port (1-65535)");
+    env.master_port = static_cast<uint16_t>(*port);
   } else if (init != "env://") {
-    throw std::invalid_argument(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
+    throw UsageError(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
   }
 
   std::string backend = options.backend();
   if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
   if (backend == "mpi")
-    throw std::invalid_argument(who + "the mpi backend is not built in this version; use gloo or nccl");
+    throw UsageError(who + "the mpi backend is not built in this version; use gloo or nccl");
   if (backend != "gloo" && backend != "nccl")
-    throw std::invalid_argument(who + "unknown backend '" + backend + "'; use auto, gloo or nccl");
+    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo or nccl");
 
   const auto timeout = options.timeout();
   c10::intrusive_ptr<c10d::Store> store;
@@ -182,22 +201,22 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
       opts->devices.push_back(gloo_device(env));
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
 #else
-      throw std::invalid_argument("this LibTorch was built without Gloo");
+      throw UsageError("this LibTorch was built without Gloo");
 #endif
     } else {
 #ifdef USE_C10D_NCCL
-      if (!has_gpu()) throw std::invalid_argument("the nccl backend needs a GPU and none is visible");
+      if (!has_gpu()) throw UsageError("the nccl backend needs a GPU and none is visible");
       c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
       device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
       pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
 #else
-      throw std::invalid_argument("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
+      throw UsageError("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
 #endif
     }
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(who + e.what());
+  } catch (const UsageError& e) {
+    throw UsageError(who + e.what());
   } catch (const std::exception& e) {
     throw CommError(who + backend + " could not connect all " + std::to_string(env.world_size) +
                     " ranks within the timeout: " + e.what() +
@@ -212,7 +231,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
 std::shared_ptr<ProcessGroup> default_process_group() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_default)
-    throw std::logic_error("no default process group: call ddp::init_process_group() first");
+    throw UsageError("no default process group: call ddp::init_process_group() first");
   return g_default;
 }
 

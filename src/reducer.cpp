@@ -1,5 +1,7 @@
 #include "ddp/reducer.h"
 
+#include "usage_check.h"
+
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -139,7 +141,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::weak_ptr<Impl> weak = shared_from_this();
     for (size_t i = 0; i < params.size(); ++i) {
       auto acc = torch::autograd::impl::grad_accumulator(params[i]);
-      TORCH_CHECK(acc, who(), "parameter '", names[i], "' is not a leaf that requires grad");
+      check_usage(acc != nullptr, who(), "parameter '", names[i], "' is not a leaf that requires grad");
       acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
           [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
             if (auto self = weak.lock()) self->autograd_hook(i);
@@ -286,7 +288,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void mark_ready(size_t i) {
-    TORCH_CHECK(!marked[i], who(), "parameter '", names[i],
+    check_usage(!marked[i], who(), "parameter '", names[i],
                 "' was marked ready twice in one backward. Either it received a gradient after being found unused "
                 "(find_unused_parameters, with a reentrant backward such as activation checkpointing), or the same "
                 "parameters were used by two reentrant backward passes, or the module's output was used in two "
@@ -308,10 +310,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       view.zero_();
       return;
     }
-    TORCH_CHECK(!grad.is_sparse(), who(), "parameter '", names[i],
+    check_usage(!grad.is_sparse(), who(), "parameter '", names[i],
                 "' received a sparse gradient; only dense gradients are supported (construct embeddings with "
                 "sparse(false))");
-    TORCH_CHECK(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
+    check_usage(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
                 grad.scalar_type(), " gradient, expected ", view.scalar_type());
     if (!is_alias(grad, view)) {
       if (grad.requires_grad())
@@ -402,7 +404,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
         }
       }
       reset_iteration();
-      TORCH_CHECK(false, who(), "backward finished, but ", count,
+      check_usage(false, who(), "backward finished, but ", count,
                   " parameter(s) received no gradient, so the gradient reduction could not finish: ",
                   missing.str(),
                   ".\n  Either make every parameter contribute to the loss, or construct with "
@@ -503,16 +505,14 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     : impl_(std::make_shared<Impl>()) {
   TORCH_CHECK(params.size() == names.size(), "Reducer: one name per parameter");
   TORCH_CHECK(!params.empty(), "Reducer: no parameters");
-  TORCH_CHECK(options.bucket_cap_mb() > 0 && options.first_bucket_mb() > 0,
-              "DDPOptions: bucket_cap_mb and first_bucket_mb must be positive");
   std::unordered_set<const void*> seen;
   for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(!params[i].is_sparse(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '", names[i],
+    check_usage(!params[i].is_sparse(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '", names[i],
                 "' is sparse; only dense parameters are supported");
-    TORCH_CHECK(seen.insert(params[i].unsafeGetTensorImpl()).second, "rank ", pg->rank(),
+    check_usage(seen.insert(params[i].unsafeGetTensorImpl()).second, "rank ", pg->rank(),
                 ": DistributedDataParallel: parameter '", names[i],
                 "' is given twice; pass each shared tensor once (DistributedDataParallel deduplicates them)");
-    TORCH_CHECK(params[i].device() == pg->device(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '",
+    check_usage(params[i].device() == pg->device(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '",
                 names[i], "' is on ", params[i].device().str(), " but the ", pg->backend_name(), " process group works on ",
                 pg->device().str(), "; move the model there first (model->to(pg->device()))");
   }

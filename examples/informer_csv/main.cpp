@@ -5,7 +5,7 @@
 // to a last-value baseline, which the model must beat.
 //
 //   ddprun --nproc-per-node 2 build/examples/informer_csv/informer_csv
-#include <ddp/ddp.h>
+#include <ddp/train.h>
 
 #include <cstdio>
 #include <filesystem>

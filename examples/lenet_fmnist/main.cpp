@@ -3,7 +3,7 @@
 // the hand-written scatter and all-reduce).
 //
 //   ddprun --nproc-per-node 2 build/examples/lenet_fmnist/lenet_fmnist
-#include <ddp/ddp.h>
+#include <ddp/train.h>
 
 #include <algorithm>
 #include <cstdio>

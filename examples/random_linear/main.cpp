@@ -5,7 +5,7 @@
 // GPUs did, but each in its own process.
 //
 //   ddprun --nproc-per-node 2 build/examples/random_linear/random_linear
-#include <ddp/ddp.h>
+#include <ddp/train.h>
 
 #include <iostream>
 #include <sstream>

@@ -3,7 +3,7 @@
 // picked automatically); on CPUs use --limit-batches for a quick look.
 //
 //   ddprun --nproc-per-node 2 build/examples/resnet18_fmnist/resnet18_fmnist
-#include <ddp/ddp.h>
+#include <ddp/train.h>
 
 #include <algorithm>
 #include <cstdio>

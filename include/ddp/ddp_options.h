@@ -1,19 +1,39 @@
-// Options of DistributedDataParallel, named as PyTorch's constructor arguments.
+// Options of DistributedDataParallel, named as PyTorch's constructor
+// arguments, in LibTorch's style (as Conv2dOptions, SGDOptions):
+//
+//   ddp::DistributedDataParallelOptions().bucket_cap_mb(25).find_unused_parameters(true)
+//
+// A value that cannot work (a bucket of 0 MiB) is a UsageError where it is
+// set, before any collective.
 #pragma once
 
 #include <torch/arg.h>
 
+#include <cmath>
+#include <string>
+
+#include "ddp/errors.h"
+
 namespace ddp {
 
-struct DDPOptions {
+struct DistributedDataParallelOptions {
   // Gradients are all-reduced in buckets that close once they hold this many
   // MiB (a parameter is never split). As PyTorch 1.13, the first iteration
   // uses one bucket per dtype unless find_unused_parameters is on; buckets
-  // are rebuilt in the real ready order after it.
-  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // are rebuilt in the real ready order after it. Must be > 0.
+  DistributedDataParallelOptions& bucket_cap_mb(double mb) {
+    bucket_cap_mb_ = positive_mb("bucket_cap_mb", mb);
+    return *this;
+  }
+  double bucket_cap_mb() const { return bucket_cap_mb_; }
   // The first bucket (the last layers' gradients, ready first) is smaller so
   // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
-  TORCH_ARG(double, first_bucket_mb) = 1.0;
+  // Must be > 0.
+  DistributedDataParallelOptions& first_bucket_mb(double mb) {
+    first_bucket_mb_ = positive_mb("first_bucket_mb", mb);
+    return *this;
+  }
+  double first_bucket_mb() const { return first_bucket_mb_; }
   // Before the first forward of each gradient-accumulation cycle, every rank
   // takes rank 0's buffers (BatchNorm's running stats).
   TORCH_ARG(bool, broadcast_buffers) = true;
@@ -33,6 +53,19 @@ struct DDPOptions {
   // MALLOC_MMAP_MAX_ or glibc.malloc.* tunable in the environment wins over
   // both. Not in PyTorch; see docs/design.md.
   TORCH_ARG(double, malloc_mmap_threshold_mb) = -1.0;
+
+ private:
+  static double positive_mb(const char* name, double mb) {
+    if (!(mb > 0) || !std::isfinite(mb))
+      throw UsageError(std::string("DistributedDataParallelOptions: ") + name + " must be a positive number of MiB, got " +
+                       std::to_string(mb));
+    return mb;
+  }
+  double bucket_cap_mb_ = 25.0;
+  double first_bucket_mb_ = 1.0;
 };
+
+// The short name this project used first; the same type.
+using DDPOptions = DistributedDataParallelOptions;
 
 }  // namespace ddp

@@ -3,7 +3,7 @@
 //
 //   auto pg = ddp::init_process_group();
 //   auto net = std::make_shared<Net>();
-//   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(25));
+//   ddp::DistributedDataParallel model(net, pg, ddp::DistributedDataParallelOptions().bucket_cap_mb(25));
 //   auto loss = torch::nll_loss(model(x), y);
 //   loss.backward();          // gradients are averaged when it returns
 //   optimizer.step();
@@ -45,13 +45,17 @@ void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 template <typename T>
 void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 
-// Everything that does not depend on the module's type.
-class DDPBase {
- public:
-  DDPBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options);
-  virtual ~DDPBase();
+}  // namespace detail
 
-  const DDPOptions& options() const { return options_; }
+// What every DistributedDataParallel<M> has, whatever M: its options, its
+// process group, the reducer's statistics and no_sync(). Code that handles
+// wrapped models of different types can take a DistributedDataParallelBase&.
+class DistributedDataParallelBase {
+ public:
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DistributedDataParallelOptions options);
+  virtual ~DistributedDataParallelBase();
+
+  const DistributedDataParallelOptions& options() const { return options_; }
   ProcessGroup& process_group() const { return *pg_; }
   const ReducerStats& stats() const { return reducer_->stats(); }
   Reducer& reducer() { return *reducer_; }
@@ -60,7 +64,7 @@ class DDPBase {
   // synchronised backward reduces the accumulated sum. As PyTorch's no_sync().
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DDPBase& ddp) : ddp_(&ddp), previous_(ddp.reducer_->sync()) { ddp.reducer_->set_sync(false); }
+    explicit NoSyncGuard(DistributedDataParallelBase& ddp) : ddp_(&ddp), previous_(ddp.reducer_->sync()) { ddp.reducer_->set_sync(false); }
     ~NoSyncGuard() {
       if (ddp_) ddp_->reducer_->set_sync(previous_);
     }
@@ -70,7 +74,7 @@ class DDPBase {
     NoSyncGuard& operator=(NoSyncGuard&&) = delete;
 
    private:
-    DDPBase* ddp_;
+    DistributedDataParallelBase* ddp_;
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
@@ -82,13 +86,12 @@ class DDPBase {
  private:
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
-  DDPOptions options_;
+  DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
   bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
 };
 
-}  // namespace detail
 
 // Checks that every rank holds the same parameters and buffers (count,
 // names, shapes, strides, dtypes, which parameters require grad); throws on
@@ -99,16 +102,16 @@ void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg);
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root = 0);
 
 template <typename M>
-class DistributedDataParallel : public detail::DDPBase {
+class DistributedDataParallel : public DistributedDataParallelBase {
  public:
-  DistributedDataParallel(std::shared_ptr<M> module, std::shared_ptr<ProcessGroup> pg, DDPOptions options = {})
-      : DDPBase(module, std::move(pg), options), module_(std::move(module)) {}
+  DistributedDataParallel(std::shared_ptr<M> module, std::shared_ptr<ProcessGroup> pg, DistributedDataParallelOptions options = {})
+      : DistributedDataParallelBase(module, std::move(pg), options), module_(std::move(module)) {}
   explicit DistributedDataParallel(std::shared_ptr<M> module)
       : DistributedDataParallel(std::move(module), default_process_group()) {}
   // Module holders (torch::nn::Sequential, TORCH_MODULE types).
   template <typename C, typename = std::enable_if_t<std::is_same_v<C, M>>>
   DistributedDataParallel(const torch::nn::ModuleHolder<C>& holder, std::shared_ptr<ProcessGroup> pg,
-                          DDPOptions options = {})
+                          DistributedDataParallelOptions options = {})
       : DistributedDataParallel(holder.ptr(), std::move(pg), options) {}
 
   // model(args...) runs M::forward(args...) with DDP's bookkeeping around it.
@@ -136,11 +139,11 @@ class DistributedDataParallel : public detail::DDPBase {
 template <typename M>
 DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<ProcessGroup>) -> DistributedDataParallel<M>;
 template <typename M>
-DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<ProcessGroup>, DDPOptions) -> DistributedDataParallel<M>;
+DistributedDataParallel(std::shared_ptr<M>, std::shared_ptr<ProcessGroup>, DistributedDataParallelOptions) -> DistributedDataParallel<M>;
 template <typename C>
 DistributedDataParallel(torch::nn::ModuleHolder<C>, std::shared_ptr<ProcessGroup>) -> DistributedDataParallel<C>;
 template <typename C>
-DistributedDataParallel(torch::nn::ModuleHolder<C>, std::shared_ptr<ProcessGroup>, DDPOptions)
+DistributedDataParallel(torch::nn::ModuleHolder<C>, std::shared_ptr<ProcessGroup>, DistributedDataParallelOptions)
     -> DistributedDataParallel<C>;
 
 }  // namespace ddp

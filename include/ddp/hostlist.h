@@ -10,7 +10,7 @@ namespace ddp {
 // Expands a Slurm host list (the syntax of SLURM_JOB_NODELIST and
 // `scontrol show hostnames`): comma-separated entries, each a name with
 // any number of bracketed ranges ("n[1-3]", "rack[1-2]-n[01-02]"); ranges keep
-// their zero padding. Throws std::invalid_argument naming the text and the
+// their zero padding. Throws ddp::LaunchEnvError naming the text and the
 // position on malformed input (unbalanced brackets, empty or reversed ranges).
 std::vector<std::string> expand_hostlist(const std::string& hostlist);
 

@@ -6,17 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <string>
 
-namespace ddp {
+#include "ddp/errors.h"
 
-// Thrown for a missing, malformed or inconsistent launch variable; the
-// message names the variable, its value and what to do.
-class LaunchEnvError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace ddp {
 
 struct LaunchEnv {
   enum class Source { Single, Torchrun, Slurm, OpenMPI };

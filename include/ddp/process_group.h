@@ -8,20 +8,13 @@
 
 #include <chrono>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ddp/errors.h"
 #include "ddp/launch_env.h"
 
 namespace ddp {
-
-// A collective that failed or timed out; the message names the rank, the
-// operation and the backend.
-class CommError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Handle to an asynchronous collective, as c10d's Work. wait() honours the
 // process group's timeout and throws CommError naming rank and operation.
@@ -68,11 +61,22 @@ class ProcessGroup {
 
 struct ProcessGroupOptions {
   // "auto" (NCCL when this worker has a GPU, else Gloo), "gloo" or "nccl".
-  TORCH_ARG(std::string, backend) = "auto";
-  // Every blocking call (store, collectives, barrier) honours it. PyTorch's default.
-  TORCH_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
-  // "env://" (the launch environment), or "tcp://HOST:PORT" to override the master.
-  TORCH_ARG(std::string, init_method) = "env://";
+  // Anything else is a UsageError here.
+  ProcessGroupOptions& backend(std::string name);
+  const std::string& backend() const { return backend_; }
+  // Every blocking call (store, collectives, barrier) honours it; > 0.
+  // PyTorch's default, 30 minutes.
+  ProcessGroupOptions& timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // "env://" (the launch environment), or "tcp://HOST:PORT" to override the
+  // master. Anything else is a UsageError here.
+  ProcessGroupOptions& init_method(std::string method);
+  const std::string& init_method() const { return init_method_; }
+
+ private:
+  std::string backend_ = "auto";
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  std::string init_method_ = "env://";
 };
 
 // Joins the job described by the environment (see LaunchEnv) and makes the

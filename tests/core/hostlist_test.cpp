@@ -1,4 +1,5 @@
 #include "ddp/hostlist.h"
+#include "ddp/errors.h"
 
 #include <gtest/gtest.h>
 
@@ -21,12 +22,12 @@ TEST(Hostlist, FirstHost) { EXPECT_EQ(ddp::first_host("gpu[07-09],a"), "gpu07");
 
 TEST(Hostlist, MalformedInputsAreErrors) {
   for (const char* bad : {"", "a,,b", "n[1-2", "n1-2]", "n[3-1]", "n[a-b]", "n[]", "n[[1]]", "a b"}) {
-    EXPECT_THROW(expand_hostlist(bad), std::invalid_argument) << "input: '" << bad << "'";
+    EXPECT_THROW(expand_hostlist(bad), ddp::LaunchEnvError) << "input: '" << bad << "'";
   }
   try {
     expand_hostlist("gpu[5-2]");
     FAIL();
-  } catch (const std::invalid_argument& e) {
+  } catch (const ddp::LaunchEnvError& e) {
     EXPECT_NE(std::string(e.what()).find("gpu[5-2]"), std::string::npos) << e.what();
   }
 }

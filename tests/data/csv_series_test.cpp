@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "ddp/csv_series.h"
+#include "ddp/data/csv_series.h"
 #include "idx_fixture.h"
 
 namespace {

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <iostream>
 
-#include "ddp/ddp.h"
+#include "ddp/train.h"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "../core/multiprocess.h"
-#include "ddp/state_dict.h"
+#include "ddp/train/state_dict.h"
 #include "idx_fixture.h"
 
 namespace fs = std::filesystem;

@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "ddp/fashion_mnist.h"
+#include "ddp/data/fashion_mnist.h"
 #include "idx_fixture.h"
 
 using namespace ddp::testing;

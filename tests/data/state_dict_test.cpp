@@ -8,9 +8,9 @@
 #include <fstream>
 
 #include "../core/multiprocess.h"
-#include "ddp/checkpoint.h"
+#include "ddp/train/checkpoint.h"
 #include "ddp/process_group.h"
-#include "ddp/state_dict.h"
+#include "ddp/train/state_dict.h"
 #include "idx_fixture.h"
 
 namespace fs = std::filesystem;

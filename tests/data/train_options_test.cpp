@@ -1,7 +1,7 @@
 // The shared command line.
 #include <gtest/gtest.h>
 
-#include "ddp/train_options.h"
+#include "ddp/train/train_options.h"
 
 namespace {
 

@@ -1,19 +1,53 @@
 #!/usr/bin/env bash
-# Installs the build tree into a fresh prefix, then configures, builds and runs
-# a separate project against it with find_package(ddp CONFIG REQUIRED).
+# Installs the build tree into a fresh prefix, moves the prefix (the package
+# must be relocatable), then configures, builds and runs separate projects
+# against it with find_package(ddp CONFIG REQUIRED):
+#   consumer        ddp::ddp only, with Boost and zlib hidden from CMake
+#   train_consumer  ddp::train
+#   readme          the README's code snippet, as it is
 # Usage: install_and_consume.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
 src=$2
 work=$(mktemp -d /tmp/ddp_install_XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cmake --install "$build" --prefix "$work/prefix" >/dev/null
-test -f "$work/prefix/include/ddp/ddp.h"
-test -f "$work/prefix/lib/cmake/ddp/ddpConfig.cmake"
-if [[ -f "$build/launcher/ddprun" ]]; then test -x "$work/prefix/bin/ddprun"; fi
-cmake -S "$src/tests/install/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
-  -DCMAKE_CXX_COMPILER_LAUNCHER="$(command -v ccache || true)" >/dev/null
-cmake --build "$work/build" -j 2 >/dev/null
-# One process: world size 1 still goes through the store, Gloo and the reducer.
-port=$(( 20000 + RANDOM % 20000 ))
-RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$work/build/consumer"
+cmake --install "$build" --prefix "$work/staging" >/dev/null
+mv "$work/staging" "$work/prefix"
+prefix=$work/prefix
+for f in include/ddp/ddp.h include/ddp/train.h include/ddp/errors.h lib/cmake/ddp/ddpConfig.cmake \
+         share/doc/ddp/api.md share/doc/ddp/launcher.md share/doc/ddp/consumer/CMakeLists.txt; do
+  test -f "$prefix/$f" || { echo "missing from the installed package: $f"; exit 1; }
+done
+# Private headers stay private.
+if find "$prefix/include" -name 'c10d_compat.h' -o -name 'torch_pickle.h' -o -name 'usage_check.h' | grep -q .; then
+  echo "a private header was installed:"; find "$prefix/include" -name '*.h' | sort; exit 1
+fi
+# Relocatable: no path of the staging prefix or of a Torch library in the exported targets.
+if grep -n "$work/staging\|libc10\.so\|libtorch[a-z_]*\.so" "$prefix"/lib/cmake/ddp/*.cmake; then
+  echo "the exported package names absolute paths (above)"; exit 1
+fi
+if [[ -f "$build/launcher/ddprun" ]]; then test -x "$prefix/bin/ddprun"; "$prefix/bin/ddprun" --version; fi
+
+launcher=$(command -v ccache || true)
+configure() {  # configure DIR [cmake args...]
+  local dir=$1; shift
+  cmake -S "$src/tests/install/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" "$@" >"$work/$dir.log" 2>&1 ||
+    { cat "$work/$dir.log"; echo "configuring $dir failed"; exit 1; }
+  cmake --build "$work/build-$dir" -j 2 >>"$work/$dir.log" 2>&1 ||
+    { cat "$work/$dir.log"; echo "building $dir failed"; exit 1; }
+}
+configure consumer -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON
+configure train_consumer
+awk '/^```cpp/{inside=1; next} /^```/{if (inside) exit} inside' "$src/README.md" >"$work/readme_snippet.cpp"
+test -s "$work/readme_snippet.cpp" || { echo "no \`\`\`cpp snippet in README.md"; exit 1; }
+configure readme -DREADME_SNIPPET="$work/readme_snippet.cpp"
+
+# One process each: world size 1 still goes through the store, Gloo and the reducer.
+run() {
+  local port=$(( 20000 + RANDOM % 20000 ))
+  RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"
+}
+run "$work/build-consumer/consumer"
+run "$work/build-train_consumer/train_consumer"
+run "$work/build-readme/readme_snippet"

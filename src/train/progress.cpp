@@ -1,4 +1,4 @@
-#include "ddp/progress.h"
+#include "ddp/train/progress.h"
 
 #include <unistd.h>
 

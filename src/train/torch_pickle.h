@@ -14,14 +14,9 @@
 #include <utility>
 #include <vector>
 
-namespace ddp {
+#include "ddp/errors.h"
 
-// A file that is not what it should be (truncated, foreign, corrupt): the
-// message names the file, what is wrong, and what to do.
-class CheckpointError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace ddp {
 
 namespace pickle {
 

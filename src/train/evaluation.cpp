@@ -1,6 +1,6 @@
-#include "ddp/evaluation.h"
+#include "ddp/train/evaluation.h"
 
-#include <stdexcept>
+#include "ddp/errors.h"
 
 namespace ddp {
 
@@ -9,7 +9,7 @@ MetricSums::MetricSums(std::vector<std::string> names) : names_(std::move(names)
 size_t MetricSums::index(const std::string& name) const {
   for (size_t i = 0; i < names_.size(); ++i)
     if (names_[i] == name) return i;
-  throw std::out_of_range("MetricSums: '" + name + "' was not declared");
+  throw UsageError("MetricSums: '" + name + "' was not declared");
 }
 
 void MetricSums::add(const std::string& name, double value) { sums_[index(name)] += value; }

@@ -1,4 +1,4 @@
-#include "ddp/train_options.h"
+#include "ddp/train/train_options.h"
 
 #include <cstdlib>
 #include <filesystem>
@@ -121,6 +121,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
+  // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
+  o.process_group_options();
+  o.ddp_options();
   return o;
 }
 

@@ -1,4 +1,4 @@
-#include "ddp/csv_series.h"
+#include "ddp/data/csv_series.h"
 
 #include <algorithm>
 #include <cctype>
@@ -113,7 +113,7 @@ torch::Tensor Normalizer::invert(const torch::Tensor& values) const { return val
 SlidingWindows::SlidingWindows(torch::Tensor series, int64_t input_len, int64_t horizon)
     : series_(std::move(series)), input_len_(input_len), horizon_(horizon) {
   if (series_.dim() != 2 || input_len < 1 || horizon < 1)
-    throw std::invalid_argument("SlidingWindows: need a [rows, columns] series and positive lengths");
+    throw UsageError("SlidingWindows: need a [rows, columns] series and positive lengths");
   if (series_.size(0) < input_len + horizon)
     throw DataError("SlidingWindows: " + std::to_string(series_.size(0)) + " rows are fewer than input " +
                     std::to_string(input_len) + " + horizon " + std::to_string(horizon));

@@ -28,7 +28,7 @@ class MetricSums {
  public:
   explicit MetricSums(std::vector<std::string> names);
 
-  // Adds to the named sum; throws std::out_of_range for an undeclared name.
+  // Adds to the named sum; throws UsageError for an undeclared name.
   void add(const std::string& name, double value);
   void add_count(int64_t samples) { count_ += samples; }
 

@@ -22,7 +22,7 @@
 #include <string>
 
 #include "ddp/process_group.h"
-#include "ddp/state_dict.h"
+#include "ddp/train/state_dict.h"
 
 namespace ddp {
 

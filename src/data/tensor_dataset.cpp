@@ -1,6 +1,6 @@
-#include "ddp/tensor_dataset.h"
+#include "ddp/data/tensor_dataset.h"
 
-#include <stdexcept>
+#include "ddp/errors.h"
 
 namespace ddp {
 
@@ -8,7 +8,7 @@ TensorDataset::TensorDataset(torch::Tensor data, torch::Tensor target)
     : data_(std::move(data)), target_(std::move(target)) {
   if (!data_.defined() || !target_.defined() || data_.dim() == 0 || target_.dim() == 0 ||
       data_.size(0) != target_.size(0))
-    throw std::invalid_argument("TensorDataset: data and target need the same first dimension (got " +
+    throw UsageError("TensorDataset: data and target need the same first dimension (got " +
                                 (data_.defined() ? std::to_string(data_.dim() ? data_.size(0) : 0) : "none") + " and " +
                                 (target_.defined() ? std::to_string(target_.dim() ? target_.size(0) : 0) : "none") +
                                 ")");

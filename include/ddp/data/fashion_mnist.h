@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/data_error.h"
+#include "ddp/errors.h"
 
 namespace ddp {
 

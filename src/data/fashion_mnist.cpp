@@ -1,4 +1,4 @@
-#include "ddp/fashion_mnist.h"
+#include "ddp/data/fashion_mnist.h"
 
 #include <zlib.h>
 

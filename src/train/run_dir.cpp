@@ -1,4 +1,4 @@
-#include "ddp/run_dir.h"
+#include "ddp/train/run_dir.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,9 +48,9 @@ RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name
   if (!writer_) return;
   std::error_code ec;
   fs::create_directories(path_, ec);
-  if (ec) throw std::runtime_error(rank_tag(pg) + ": cannot create the run folder " + path_ + ": " + ec.message());
+  if (ec) throw CheckpointError(rank_tag(pg) + ": cannot create the run folder " + path_ + ": " + ec.message());
   log_.open(file("log.txt"), std::ios::app);
-  if (!log_) throw std::runtime_error(rank_tag(pg) + ": cannot write " + file("log.txt"));
+  if (!log_) throw CheckpointError(rank_tag(pg) + ": cannot write " + file("log.txt"));
 }
 
 std::string RunDir::file(const std::string& name) const { return (fs::path(path_) / name).string(); }

@@ -1,15 +1,15 @@
-#include "ddp/env_summary.h"
+#include "ddp/train/env_summary.h"
 
 #include <unistd.h>
 
 #include <torch/version.h>
 
-#include <cstring>
 #include <iomanip>
 #include <sstream>
 #include <vector>
 
 #include "ddp/launch_env.h"
+#include "ddp/object_collectives.h"
 
 #ifdef DDP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -18,8 +18,6 @@
 namespace ddp {
 
 namespace {
-
-constexpr int64_t kRowBytes = 512;
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -63,16 +61,11 @@ std::string environment_summary(ProcessGroup& pg) {
   const std::string row = std::to_string(pg.rank()) + "|" + std::to_string(env.local_rank) + "|" + clean(host) + "|" +
                           std::to_string(::getpid()) + "|" + clean(pg.backend_name()) + "|" + device.str() + "|" +
                           clean(gpu) + "|" + memory;
-  auto t = torch::zeros({kRowBytes}, torch::kUInt8);
-  std::memcpy(t.data_ptr(), row.data(), std::min<size_t>(row.size(), kRowBytes - 1));
-  auto rows = pg.allgather(t.to(pg.device()));
+  const auto rows = all_gather_object(pg, row);
   if (pg.rank() != 0) return "";
 
   std::vector<std::vector<std::string>> table{{"rank", "local", "host", "pid", "backend", "device", "gpu", "memory"}};
-  for (auto& r : rows) {
-    auto c = r.cpu();
-    table.push_back(split(std::string(static_cast<const char*>(c.data_ptr())), '|'));
-  }
+  for (const auto& r : rows) table.push_back(split(r, '|'));
   std::vector<size_t> width(table[0].size(), 0);
   for (auto& r : table)
     for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());

@@ -1,4 +1,8 @@
-#include "ddp/checkpoint.h"
+#include "ddp/train/checkpoint.h"
+
+#include "atomic_file.h"
+#include "ddp/object_collectives.h"
+#include "state_dict_io.h"
 
 #include <unistd.h>
 
@@ -121,7 +125,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
       ::unlink(prev_tmp.c_str());
       if (::link(path.c_str(), prev_tmp.c_str()) == 0) ::rename(prev_tmp.c_str(), prev.c_str());
     }
-    detail::write_atomically(path, bytes);
+    write_atomically(path, bytes);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -158,15 +162,9 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   }
   share_verdict(pg, error.empty(), "to read the checkpoint " + path);
   if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": cannot resume: " + error);
-  auto size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kLong).to(pg.device());
-  pg.broadcast(size, 0).wait();
-  auto buffer = torch::empty({size.cpu().item<int64_t>()}, torch::kUInt8);
-  if (pg.rank() == 0 && !bytes.empty()) std::memcpy(buffer.data_ptr(), bytes.data(), bytes.size());
-  auto on_device = buffer.to(pg.device());
-  pg.broadcast(on_device, 0).wait();
-  if (pg.rank() != 0) {
-    buffer = on_device.cpu();
-    bytes.assign(static_cast<const char*>(buffer.data_ptr()), static_cast<const char*>(buffer.data_ptr()) + buffer.numel());
+  {
+    const std::string shared = broadcast_object(pg, std::string(bytes.begin(), bytes.end()), 0);
+    if (pg.rank() != 0) bytes.assign(shared.begin(), shared.end());
   }
 
   auto root = parse_checkpoint(bytes, used);

@@ -12,7 +12,7 @@
 
 #include <string>
 
-#include "ddp/torch_pickle.h"
+#include "ddp/errors.h"
 
 namespace ddp {
 
@@ -43,15 +43,5 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, bool str
 // The module's state as a Python-loadable file: torch.load(path) gives a dict
 // of tensors with no `module.` prefix. Written atomically (see checkpoint.h).
 void save_state_dict(const torch::nn::Module& module, const std::string& path);
-
-// Internals shared with checkpoint.cpp.
-namespace detail {
-// A pickled dict of name -> tensor (or nullptr if `v` is not one).
-bool to_state_dict(const pickle::ValuePtr& v, StateDict& out);
-// A GenericDict of name -> tensor for torch::pickle_save.
-c10::impl::GenericDict to_ivalue(const StateDict& state);
-// Writes bytes to path via path.tmp, fsync, rename, fsync of the directory.
-void write_atomically(const std::string& path, const std::vector<char>& bytes);
-}  // namespace detail
 
 }  // namespace ddp

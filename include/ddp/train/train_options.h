@@ -14,18 +14,13 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <stdexcept>
 #include <string>
 
 #include "ddp/ddp_options.h"
+#include "ddp/errors.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
-
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 struct TrainOptions {
   TORCH_ARG(int64_t, epochs) = 10;
@@ -35,10 +30,12 @@ struct TrainOptions {
   TORCH_ARG(int64_t, global_batch_size) = 0;
   TORCH_ARG(double, lr) = 0.1;
   TORCH_ARG(uint64_t, seed) = 0;
-  TORCH_ARG(std::string, backend) = "auto";
-  TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // The defaults of the options these become, written once there.
+  TORCH_ARG(std::string, backend) = ProcessGroupOptions().backend();
+  TORCH_ARG(double, bucket_cap_mb) = DistributedDataParallelOptions().bucket_cap_mb();
   // Seconds every collective and the rendezvous may wait.
-  TORCH_ARG(int64_t, timeout_s) = 1800;
+  TORCH_ARG(int64_t, timeout_s) =
+      std::chrono::duration_cast<std::chrono::seconds>(ProcessGroupOptions().timeout()).count();
   TORCH_ARG(std::string, data_dir) = "";
   TORCH_ARG(std::string, run_dir) = "runs/run";
   // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.

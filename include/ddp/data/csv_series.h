@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "ddp/data_error.h"
+#include "ddp/errors.h"
 
 namespace ddp {
 

@@ -1,4 +1,4 @@
-#include "ddp/torch_pickle.h"
+#include "torch_pickle.h"
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>

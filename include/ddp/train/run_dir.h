@@ -20,9 +20,9 @@
 #include <fstream>
 #include <string>
 
-#include "ddp/checkpoint.h"
+#include "ddp/train/checkpoint.h"
 #include "ddp/process_group.h"
-#include "ddp/train_options.h"
+#include "ddp/train/train_options.h"
 
 namespace ddp {
 
