@@ -2,6 +2,8 @@
 
 #include "atomic_file.h"
 #include "ddp/object_collectives.h"
+#include "ddp/train/run_dir.h"
+#include "ddp/train/train_options.h"
 #include "state_dict_io.h"
 
 #include <unistd.h>
@@ -210,6 +212,20 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     std::cout << "notice: " << used << " was written by " << state.world_size << " ranks; resuming with "
               << pg.size() << ". The model and optimizer carry over; the data order and per-rank shards differ "
               << "from an uninterrupted run, and random streams are reused round-robin." << std::endl;
+  return state;
+}
+
+// ---- resuming a run -------------------------------------------------------
+
+TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, ProcessGroup& pg) {
+  TrainState state;
+  if (!opts.resume_path().empty()) {
+    state = load_checkpoint(opts.resume_path(), model, &optimizer, pg);
+    run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
+  }
+  state.config = opts.to_config();
+  run.start(state.epoch);
   return state;
 }
 

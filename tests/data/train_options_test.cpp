@@ -59,4 +59,14 @@ TEST(TrainOptions, BadValuesAreUsageErrors) {
   EXPECT_THROW(parse({"--epochs", "many"}), ddp::UsageError);
   EXPECT_THROW(parse({"--no-such-option"}), ddp::UsageError);
   EXPECT_THROW(parse({"--lr", "0"}), ddp::UsageError);
+  // What the core options refuse is refused by the command line, before any process group.
+  EXPECT_THROW(parse({"--bucket-cap-mb", "0"}), ddp::UsageError);
+  EXPECT_THROW(parse({"--backend", "carrier-pigeon"}), ddp::UsageError);
+}
+
+TEST(TrainOptions, DefaultsAreTheCoreOptionsDefaults) {
+  const ddp::TrainOptions o;
+  EXPECT_DOUBLE_EQ(o.bucket_cap_mb(), ddp::DistributedDataParallelOptions().bucket_cap_mb());
+  EXPECT_EQ(o.backend(), ddp::ProcessGroupOptions().backend());
+  EXPECT_EQ(std::chrono::seconds(o.timeout_s()), ddp::ProcessGroupOptions().timeout());
 }

@@ -26,6 +26,9 @@
 
 namespace ddp {
 
+class RunDir;
+struct TrainOptions;
+
 struct TrainState {
   int64_t epoch = 0;          // epochs completed
   int64_t step = 0;           // optimizer steps taken
@@ -49,5 +52,12 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 
 // The previous checkpoint kept next to `path`: dir/checkpoint.pt -> dir/checkpoint.prev.pt.
 std::string previous_checkpoint_path(const std::string& path);
+
+// Where training starts: with --resume, the checkpoint's model, optimizer,
+// epoch, step, sampler epoch and RNG state (collective; logged to the run),
+// else a fresh state. Either way the configuration is recorded and
+// metrics.csv keeps only the epochs already done.
+TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, ProcessGroup& pg);
 
 }  // namespace ddp

@@ -20,9 +20,7 @@
 #include <fstream>
 #include <string>
 
-#include "ddp/train/checkpoint.h"
 #include "ddp/process_group.h"
-#include "ddp/train/train_options.h"
 
 namespace ddp {
 
@@ -63,12 +61,5 @@ class RunDir {
   bool writer_;
   std::ofstream log_;
 };
-
-// Where training starts: with --resume, the checkpoint's model, optimizer,
-// epoch, step, sampler epoch and RNG state (collective; logged to the run),
-// else a fresh state. Either way the configuration is recorded and
-// metrics.csv keeps only the epochs already done.
-TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, ProcessGroup& pg);
 
 }  // namespace ddp
