@@ -9,10 +9,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <thread>
-
 #include "errors.h"
 #include "fd.h"
+#include "wait.h"
 
 namespace ddprun {
 namespace {
@@ -104,40 +103,45 @@ std::string this_hostname() {
   return buf;
 }
 
-bool wait_until_listening(const std::string& host, uint16_t port,
-                          std::chrono::steady_clock::time_point deadline,
-                          const std::function<void()>& tick, std::string& last_error) {
-  for (;;) {
-    AddrInfo ai;
-    int rc = resolve(host, port, SOCK_STREAM, ai);
-    if (rc != 0) {
-      last_error = std::string("cannot resolve '") + host + "': " + ::gai_strerror(rc);
-    } else {
-      for (addrinfo* p = ai.head; p; p = p->ai_next) {
-        UniqueFd s(::socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-        if (!s) continue;
-        int r = ::connect(s.get(), p->ai_addr, p->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
-          pollfd pf{s.get(), POLLOUT, 0};
-          if (::poll(&pf, 1, 1000) == 1) {
-            int err = 0;
-            socklen_t len = sizeof err;
-            ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-            r = err == 0 ? 0 : -1;
-            errno = err;
-          } else {
-            r = -1;
-            errno = ETIMEDOUT;
-          }
-        }
-        if (r == 0) return true;
-        last_error = std::strerror(errno);
+namespace {
+
+// One connection attempt to every address of host:port.
+bool accepts_connections(const std::string& host, uint16_t port, std::string& last_error) {
+  AddrInfo ai;
+  int rc = resolve(host, port, SOCK_STREAM, ai);
+  if (rc != 0) {
+    last_error = std::string("cannot resolve '") + host + "': " + ::gai_strerror(rc);
+    return false;
+  }
+  for (addrinfo* p = ai.head; p; p = p->ai_next) {
+    UniqueFd s(::socket(p->ai_family, p->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s) continue;
+    int r = ::connect(s.get(), p->ai_addr, p->ai_addrlen);
+    if (r != 0 && errno == EINPROGRESS) {
+      pollfd pf{s.get(), POLLOUT, 0};
+      if (::poll(&pf, 1, 1000) == 1) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        r = err == 0 ? 0 : -1;
+        errno = err;
+      } else {
+        r = -1;
+        errno = ETIMEDOUT;
       }
     }
-    if (tick) tick();
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    if (r == 0) return true;
+    last_error = std::strerror(errno);
   }
+  return false;
+}
+
+}  // namespace
+
+bool wait_until_listening(const std::string& host, uint16_t port, Clock::time_point deadline,
+                          const std::function<void()>& tick, std::string& last_error) {
+  return wait_until(deadline, tick, std::chrono::milliseconds(200),
+                    [&] { return accepts_connections(host, port, last_error); });
 }
 
 }  // namespace ddprun

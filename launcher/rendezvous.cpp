@@ -7,29 +7,26 @@
 #include <chrono>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "errors.h"
 #include "net.h"
 #include "output.h"
+#include "wait.h"
 
 namespace ddprun {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-Clock::duration seconds(double s) {
-  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
+// How often a wait on the store looks again.
+constexpr auto kStorePoll = std::chrono::milliseconds(100);
+// How long a join waits quietly before saying what it waits for.
+constexpr auto kQuietJoin = std::chrono::seconds(5);
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 // c10d exceptions carry a C++ backtrace after the first line.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-void nap() { std::this_thread::sleep_for(std::chrono::milliseconds(100)); }
 
 // ---------------------------------------------------------------------------
 // One node: nothing to agree on. The workers' master is this machine.
@@ -133,15 +130,13 @@ class StoreRendezvous : public Rendezvous {
 
   void finish(const Tick& tick) override {
     if (!hosting_) return;
-    auto deadline = Clock::now() + seconds(c_.conf.close_timeout);
     try {
-      while (store_->add(key("left"), 0) < n_ - 1 - gone_ && Clock::now() < deadline) {
-        tick();
-        nap();
-      }
+      wait_until(Clock::now() + seconds(c_.conf.close_timeout), tick, kStorePoll,
+                 [&] { return store_->add(key("left"), 0) >= n_ - 1 - gone_; });
     } catch (const Interrupted&) {
       throw;
     } catch (const std::exception&) {
+      // The outcome is known here already; a store failing now changes nothing.
     }
   }
 
@@ -236,7 +231,8 @@ class StoreRendezvous : public Rendezvous {
   }
 
   Assignment do_join(int round, int nproc, const Tick& tick) {
-    auto deadline = Clock::now() + seconds(c_.conf.join_timeout);
+    auto started = Clock::now();
+    auto deadline = started + seconds(c_.conf.join_timeout);
     std::string round_key = base() + "round";
     // A node arriving while the others restart joins their round.
     if (store_->check({round_key})) round = std::max(round, std::stoi(text(store_->get(round_key))));
@@ -265,33 +261,31 @@ class StoreRendezvous : public Rendezvous {
       // MIN were: whoever sees that first writes the final count, and the
       // compare-and-set makes that one decision binding for every node.
       std::optional<Clock::time_point> min_reached;
-      bool said = false;
-      while (!closed_count(n)) {
-        int joined = static_cast<int>(store_->add(key("joined"), 0));
+      int joined = 0;
+      auto closed = [&] {
+        if (closed_count(n)) return true;
+        joined = static_cast<int>(store_->add(key("joined"), 0));
+        int count = 0;
         if (joined >= c_.max_nodes) {
-          store_->compareSet(key("closed"), {}, bytes(std::to_string(c_.max_nodes)));
-          continue;
-        }
-        if (joined >= c_.min_nodes) {
+          count = c_.max_nodes;
+        } else if (joined >= c_.min_nodes) {
           if (!min_reached) min_reached = Clock::now();
-          if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) {
-            store_->compareSet(key("closed"), {}, bytes(std::to_string(joined)));
-            continue;
-          }
+          if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) count = joined;
         }
-        if (Clock::now() > deadline)
-          throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
-                            " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
-                            std::to_string(static_cast<int>(c_.conf.join_timeout)) +
-                            " s; start ddprun on the other nodes, or lower --nnodes MIN");
-        if (!said && Clock::now() > deadline - seconds(c_.conf.join_timeout) + std::chrono::seconds(5)) {
-          said = true;
-          say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" + std::to_string(joined) +
-              " of " + std::to_string(c_.min_nodes) + "-" + std::to_string(c_.max_nodes) + " so far)");
-        }
-        tick();
-        nap();
-      }
+        if (count == 0) return false;
+        store_->compareSet(key("closed"), {}, bytes(std::to_string(count)));
+        return closed_count(n);
+      };
+      Notice waiting{started + kQuietJoin, [&] {
+                       say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" +
+                           std::to_string(joined) + " of " + std::to_string(c_.min_nodes) + "-" +
+                           std::to_string(c_.max_nodes) + " so far)");
+                     }};
+      if (!wait_until(deadline, tick, kStorePoll, closed, waiting))
+        throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
+                          " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
+                          std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                          " s; start ddprun on the other nodes, or lower --nnodes MIN");
       if (idx >= n) throw late(n);
       n_ = n;
       me_ = idx;
@@ -300,22 +294,15 @@ class StoreRendezvous : public Rendezvous {
     // Everyone's worker count, for WORLD_SIZE and this node's rank offset.
     std::vector<std::string> node_keys;
     for (int i = 0; i < n_; ++i) node_keys.push_back(key("node/" + std::to_string(i)));
-    bool said = false;
-    while (!store_->check(node_keys)) {
-      if (Clock::now() > deadline) {
-        std::string missing;
-        for (int i = 0; i < n_; ++i)
-          if (!store_->check({node_keys[i]})) missing += (missing.empty() ? "" : ",") + std::to_string(i);
-        throw LaunchError("nodes " + missing + " of run '" + c_.run_id + "' did not join within " +
-                          std::to_string(static_cast<int>(c_.conf.join_timeout)) +
-                          " s; start ddprun on every node with the same --master-addr/--master-port");
-      }
-      if (!said && Clock::now() > deadline - seconds(c_.conf.join_timeout) + std::chrono::seconds(5)) {
-        said = true;
-        say("waiting for the other nodes of run '" + c_.run_id + "' at " + where());
-      }
-      tick();
-      nap();
+    Notice waiting{started + kQuietJoin,
+                   [&] { say("waiting for the other nodes of run '" + c_.run_id + "' at " + where()); }};
+    if (!wait_until(deadline, tick, kStorePoll, [&] { return store_->check(node_keys); }, waiting)) {
+      std::string missing;
+      for (int i = 0; i < n_; ++i)
+        if (!store_->check({node_keys[i]})) missing += (missing.empty() ? "" : ",") + std::to_string(i);
+      throw LaunchError("nodes " + missing + " of run '" + c_.run_id + "' did not join within " +
+                        std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                        " s; start ddprun on every node with the same --master-addr/--master-port");
     }
     Assignment a;
     a.round = round_;
@@ -343,12 +330,8 @@ class StoreRendezvous : public Rendezvous {
       }
       store_->set(master_key, bytes(addr + " " + std::to_string(free_port())));
     }
-    while (!store_->check({master_key})) {
-      if (Clock::now() > deadline)
-        throw LaunchError("node 0 of run '" + c_.run_id + "' did not publish the workers' master address in time");
-      tick();
-      nap();
-    }
+    if (!wait_until(deadline, tick, kStorePoll, [&] { return store_->check({master_key}); }))
+      throw LaunchError("node 0 of run '" + c_.run_id + "' did not publish the workers' master address in time");
     std::istringstream m(text(store_->get(master_key)));
     m >> a.master_addr >> a.master_port;
 

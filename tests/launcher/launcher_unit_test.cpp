@@ -1,12 +1,15 @@
 // Unit tests of the launcher's pure rules: CUDA_VISIBLE_DEVICES counting,
-// --redirects/--tee syntax, endpoints, and the command-line parser.
+// --redirects/--tee syntax, endpoints, the command-line parser, and the one
+// waiting helper.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <sstream>
 
 #include "cli.h"
 #include "errors.h"
 #include "gpus.h"
+#include "wait.h"
 
 namespace ddprun {
 namespace {
@@ -80,6 +83,31 @@ TEST(CommandLine, C10dAndStandaloneSettings) {
   EXPECT_NE(s.run_id, "none");
   EXPECT_THROW(parse({"--standalone", "--nnodes", "2", "/bin/true"}), UsageError);
   EXPECT_THROW(parse({"--rdzv-backend", "c10d", "/bin/true"}), UsageError);
+}
+
+TEST(WaitUntil, ReturnsWhenTheConditionHolds) {
+  int polls = 0, ticks = 0, notices = 0;
+  auto start = Clock::now();
+  bool ok = wait_until(start + std::chrono::seconds(30), [&] { ++ticks; }, std::chrono::milliseconds(1),
+                       [&] { return ++polls == 5; }, Notice{start, [&] { ++notices; }});
+  EXPECT_TRUE(ok);
+  EXPECT_EQ(polls, 5);
+  EXPECT_EQ(ticks, 4);    // between polls, not after the last
+  EXPECT_EQ(notices, 1);  // once, however long the wait
+}
+
+TEST(WaitUntil, GivesUpAtTheDeadlineAndStopsWhenTickThrows) {
+  auto start = Clock::now();
+  bool notice_said = false;
+  EXPECT_FALSE(wait_until(start + std::chrono::milliseconds(50), {}, std::chrono::milliseconds(5),
+                          [] { return false; }, Notice{start + std::chrono::hours(1), [&] { notice_said = true; }}));
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(50));
+  EXPECT_FALSE(notice_said);  // not due yet
+  int polls = 0;
+  EXPECT_THROW(wait_until(start + std::chrono::hours(1), [] { throw Interrupted(SIGINT); },
+                          std::chrono::milliseconds(1), [&] { return ++polls > 3; }),
+               Interrupted);
+  EXPECT_EQ(polls, 1);
 }
 
 }  // namespace
