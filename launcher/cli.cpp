@@ -14,6 +14,7 @@
 #include "ddp/hostlist.h"
 #include "errors.h"
 #include "gpus.h"
+#include "parse_number.h"
 
 namespace po = boost::program_options;
 
@@ -51,29 +52,18 @@ std::string lower(std::string s) {
 
 [[noreturn]] void usage(const std::string& what) { throw UsageError(what + " (see ddprun --help)"); }
 
+// The numbers themselves are read by ddp::parse_integer/parse_seconds, as
+// the library reads its own; only the way a bad one is reported is ours.
 int to_int(const std::string& text, const std::string& flag) {
-  size_t used = 0;
-  long v = 0;
-  try {
-    v = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || v < INT32_MIN || v > INT32_MAX)
-    usage(flag + " expects a whole number, got '" + text + "'");
-  return static_cast<int>(v);
+  auto v = ddp::parse_integer(text, INT32_MIN, INT32_MAX);
+  if (!v) usage(flag + " expects a whole number, got '" + text + "'");
+  return static_cast<int>(*v);
 }
 
 double to_seconds(const std::string& text, const std::string& flag) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (text.empty() || used != text.size() || !(v >= 0)) usage(flag + " expects seconds >= 0, got '" + text + "'");
-  return v;
+  auto v = ddp::parse_seconds(text);
+  if (!v) usage(flag + " expects seconds >= 0, got '" + text + "'");
+  return *v;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {

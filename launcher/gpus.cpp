@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <set>
 
+#include "parse_number.h"
+
 namespace ddprun {
 namespace {
 
@@ -83,9 +85,9 @@ int count_visible(const std::string& cvd, int physical) {
     bool numeric = std::all_of(item.begin(), item.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
     std::string key;
     if (numeric) {
-      long v = std::strtol(item.c_str(), nullptr, 10);
-      if (v < 0 || v >= physical) break;
-      key = std::to_string(v);
+      auto index = ddp::parse_integer(item, 0, physical - 1);
+      if (!index) break;
+      key = std::to_string(*index);
     } else if (item.rfind("GPU-", 0) == 0 || item.rfind("MIG-", 0) == 0) {
       key = item;  // UUIDs cannot be checked without a driver query; trust them
     } else {

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <climits>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "errors.h"
 #include "net.h"
 #include "output.h"
+#include "parse_number.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -224,9 +226,26 @@ class StoreRendezvous : public Rendezvous {
     return FailureRecord::parse(text(store_->compareSet(key("failed"), {}, bytes(r.serialize()))));
   }
 
+  // Values in the store are ddprun's own; anything else means another
+  // program (or another ddprun version) shares this store and run id.
+  LaunchError foreign_value(const std::string& k, const std::string& value, const std::string& expected) const {
+    return LaunchError("the rendezvous store at " + where() + " holds '" + value + "' under " + k + " where ddprun "
+                       "expects " + expected + ": another program or ddprun version is using run '" + c_.run_id +
+                       "' there; give this run another --rdzv-id, or a store of its own");
+  }
+
+  int number_in(const std::string& k, const std::string& value, long long lo, long long hi) const {
+    if (auto v = ddp::parse_integer(value, lo, hi)) return static_cast<int>(*v);
+    throw foreign_value(k, value, "a whole number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+
+  int stored_number(const std::string& k, long long lo, long long hi) {
+    return number_in(k, text(store_->get(k)), lo, hi);
+  }
+
   bool closed_count(int& n) {
     if (!store_->check({key("closed")})) return false;
-    n = std::stoi(text(store_->get(key("closed"))));
+    n = stored_number(key("closed"), 1, c_.max_nodes);
     return true;
   }
 
@@ -235,7 +254,7 @@ class StoreRendezvous : public Rendezvous {
     auto deadline = started + seconds(c_.conf.join_timeout);
     std::string round_key = base() + "round";
     // A node arriving while the others restart joins their round.
-    if (store_->check({round_key})) round = std::max(round, std::stoi(text(store_->get(round_key))));
+    if (store_->check({round_key})) round = std::max(round, stored_number(round_key, 0, INT_MAX));
     round_ = round;
     store_->set(round_key, bytes(std::to_string(round)));
     std::string me_info = std::to_string(nproc) + " " + this_hostname() + " " + std::to_string(::getpid()) + " " +
@@ -312,7 +331,7 @@ class StoreRendezvous : public Rendezvous {
     hosts_.assign(n_, "");
     for (int i = 0; i < n_; ++i) {
       std::string info = text(store_->get(node_keys[i]));
-      int count = std::stoi(info);
+      int count = number_in(node_keys[i], info.substr(0, info.find(' ')), 1, INT_MAX);
       hosts_[i] = host_of(info);
       if (i < me_) a.rank_offset += count;
       a.world_size += count;
@@ -332,8 +351,11 @@ class StoreRendezvous : public Rendezvous {
     }
     if (!wait_until(deadline, tick, kStorePoll, [&] { return store_->check({master_key}); }))
       throw LaunchError("node 0 of run '" + c_.run_id + "' did not publish the workers' master address in time");
-    std::istringstream m(text(store_->get(master_key)));
-    m >> a.master_addr >> a.master_port;
+    std::string master = text(store_->get(master_key));  // "ADDRESS PORT"
+    size_t space = master.find(' ');
+    if (space == 0 || space == std::string::npos) throw foreign_value(master_key, master, "an address and a port");
+    a.master_addr = master.substr(0, space);
+    a.master_port = number_in(master_key, master.substr(space + 1), 1, 65535);
 
     gone_ = 0;
     alive_seen_.assign(n_, -1);
@@ -382,11 +404,8 @@ FailureRecord FailureRecord::parse(const std::string& s) {
     r.text = s;
     return r;
   }
-  try {
-    r.exit_code = std::stoi(s.substr(0, a));
-  } catch (const std::exception&) {
-    r.exit_code = 1;
-  }
+  // A record is only read to report it: an unreadable exit code becomes 1.
+  r.exit_code = static_cast<int>(ddp::parse_integer(s.substr(0, a), INT_MIN, INT_MAX).value_or(1));
   r.restartable = s.substr(a + 1, b - a - 1) == "1";
   r.text = s.substr(b + 1);
   return r;

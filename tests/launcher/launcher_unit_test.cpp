@@ -1,7 +1,10 @@
 // Unit tests of the launcher's pure rules: CUDA_VISIBLE_DEVICES counting,
-// --redirects/--tee syntax, endpoints, the command-line parser, and the one
-// waiting helper.
+// --redirects/--tee syntax, endpoints, the command-line parser, the one
+// waiting helper, and what a rendezvous does with a value in its store that
+// ddprun did not write.
 #include <gtest/gtest.h>
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
 #include <sstream>
@@ -9,6 +12,8 @@
 #include "cli.h"
 #include "errors.h"
 #include "gpus.h"
+#include "net.h"
+#include "rendezvous.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -85,6 +90,17 @@ TEST(CommandLine, C10dAndStandaloneSettings) {
   EXPECT_THROW(parse({"--rdzv-backend", "c10d", "/bin/true"}), UsageError);
 }
 
+TEST(CommandLine, NumbersAreWholeAndInRange) {
+  EXPECT_EQ(parse({"--max-restarts", "+3", "/bin/true"}).max_restarts, 3);
+  EXPECT_EQ(parse({"--monitor-interval", "0.5", "/bin/true"}).monitor_interval, 0.5);
+  EXPECT_EQ(parse({"--term-timeout", "0", "/bin/true"}).term_timeout, 0);
+  for (const char* bad : {"", " 3", "3 ", "3x", "0x10", "1e3", "99999999999"})
+    EXPECT_THROW(parse({"--max-restarts", bad, "/bin/true"}), UsageError) << "'" << bad << "'";
+  for (const char* bad : {"", "-1", "nan", "inf", "1s", "0x1p3"})
+    EXPECT_THROW(parse({"--term-timeout", bad, "/bin/true"}), UsageError) << "'" << bad << "'";
+  EXPECT_THROW(parse({"--rdzv-conf", "join_timeout=soon", "/bin/true"}), UsageError);
+}
+
 TEST(WaitUntil, ReturnsWhenTheConditionHolds) {
   int polls = 0, ticks = 0, notices = 0;
   auto start = Clock::now();
@@ -108,6 +124,32 @@ TEST(WaitUntil, GivesUpAtTheDeadlineAndStopsWhenTickThrows) {
                           std::chrono::milliseconds(1), [&] { return ++polls > 3; }),
                Interrupted);
   EXPECT_EQ(polls, 1);
+}
+
+// Another program wrote under ddprun's keys: a one-line LaunchError that says
+// which key and value, not an exception from deep inside number parsing.
+TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
+  uint16_t port = free_port();
+  c10d::TCPStoreOptions so;
+  so.port = port;
+  so.isServer = true;
+  so.waitWorkers = false;
+  so.timeout = std::chrono::seconds(10);
+  c10d::TCPStore server("127.0.0.1", so);
+  std::string junk = "three";
+  server.set("ddprun/job/round", std::vector<uint8_t>(junk.begin(), junk.end()));
+
+  auto o = parse({"--nnodes", "2", "--node-rank", "1", "--master-port", std::to_string(port), "--rdzv-id", "job",
+                  "--rdzv-conf", "join_timeout=10", "/bin/true"});
+  auto rendezvous = make_rendezvous(o, [] {});
+  try {
+    rendezvous->join(0, 1, [] {});
+    ADD_FAILURE() << "join accepted round 'three'";
+  } catch (const LaunchError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("holds 'three' under ddprun/job/round"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
 }
 
 }  // namespace
