@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "gpus.h"
 #include "net.h"
+#include "wait.h"
 
 extern char** environ;
 
@@ -91,18 +92,6 @@ Agent::~Agent() {
   kill_adopted_orphans(watchdog_.pid());
 }
 
-const char* Agent::state_name(State s) {
-  switch (s) {
-    case State::Initial: return "initial";
-    case State::Healthy: return "healthy";
-    case State::Unhealthy: return "unhealthy";
-    case State::Failed: return "failed";
-    case State::Succeeded: return "succeeded";
-    case State::Stopped: return "stopped";
-  }
-  return "?";
-}
-
 void Agent::tick() {
   for (int s : signals_.drain()) {
     if (s == SIGCHLD) {
@@ -125,6 +114,276 @@ void Agent::reap() {
         w.exit_time = std::chrono::system_clock::now();
       }
   }
+}
+
+// ------------------------------------------------------------ the one loop
+
+// Each state's handler does that state's work and names the next state; the
+// states that wait for the workers first wait for output, exits, signals or
+// the next check of the other nodes (wait_for_events).
+int Agent::run(Rendezvous& rendezvous) {
+  rdzv_ = &rendezvous;
+  say_settings();
+  for (;;) {
+    switch (state_) {
+      case State::Initial: state_ = start_workers(); break;
+      case State::Healthy: state_ = monitor_workers(wait_for_events()); break;
+      case State::Unhealthy: state_ = stop_workers(wait_for_events()); break;
+      case State::Succeeded: state_ = exit_barrier(wait_for_events()); break;
+      case State::Failed: state_ = restart_or_give_up(); break;
+      case State::Stopped: state_ = stopped(); break;
+      case State::Exited: return leave();
+    }
+  }
+}
+
+Agent::State Agent::start_workers() {
+  assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
+  round_ = assignment_.round;
+  failure_.reset();
+  local_failures_.clear();
+  killed_ = false;
+  workers_.clear();
+  workers_.resize(static_cast<size_t>(o_.nproc));
+  std::string attempt_dir;
+  if (!run_log_dir_.empty()) attempt_dir = run_log_dir_ + "/attempt_" + std::to_string(round_);
+  for (int lr = 0; lr < o_.nproc; ++lr) start_worker(lr, attempt_dir);
+  next_poll_ = Clock::now() + seconds(o_.monitor_interval);
+  return State::Healthy;
+}
+
+Agent::State Agent::monitor_workers(const Events& e) {
+  if (e.signo) {
+    // Forward what ddprun got to every worker; no restart follows.
+    say("received " + signal_name(e.signo) + "; forwarding it to the workers");
+    record_stop_signal(e.signo);
+    begin_stop(e.signo);
+    return State::Unhealthy;
+  }
+  for (size_t i = 0; i < workers_.size(); ++i)
+    if (failed(*workers_[i].process) && !workers_[i].reported) {
+      workers_[i].reported = true;
+      local_failures_.push_back(i);
+    }
+  if (!local_failures_.empty()) {
+    const Worker& first = workers_[local_failures_.front()];
+    FailureRecord r{exit_code_of(*first.process->exit_status()), true, failure_text(first)};
+    failure_ = rdzv_->report_failure(r);
+    say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
+        std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
+    begin_stop(SIGTERM);
+    return State::Unhealthy;
+  }
+  if (all_exited()) {
+    end_group();
+    rdzv_->mark_done();
+    next_poll_ = Clock::now();  // ask the other nodes at once
+    return State::Succeeded;
+  }
+  if (failed_elsewhere(e)) {
+    say("stopping the workers: " + failure_->text);
+    // A node whose ddprun was told to stop passes its signal on.
+    int f = failure_->exit_code;
+    begin_stop(failure_->restartable ? SIGTERM : f > 128 ? f - 128 : SIGTERM);
+    return State::Unhealthy;
+  }
+  return State::Healthy;
+}
+
+Agent::State Agent::stop_workers(const Events& e) {
+  if (e.signo) {
+    // A stop request while stopping: do not wait out the grace period.
+    if (!stop_signal_) stop_signal_ = e.signo;
+    kill_running();
+  }
+  if (all_exited()) {
+    end_group();
+    return stop_signal_ ? State::Stopped : State::Failed;
+  }
+  if (!killed_ && Clock::now() >= kill_deadline_) {
+    say("workers still running " + std::to_string(static_cast<int>(o_.term_timeout)) +
+        " s after SIGTERM; sending SIGKILL (see --term-timeout)");
+    kill_running();
+  }
+  return State::Unhealthy;
+}
+
+Agent::State Agent::exit_barrier(const Events& e) {
+  if (e.signo) {
+    record_stop_signal(e.signo);
+    return State::Stopped;
+  }
+  // Another node failed after ours finished: the group as a whole failed,
+  // and a restart includes this node.
+  if (failed_elsewhere(e)) return State::Failed;
+  if (e.poll_due && rdzv_->all_done()) {
+    exit_code_ = 0;
+    return State::Exited;
+  }
+  return State::Succeeded;
+}
+
+Agent::State Agent::restart_or_give_up() {
+  bool restartable = failure_ && failure_->restartable;
+  if (restartable && round_ < o_.max_restarts) {
+    say("worker group failed (" + failure_->text + "); restarting every worker, restart " +
+        std::to_string(round_ + 1) + " of " + std::to_string(o_.max_restarts));
+    ++round_;
+    return State::Initial;
+  }
+  print_summary();
+  if (restartable && o_.max_restarts > 0)
+    say("giving up after " + std::to_string(round_) + " restarts (--max-restarts " +
+        std::to_string(o_.max_restarts) + ")");
+  exit_code_ = failure_ ? failure_->exit_code : 1;
+  return State::Exited;
+}
+
+Agent::State Agent::stopped() {
+  exit_code_ = 128 + stop_signal_;
+  return State::Exited;
+}
+
+int Agent::leave() {
+  // This node knows the outcome; the store's host waits for every node to
+  // know it before the store goes away.
+  rdzv_->acknowledge_end();
+  rdzv_->finish([this] { tick(); });
+  if (stop_signal_) say("stopped by " + signal_name(stop_signal_) + "; every worker has exited");
+  return exit_code_;
+}
+
+// ------------------------------------------------ what the handlers share
+
+void Agent::say_settings() const {
+  if (!o_.nproc_how.empty()) say(o_.nproc_how);
+  if (!run_log_dir_.empty()) say("worker logs in " + run_log_dir_);
+  if (!omp_threads_.empty())
+    say("setting OMP_NUM_THREADS=" + omp_threads_ + " for each worker (" + std::to_string(usable_cpus()) +
+        " CPUs / " + std::to_string(o_.nproc) + " local workers); set OMP_NUM_THREADS yourself to override");
+}
+
+void Agent::start_worker(int lr, const std::string& attempt_dir) {
+  Worker& w = workers_[static_cast<size_t>(lr)];
+  w.local_rank = lr;
+  w.rank = assignment_.rank_offset + lr;
+  bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr);
+  int redirected = o_.redirects.of(lr);
+  int teed = o_.tee.of(lr);
+  UniqueFd out_file, err_file;
+  if (!attempt_dir.empty()) {
+    std::string dir = attempt_dir + "/" + std::to_string(lr);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    // --log-dir keeps every stream; --tee/--redirects alone keep theirs.
+    bool keep_all = !o_.log_dir.empty();
+    if (keep_all || ((redirected | teed) & StdSpec::kOut)) {
+      w.stdout_log = dir + "/stdout.log";
+      out_file = open_log_file(w.stdout_log);
+    }
+    if (keep_all || ((redirected | teed) & StdSpec::kErr)) {
+      w.stderr_log = dir + "/stderr.log";
+      err_file = open_log_file(w.stderr_log);
+    }
+  }
+  Pipe out = make_pipe(), err = make_pipe();
+  WorkerSpec spec;
+  spec.argv = o_.command;
+  spec.env = worker_env(w);
+  spec.signal_mask = &signals_.original_mask();
+  w.process = std::make_unique<WorkerProcess>(spec, std::move(out.write), std::move(err.write));
+  watchdog_.watch(w.process->pgid());
+  std::string prefix = "[rank" + std::to_string(w.rank) + "]: ";
+  output_.add(std::move(out.read), OutputRouter::Stream::Out, prefix,
+              shown && !(redirected & StdSpec::kOut), std::move(out_file));
+  output_.add(std::move(err.read), OutputRouter::Stream::Err, prefix,
+              shown && !(redirected & StdSpec::kErr), std::move(err_file));
+}
+
+Agent::Events Agent::wait_for_events() {
+  // Until the next check of the other nodes, or the end of the grace period.
+  auto until = state_ == State::Unhealthy && !killed_ ? std::min(next_poll_, kill_deadline_) : next_poll_;
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
+  output_.append_pollfds(fds);
+  int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1000)));
+  if (r > 0) {
+    for (const auto& p : fds) {
+      if (!p.revents) continue;
+      if (p.fd == signals_.fd()) {
+        for (int s : signals_.drain())
+          if (s != SIGCHLD) pending_signals_.push_back(s);
+      } else {
+        output_.handle(p.fd);
+      }
+    }
+  }
+  reap();
+
+  Events e;
+  auto now = Clock::now();
+  e.poll_due = now >= next_poll_;
+  if (e.poll_due) next_poll_ = now + seconds(o_.monitor_interval);
+  if (!pending_signals_.empty()) {
+    e.signo = pending_signals_.front();
+    pending_signals_.erase(pending_signals_.begin());
+  }
+  return e;
+}
+
+void Agent::record_stop_signal(int signo) {
+  stop_signal_ = signo;
+  FailureRecord r{128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)};
+  try {
+    failure_ = rdzv_->report_failure(r);
+  } catch (const LaunchError&) {
+    failure_ = r;  // the store is gone: this node stops all the same
+  }
+}
+
+bool Agent::failed_elsewhere(const Events& e) {
+  if (!e.poll_due) return false;
+  auto f = rdzv_->poll();
+  if (f) failure_ = *f;
+  return f.has_value();
+}
+
+bool Agent::all_exited() const {
+  for (const auto& w : workers_)
+    if (!w.process->exited()) return false;
+  return true;
+}
+
+void Agent::signal_running(int signo) {
+  for (auto& w : workers_)
+    if (w.process && !w.process->exited()) w.process->signal_group(signo);
+}
+
+void Agent::kill_running() {
+  signal_running(SIGKILL);
+  killed_ = true;
+}
+
+void Agent::begin_stop(int signo) {
+  kill_deadline_ = Clock::now() + seconds(o_.term_timeout);
+  if (o_.term_timeout > 0)
+    signal_running(signo);
+  else
+    kill_running();
+}
+
+void Agent::end_group() {
+  // Every worker has exited; whatever they started must not outlive them:
+  // their process groups, then children that left the group (re-parented
+  // to ddprun). Then the pipes reach EOF and the last lines come out.
+  for (auto& w : workers_)
+    if (w.process) {
+      w.process->signal_group(SIGKILL);
+      watchdog_.unwatch(w.process->pgid());
+    }
+  kill_adopted_orphans(watchdog_.pid());
+  output_.drain(Clock::now() + std::chrono::seconds(2));
+  output_.close_all();
 }
 
 std::vector<std::string> Agent::worker_env(const Worker& w) const {
@@ -150,98 +409,6 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   put("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (!omp_threads_.empty()) put("OMP_NUM_THREADS", omp_threads_);
   return env;
-}
-
-void Agent::start_group() {
-  assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
-  round_ = assignment_.round;
-  failure_.reset();
-  local_failures_.clear();
-  killed_ = false;
-  workers_.clear();
-  workers_.resize(static_cast<size_t>(o_.nproc));
-
-  std::string attempt_dir;
-  if (!run_log_dir_.empty()) attempt_dir = run_log_dir_ + "/attempt_" + std::to_string(round_);
-  for (int lr = 0; lr < o_.nproc; ++lr) {
-    Worker& w = workers_[static_cast<size_t>(lr)];
-    w.local_rank = lr;
-    w.rank = assignment_.rank_offset + lr;
-    bool shown = !o_.local_ranks_filter || o_.local_ranks_filter->count(lr);
-    int redirected = o_.redirects.of(lr);
-    int teed = o_.tee.of(lr);
-    UniqueFd out_file, err_file;
-    if (!attempt_dir.empty()) {
-      std::string dir = attempt_dir + "/" + std::to_string(lr);
-      std::error_code ec;
-      fs::create_directories(dir, ec);
-      // --log-dir keeps every stream; --tee/--redirects alone keep theirs.
-      bool keep_all = !o_.log_dir.empty();
-      if (keep_all || ((redirected | teed) & StdSpec::kOut)) {
-        w.stdout_log = dir + "/stdout.log";
-        out_file = open_log_file(w.stdout_log);
-      }
-      if (keep_all || ((redirected | teed) & StdSpec::kErr)) {
-        w.stderr_log = dir + "/stderr.log";
-        err_file = open_log_file(w.stderr_log);
-      }
-    }
-    Pipe out = make_pipe(), err = make_pipe();
-    WorkerSpec spec;
-    spec.argv = o_.command;
-    spec.env = worker_env(w);
-    spec.signal_mask = &signals_.original_mask();
-    w.process = std::make_unique<WorkerProcess>(spec, std::move(out.write), std::move(err.write));
-    watchdog_.watch(w.process->pgid());
-    std::string prefix = "[rank" + std::to_string(w.rank) + "]: ";
-    output_.add(std::move(out.read), OutputRouter::Stream::Out, prefix,
-                shown && !(redirected & StdSpec::kOut), std::move(out_file));
-    output_.add(std::move(err.read), OutputRouter::Stream::Err, prefix,
-                shown && !(redirected & StdSpec::kErr), std::move(err_file));
-  }
-  next_poll_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                  std::chrono::duration<double>(o_.monitor_interval));
-}
-
-void Agent::wait_for_events(Clock::duration timeout) {
-  std::vector<pollfd> fds{{signals_.fd(), POLLIN, 0}};
-  output_.append_pollfds(fds);
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count();
-  int r = ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(ms, 0, 1000)));
-  if (r > 0) {
-    for (const auto& p : fds) {
-      if (!p.revents) continue;
-      if (p.fd == signals_.fd()) {
-        for (int s : signals_.drain())
-          if (s != SIGCHLD) pending_signals_.push_back(s);
-      } else {
-        output_.handle(p.fd);
-      }
-    }
-  }
-  reap();
-}
-
-void Agent::begin_stop(int signo) {
-  for (auto& w : workers_)
-    if (w.process && !w.process->exited()) w.process->signal_group(o_.term_timeout > 0 ? signo : SIGKILL);
-  kill_deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(o_.term_timeout));
-  killed_ = o_.term_timeout <= 0;
-}
-
-void Agent::end_group() {
-  // Every worker has exited; whatever they started must not outlive them:
-  // their process groups, then children that left the group (re-parented
-  // to ddprun). Then the pipes reach EOF and the last lines come out.
-  for (auto& w : workers_)
-    if (w.process) {
-      w.process->signal_group(SIGKILL);
-      watchdog_.unwatch(w.process->pgid());
-    }
-  kill_adopted_orphans(watchdog_.pid());
-  output_.drain(Clock::now() + std::chrono::seconds(2));
-  output_.close_all();
 }
 
 std::string Agent::failure_text(const Worker& w) const {
@@ -285,161 +452,6 @@ void Agent::print_summary() const {
     others += block(workers_[local_failures_[i]]);
   out += std::string(60, '-') + "\nOther Failures:\n" + (shown ? others : "  <NO_OTHER_FAILURES>\n") + bar + "\n";
   write_all(2, out);
-}
-
-int Agent::run(Rendezvous& rendezvous) {
-  rdzv_ = &rendezvous;
-  if (!o_.nproc_how.empty()) say(o_.nproc_how);
-  if (!run_log_dir_.empty()) say("worker logs in " + run_log_dir_);
-  if (!omp_threads_.empty())
-    say("setting OMP_NUM_THREADS=" + omp_threads_ + " for each worker (" + std::to_string(usable_cpus()) +
-        " CPUs / " + std::to_string(o_.nproc) + " local workers); set OMP_NUM_THREADS yourself to override");
-  auto interval = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o_.monitor_interval));
-  // The one monitor loop: wait for output, exits or signals (or the next
-  // check of the other nodes), then decide by state.
-  for (;;) {
-    if (state_ == State::Initial) {
-      start_group();
-      state_ = State::Healthy;
-      continue;
-    }
-    if (state_ == State::Healthy || state_ == State::Unhealthy || state_ == State::Succeeded) {
-      auto now = Clock::now();
-      auto until = state_ == State::Unhealthy && !killed_ ? std::min(next_poll_, kill_deadline_) : next_poll_;
-      wait_for_events(until > now ? until - now : Clock::duration::zero());
-    }
-    auto now = Clock::now();
-    bool poll_due = now >= next_poll_;
-    if (poll_due) next_poll_ = now + interval;
-    int signo = 0;
-    if (!pending_signals_.empty()) {
-      signo = pending_signals_.front();
-      pending_signals_.erase(pending_signals_.begin());
-    }
-
-    switch (state_) {
-      case State::Initial:
-        break;
-      case State::Healthy: {
-        if (signo) {
-          // Forward what ddprun got to every worker; no restart follows.
-          stop_signal_ = signo;
-          say("received " + signal_name(signo) + "; forwarding it to the workers");
-          FailureRecord r{128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)};
-          try {
-            failure_ = rdzv_->report_failure(r);
-          } catch (const LaunchError&) {
-            failure_ = r;
-          }
-          begin_stop(signo);
-          state_ = State::Unhealthy;
-          break;
-        }
-        for (size_t i = 0; i < workers_.size(); ++i)
-          if (failed(*workers_[i].process) && !workers_[i].reported) {
-            workers_[i].reported = true;
-            local_failures_.push_back(i);
-          }
-        if (!local_failures_.empty()) {
-          const Worker& first = workers_[local_failures_.front()];
-          FailureRecord r{exit_code_of(*first.process->exit_status()), true, failure_text(first)};
-          failure_ = rdzv_->report_failure(r);
-          say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
-              std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
-          begin_stop(SIGTERM);
-          state_ = State::Unhealthy;
-          break;
-        }
-        bool all_exited = true;
-        for (const auto& w : workers_) all_exited = all_exited && w.process->exited();
-        if (all_exited) {
-          end_group();
-          rdzv_->mark_done();
-          state_ = State::Succeeded;
-          next_poll_ = Clock::now();
-          break;
-        }
-        if (poll_due) {
-          if (auto f = rdzv_->poll()) {
-            failure_ = *f;
-            say("stopping the workers: " + f->text);
-            begin_stop(f->restartable ? SIGTERM : f->exit_code > 128 ? f->exit_code - 128 : SIGTERM);
-            state_ = State::Unhealthy;
-          }
-        }
-        break;
-      }
-      case State::Unhealthy: {
-        if (signo) {
-          // A stop request while stopping: do not wait out the grace period.
-          if (!stop_signal_) stop_signal_ = signo;
-          for (auto& w : workers_)
-            if (!w.process->exited()) w.process->signal_group(SIGKILL);
-          killed_ = true;
-        }
-        bool all_exited = true;
-        for (const auto& w : workers_) all_exited = all_exited && w.process->exited();
-        if (all_exited) {
-          end_group();
-          state_ = stop_signal_ ? State::Stopped : State::Failed;
-        } else if (!killed_ && Clock::now() >= kill_deadline_) {
-          say("workers still running " + std::to_string(static_cast<int>(o_.term_timeout)) +
-              " s after SIGTERM; sending SIGKILL (see --term-timeout)");
-          for (auto& w : workers_)
-            if (!w.process->exited()) w.process->signal_group(SIGKILL);
-          killed_ = true;
-        }
-        break;
-      }
-      case State::Succeeded: {
-        if (signo) {
-          stop_signal_ = signo;
-          try {
-            rdzv_->report_failure({128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)});
-          } catch (const LaunchError&) {
-          }
-          state_ = State::Stopped;
-          break;
-        }
-        if (!poll_due) break;
-        if (auto f = rdzv_->poll()) {
-          // Another node failed after ours finished: the group as a whole
-          // failed, and a restart includes this node.
-          failure_ = *f;
-          state_ = State::Failed;
-          break;
-        }
-        if (rdzv_->all_done()) {
-          rdzv_->acknowledge_end();
-          rdzv_->finish([this] { tick(); });
-          return 0;
-        }
-        break;
-      }
-      case State::Failed: {
-        if (failure_ && failure_->restartable && round_ < o_.max_restarts) {
-          say("worker group failed (" + failure_->text + "); restarting every worker, restart " +
-              std::to_string(round_ + 1) + " of " + std::to_string(o_.max_restarts));
-          ++round_;
-          state_ = State::Initial;
-          break;
-        }
-        rdzv_->acknowledge_end();
-        print_summary();
-        if (failure_ && failure_->restartable && o_.max_restarts > 0)
-          say("giving up after " + std::to_string(round_) + " restarts (--max-restarts " +
-              std::to_string(o_.max_restarts) + ")");
-        rdzv_->finish([this] { tick(); });
-        return failure_ ? failure_->exit_code : 1;
-      }
-      case State::Stopped: {
-        rdzv_->acknowledge_end();
-        rdzv_->finish([this] { tick(); });
-        say("stopped by " + signal_name(stop_signal_) + "; every worker has exited");
-        return 128 + stop_signal_;
-      }
-    }
-  }
 }
 
 }  // namespace ddprun

@@ -1,17 +1,24 @@
 // The agent: owns this node's worker group and runs the one monitor loop.
 //
-// Group states (torchrun's WorkerState):
-//   Initial    rendezvous, then start the workers          -> Healthy
-//   Healthy    workers running; a failure, a signal to ddprun or another
-//              node's failure                               -> Unhealthy
-//              every worker exited 0                        -> Succeeded
-//   Unhealthy  stopping: SIGTERM sent, SIGKILL after --term-timeout
-//                                                           -> Failed/Stopped
-//   Failed     restart (Initial, count + 1) while --max-restarts allows,
-//              else print the failure summary and exit with the first
-//              failing worker's exit code
-//   Succeeded  waiting for the other nodes (exit barrier)   -> exit 0
-//   Stopped    ddprun got SIGINT/SIGTERM/...                -> exit 128+sig
+// Group states (torchrun's WorkerState). run() is a loop that hands the
+// current state to its handler, and the handler returns the next state:
+//   Initial    start_workers: rendezvous, then start the workers  -> Healthy
+//   Healthy    monitor_workers: a worker failed, ddprun got a signal, or
+//              another node failed: SIGTERM (or that signal) to
+//              every worker                                        -> Unhealthy
+//              every worker exited 0                               -> Succeeded
+//   Unhealthy  stop_workers: SIGKILL after --term-timeout, or at once
+//              on a further signal; when every worker has exited   -> Failed,
+//              or Stopped if ddprun got a signal
+//   Succeeded  exit_barrier: wait for the other nodes' workers      -> Exited (0)
+//              another node failed                                 -> Failed
+//              ddprun got a signal                                 -> Stopped
+//   Failed     restart_or_give_up: while --max-restarts allows     -> Initial
+//              (restart count + 1); else print the failure summary -> Exited
+//              (the first failing worker's exit code)
+//   Stopped    stopped: ddprun got SIGINT/SIGTERM/...              -> Exited (128+sig)
+//   Exited     leave: tell the store this node knows the outcome,
+//              wait (store host) until every node does, return the exit code
 #pragma once
 
 #include <chrono>
@@ -43,7 +50,7 @@ class Agent {
   void tick();
 
  private:
-  enum class State { Initial, Healthy, Unhealthy, Failed, Succeeded, Stopped };
+  enum class State { Initial, Healthy, Unhealthy, Failed, Succeeded, Stopped, Exited };
   using Clock = std::chrono::steady_clock;
 
   struct Worker {
@@ -55,15 +62,36 @@ class Agent {
     bool reported = false;  // counted as a failure already
   };
 
-  void start_group();
-  void wait_for_events(Clock::duration timeout);
+  // What one wait of the monitor loop brought.
+  struct Events {
+    int signo = 0;          // a signal to ddprun (SIGINT, SIGTERM, ...), or 0
+    bool poll_due = false;  // time to check the other nodes (--monitor-interval)
+  };
+
+  // One handler per state; each returns the next state.
+  State start_workers();
+  State monitor_workers(const Events& e);
+  State stop_workers(const Events& e);
+  State exit_barrier(const Events& e);
+  State restart_or_give_up();
+  State stopped();
+  int leave();
+
+  // What the handlers share.
+  void say_settings() const;
+  void start_worker(int local_rank, const std::string& attempt_dir);
+  Events wait_for_events();
   void reap();
+  void record_stop_signal(int signo);
+  bool failed_elsewhere(const Events& e);
+  bool all_exited() const;
+  void signal_running(int signo);
+  void kill_running();
   void begin_stop(int signo);
   void end_group();
   std::vector<std::string> worker_env(const Worker& w) const;
   std::string failure_text(const Worker& w) const;
   void print_summary() const;
-  static const char* state_name(State s);
 
   Options o_;
   SignalChannel& signals_;
@@ -77,6 +105,7 @@ class Agent {
   std::vector<int> pending_signals_;
   int stop_signal_ = 0;
   std::optional<FailureRecord> failure_;
+  int exit_code_ = 0;
   std::vector<size_t> local_failures_;
   Clock::time_point kill_deadline_{};
   bool killed_ = false;
