@@ -9,12 +9,21 @@
 #include <random>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "ddp/hostlist.h"
 #include "errors.h"
 #include "gpus.h"
 #include "parse_number.h"
+
+// Set by launcher/CMakeLists.txt.
+#ifndef DDPRUN_VERSION
+#define DDPRUN_VERSION "unknown"
+#endif
+#ifndef DDPRUN_SOURCE_DOCS
+#define DDPRUN_SOURCE_DOCS ""
+#endif
 
 namespace po = boost::program_options;
 
@@ -42,7 +51,7 @@ Examples:
 
 Exit status: the first failing worker's exit code (128+N if it died by signal N),
 2 for a command-line error, 1 for another launcher error, 128+N if ddprun itself
-received signal N. See docs/launcher.md.
+received signal N.
 )";
 
 std::string lower(std::string s) {
@@ -80,6 +89,7 @@ po::options_description make_description() {
   // clang-format off
   d.add_options()
     ("help,h", "show this help and exit")
+    ("version", "show ddprun's version and exit")
     ("nproc-per-node", str("1"), "workers on this node: N, auto (visible GPUs, else CPUs), gpu (visible GPUs), cpu (CPUs)")
     ("nnodes", str("1:1"), "number of nodes N, or MIN:MAX for c10d rendezvous")
     ("node-rank", str("0"), "this node's rank in [0, nnodes) (static rendezvous)")
@@ -234,6 +244,19 @@ RdzvConf parse_rdzv_conf(const std::string& text, std::vector<std::string>& note
 
 }  // namespace
 
+std::string version_line() { return "ddprun (libddp) " DDPRUN_VERSION; }
+
+std::string documentation_path(const std::string& executable) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!executable.empty()) {
+    fs::path installed = fs::path(executable).parent_path().parent_path() / "share" / "doc" / "ddp" / "launcher.md";
+    if (fs::is_regular_file(installed, ec)) return installed.string();
+  }
+  if (*DDPRUN_SOURCE_DOCS && fs::is_regular_file(DDPRUN_SOURCE_DOCS, ec)) return DDPRUN_SOURCE_DOCS;
+  return "docs/launcher.md in libddp's source (not installed beside this ddprun)";
+}
+
 int StdSpec::of(int local_rank) const {
   if (!mapped) return all;
   auto it = per_rank.find(local_rank);
@@ -301,6 +324,8 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
                                       name = lower(var.substr(4));
                                       for (char& c : name)
                                         if (c == '_') c = '-';
+                                      // Not flags torchrun reads from the environment.
+                                      if (name == "help" || name == "version") return "";
                                       return desc.find_nothrow(name, false) ? name : "";
                                     }),
               vm);
@@ -309,7 +334,13 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     usage(e.what());
   }
   if (vm.count("help")) {
-    out << kUsage << "\n" << desc << "\n";
+    std::error_code ec;
+    out << kUsage << "\n" << desc << "\nDocumentation: "
+        << documentation_path(std::filesystem::read_symlink("/proc/self/exe", ec).string()) << "\n";
+    return std::nullopt;
+  }
+  if (vm.count("version")) {
+    out << version_line() << "\n";
     return std::nullopt;
   }
   auto str = [&](const char* name) { return vm[name].as<std::string>(); };

@@ -75,13 +75,23 @@ struct Options {
 
 // Parses argv. Reads PET_<FLAG> variables (torchrun's environment defaults),
 // SLURM_NNODES / SLURM_NODEID / SLURM_JOB_NODELIST, DDPRUN_TERM_TIMEOUT and
-// PYTHON_EXEC. Prints --help to `out` and returns nullopt. Throws UsageError.
+// PYTHON_EXEC. Prints --help or --version to `out` and returns nullopt.
+// Throws UsageError.
 // Does not count GPUs: resolve_nproc() does that.
 std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out);
 
 // Turns --nproc-per-node auto/gpu/cpu into a number. Throws LaunchError for
 // "gpu" on a machine without a visible GPU.
 void resolve_nproc(Options& options);
+
+// "ddprun (libddp) X.Y.Z", the project's version (--version).
+std::string version_line();
+
+// Where --help sends the reader: the docs installed with the ddprun at
+// `executable` (PREFIX/bin/ddprun -> PREFIX/share/doc/ddp/launcher.md, so a
+// relocated installation finds its own), else the source tree's
+// docs/launcher.md that this ddprun was built from.
+std::string documentation_path(const std::string& executable);
 
 // "host:port", "[v6]:port" or "host" (then `default_port`). Throws UsageError.
 std::pair<std::string, int> parse_endpoint(const std::string& text, int default_port, const std::string& flag);

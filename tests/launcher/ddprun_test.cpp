@@ -506,5 +506,43 @@ TEST_F(Launcher, HelpListsEveryFlag) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
+TEST_F(Launcher, VersionPrintsTheProjectVersion) {
+  Result r = Process({DDPRUN_BIN, "--version"}, {}, dir_).wait();
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "ddprun (libddp) " DDP_PROJECT_VERSION "\n");
+  EXPECT_EQ(r.err, "");
+  // Like --help, it needs no PROGRAM and ignores one.
+  EXPECT_EQ(Process({DDPRUN_BIN, "--version", "/no/such/program"}, {}, dir_).wait().code, 0);
+}
+
+// The last line of --help, "Documentation: PATH", for the ddprun at `binary`.
+std::string documentation_line(const std::string& binary, const std::string& dir) {
+  Result r = Process({binary, "--help"}, {}, dir).wait();
+  EXPECT_EQ(r.code, 0) << r.err;
+  auto lines = lines_of(r.out);
+  return lines.empty() ? "" : lines.back();
+}
+
+TEST_F(Launcher, HelpEndsWithTheSourceTreesDocsInTheBuildTree) {
+  std::string line = documentation_line(DDPRUN_BIN, dir_);
+  ASSERT_EQ(line.rfind("Documentation: ", 0), 0u) << line;
+  std::string path = line.substr(std::string("Documentation: ").size());
+  EXPECT_TRUE(fs::is_regular_file(path)) << path;
+  EXPECT_EQ(fs::path(path).filename(), "launcher.md") << path;
+}
+
+TEST_F(Launcher, HelpPointsAtTheDocsInstalledBesideDdprun) {
+  // An installation moved to another prefix: bin/ddprun finds
+  // share/doc/ddp/launcher.md of its own prefix, not the source tree's.
+  fs::path prefix = fs::canonical(dir_) / "relocated";
+  fs::create_directories(prefix / "bin");
+  fs::create_directories(prefix / "share" / "doc" / "ddp");
+  fs::copy_file(DDPRUN_BIN, prefix / "bin" / "ddprun");
+  fs::permissions(prefix / "bin" / "ddprun", fs::perms::owner_all, fs::perm_options::add);
+  std::ofstream(prefix / "share" / "doc" / "ddp" / "launcher.md") << "# ddprun\n";
+  EXPECT_EQ(documentation_line((prefix / "bin" / "ddprun").string(), dir_),
+            "Documentation: " + (prefix / "share" / "doc" / "ddp" / "launcher.md").string());
+}
+
 }  // namespace
 }  // namespace ddprun_test

@@ -1,12 +1,15 @@
 // Unit tests of the launcher's pure rules: CUDA_VISIBLE_DEVICES counting,
-// --redirects/--tee syntax, endpoints, the command-line parser, the one
-// waiting helper, and what a rendezvous does with a value in its store that
-// ddprun did not write.
+// --redirects/--tee syntax, endpoints, the command-line parser, where --help
+// sends the reader, the one waiting helper, and what a rendezvous does with
+// a value in its store that ddprun did not write.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "cli.h"
@@ -99,6 +102,29 @@ TEST(CommandLine, NumbersAreWholeAndInRange) {
   for (const char* bad : {"", "-1", "nan", "inf", "1s", "0x1p3"})
     EXPECT_THROW(parse({"--term-timeout", bad, "/bin/true"}), UsageError) << "'" << bad << "'";
   EXPECT_THROW(parse({"--rdzv-conf", "join_timeout=soon", "/bin/true"}), UsageError);
+}
+
+TEST(CommandLine, VersionAndHelpNeedNoProgram) {
+  std::ostringstream out;
+  const char* argv[] = {"ddprun", "--version"};
+  EXPECT_FALSE(parse_command_line(2, argv, out));
+  EXPECT_EQ(out.str(), version_line() + "\n");
+  EXPECT_EQ(version_line().rfind("ddprun (libddp) ", 0), 0u) << version_line();
+}
+
+TEST(Documentation, InstalledDocsBesideTheExecutableWin) {
+  namespace fs = std::filesystem;
+  fs::path prefix = fs::temp_directory_path() / ("ddprun_docs_" + std::to_string(::getpid()));
+  fs::create_directories(prefix / "share" / "doc" / "ddp");
+  std::string exe = (prefix / "bin" / "ddprun").string();
+  // Nothing installed yet: the source tree's copy (this is a build tree).
+  std::string fallback = documentation_path(exe);
+  EXPECT_TRUE(fs::is_regular_file(fallback)) << fallback;
+  EXPECT_EQ(fs::path(fallback).filename(), "launcher.md");
+  EXPECT_EQ(documentation_path(""), fallback);
+  std::ofstream(prefix / "share" / "doc" / "ddp" / "launcher.md") << "# ddprun\n";
+  EXPECT_EQ(documentation_path(exe), (prefix / "share" / "doc" / "ddp" / "launcher.md").string());
+  fs::remove_all(prefix);
 }
 
 TEST(WaitUntil, ReturnsWhenTheConditionHolds) {
