@@ -74,26 +74,14 @@ int main(int argc, char** argv) {
 
     // 5. The loop.
     for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
-      train_sampler.set_epoch(epoch);
-      const int64_t steps = opts.steps_per_epoch(train_sampler.num_samples(), batch);
-      ddp::Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, rank == 0);
-      ddp::MetricSums train_sums({"loss"});
-      int64_t step = 0;
-      for (auto& b : *train_loader) {
-        if (step++ == steps) break;
+      const auto train = ddp::train_epoch(*train_loader, train_sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
         auto x = b.data.to(device), y = b.target.to(device);
         optimizer.zero_grad();
         auto loss = torch::mse_loss(model(x), y);
         loss.backward();
         optimizer.step();
-        ++state.step;
-        const double l = loss.item<double>();
-        train_sums.add("loss", l * static_cast<double>(x.size(0)));
-        train_sums.add_count(x.size(0));
-        bar.update(l, x.size(0) * world);
-      }
-      bar.finish();
-      const auto train_total = train_sums.all_reduced(*pg);
+        return loss;
+      });
 
       // Evaluation: sums of errors over this rank's test windows, one all-reduce.
       ddp::MetricSums sums({"mse", "mae", "last_mse", "last_mae"});
@@ -116,21 +104,15 @@ int main(int argc, char** argv) {
       }
       const auto test = sums.all_reduced(*pg);
 
-      state.epoch = epoch + 1;
-      state.sampler_epoch = epoch + 1;
-      const double seconds = bar.elapsed_seconds();
-      run.record({state.epoch, train_total.mean("loss"), test.mean("mse"), test.mean("mae"),
-                  static_cast<double>(train_total.count()) / seconds, seconds});
       char line[200];
       std::snprintf(line, sizeof line,
-                    "epoch %lld: train mse %.4f | test mse %.4f mae %.4f | last-value baseline mse %.4f mae %.4f%s",
-                    static_cast<long long>(state.epoch), train_total.mean("loss"), test.mean("mse"), test.mean("mae"),
+                    "train mse %.4f | test mse %.4f mae %.4f | last-value baseline mse %.4f mae %.4f%s",
+                    train.loss, test.mean("mse"), test.mean("mae"),
                     test.mean("last_mse"), test.mean("last_mae"),
                     test.mean("mse") < test.mean("last_mse") && test.mean("mae") < test.mean("last_mae")
                         ? " (beats the baseline)"
                         : " (does not beat the baseline yet)");
-      run.log(line);
-      if (opts.checkpoint_due(state.epoch)) ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
+      ddp::end_epoch(epoch, train, test.mean("mse"), test.mean("mae"), line, *net, optimizer, opts, state, run, *pg);
     }
 
     // 6. What the run leaves behind.

@@ -132,40 +132,20 @@ int main(int argc, char** argv) {
     } eval_net{net, resize};
     double best_acc = 0;
     for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
-      train_sampler.set_epoch(epoch);
-      const int64_t steps = opts.steps_per_epoch(train_sampler.num_samples(), batch);
-      ddp::Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, rank == 0);
-      ddp::MetricSums train_sums({"loss"});
-      int64_t step = 0;
-      for (auto& b : *train_loader) {
-        if (step++ == steps) break;
+      const auto train = ddp::train_epoch(*train_loader, train_sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
         auto x = resize(b.data), y = b.target.to(device);
         optimizer.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(model(x), y);
         loss.backward();
         optimizer.step();
-        ++state.step;
-        const double l = loss.item<double>();
-        train_sums.add("loss", l * static_cast<double>(x.size(0)));
-        train_sums.add_count(x.size(0));
-        bar.update(l, x.size(0) * world);
-      }
-      bar.finish();
-      const auto train_total = train_sums.all_reduced(*pg);
+        return loss;
+      });
       const auto eval = ddp::evaluate_classifier(eval_net, *test_loader, *pg, opts.limit_batches());
       best_acc = std::max(best_acc, eval.accuracy());
-
-      state.epoch = epoch + 1;
-      state.sampler_epoch = epoch + 1;
-      const double seconds = bar.elapsed_seconds();
-      run.record({state.epoch, train_total.mean("loss"), eval.loss(), eval.accuracy(),
-                  static_cast<double>(train_total.count()) / seconds, seconds});
       char line[160];
-      std::snprintf(line, sizeof line, "epoch %lld: train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s",
-                    static_cast<long long>(state.epoch), train_total.mean("loss"), eval.loss(), eval.accuracy(),
-                    static_cast<long long>(eval.count), seconds);
-      run.log(line);
-      if (opts.checkpoint_due(state.epoch)) ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
+      std::snprintf(line, sizeof line, "train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s",
+                    train.loss, eval.loss(), eval.accuracy(), static_cast<long long>(eval.count), train.seconds);
+      ddp::end_epoch(epoch, train, eval.loss(), eval.accuracy(), line, *net, optimizer, opts, state, run, *pg);
     }
 
     // 6. What the run leaves behind.

@@ -12,6 +12,7 @@
 #include "ddp/data/tensor_dataset.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/env_summary.h"
+#include "ddp/train/epoch_loop.h"
 #include "ddp/train/evaluation.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"

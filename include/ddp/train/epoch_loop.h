@@ -1,0 +1,74 @@
+// The epoch loop every example shares, so that an example's main shows only
+// what is its own (the model, the data, the step, the evaluation):
+//
+//   for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
+//     auto train = ddp::train_epoch(*loader, sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
+//       optimizer.zero_grad();
+//       auto loss = torch::nn::functional::cross_entropy(model(b.data), b.target);
+//       loss.backward();
+//       optimizer.step();
+//       return loss;
+//     });
+//     auto eval = ddp::evaluate_classifier(net, *test_loader, *pg, opts.limit_batches());
+//     ddp::end_epoch(epoch, train, eval.loss(), eval.accuracy(), "test acc ...", *net, optimizer, opts, state, run, *pg);
+//   }
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ddp/distributed_sampler.h"
+#include "ddp/process_group.h"
+#include "ddp/train/checkpoint.h"
+#include "ddp/train/evaluation.h"
+#include "ddp/train/progress.h"
+#include "ddp/train/run_dir.h"
+#include "ddp/train/train_options.h"
+
+namespace ddp {
+
+// What one training epoch measured, over every rank.
+struct TrainEpoch {
+  double loss = 0;      // mean training loss per sample
+  int64_t samples = 0;  // all ranks together
+  double seconds = 0;
+  double samples_per_s() const { return seconds > 0 ? static_cast<double>(samples) / seconds : 0.0; }
+};
+
+// One training epoch: the sampler's epoch set, at most
+// opts.steps_per_epoch(...) batches, a progress bar on rank 0, state.step
+// counted, the loss summed over ranks in one all-reduce (collective).
+// step(batch) does one optimizer step and returns the batch's mean loss; the
+// batch's size is batch.data.size(0).
+template <typename Loader, typename Step>
+TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
+                       const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
+  sampler.set_epoch(epoch);
+  const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size);
+  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0);
+  MetricSums sums({"loss"});
+  int64_t taken = 0;
+  for (auto& batch : loader) {
+    if (taken++ == steps) break;
+    const int64_t n = batch.data.size(0);
+    const double loss = step(batch).template item<double>();
+    ++state.step;
+    sums.add("loss", loss * static_cast<double>(n));
+    sums.add_count(n);
+    bar.update(loss, n * pg.size());
+  }
+  bar.finish();
+  const auto total = sums.all_reduced(pg);
+  return {total.mean("loss"), total.count(), bar.elapsed_seconds()};
+}
+
+// The end of an epoch (collective): the state advanced past `epoch`, its row
+// in metrics.csv, `line` logged after "epoch N: ", and a checkpoint when
+// opts.checkpoint_due().
+void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,
+               const torch::nn::Module& model, const torch::optim::Optimizer& optimizer, const TrainOptions& opts,
+               TrainState& state, RunDir& run, ProcessGroup& pg);
+
+}  // namespace ddp
