@@ -116,8 +116,7 @@ int main(int argc, char** argv) {
     }
 
     // 6. What the run leaves behind.
-    if (rank == 0) ddp::save_state_dict(*net, run.model_path());
-    run.draw_charts();
+    ddp::finish_run(run, *net, *pg);
     ddp::destroy_process_group();
     return 0;
   });

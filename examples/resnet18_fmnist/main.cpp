@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
                                                    .run_dir("runs/resnet18_fmnist"),
                                                &extra);
     auto pg = ddp::init_process_group(opts.process_group_options());
-    const int rank = pg->rank(), world = pg->size();
+    const int world = pg->size();
     const torch::Device device = pg->device();
     ddp::RunDir run(opts.run_dir(), *pg);
     run.log(ddp::environment_summary(*pg));
@@ -142,18 +142,14 @@ int main(int argc, char** argv) {
       });
       const auto eval = ddp::evaluate_classifier(eval_net, *test_loader, *pg, opts.limit_batches());
       best_acc = std::max(best_acc, eval.accuracy());
-      char line[160];
-      std::snprintf(line, sizeof line, "train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s",
-                    train.loss, eval.loss(), eval.accuracy(), static_cast<long long>(eval.count), train.seconds);
-      ddp::end_epoch(epoch, train, eval.loss(), eval.accuracy(), line, *net, optimizer, opts, state, run, *pg);
+      ddp::end_epoch(epoch, train, eval.loss(), eval.accuracy(), ddp::classifier_epoch_line(train, eval), *net, optimizer,
+                     opts, state, run, *pg);
     }
 
     // 6. What the run leaves behind.
-    if (rank == 0) ddp::save_state_dict(*net, run.model_path());
-    char done[96];
-    std::snprintf(done, sizeof done, "best test acc %.4f", best_acc);
-    run.log(done);
-    run.draw_charts();
+    char best[96];
+    std::snprintf(best, sizeof best, "best test acc %.4f", best_acc);
+    ddp::finish_run(run, *net, *pg, best);
     ddp::destroy_process_group();
     return 0;
   });

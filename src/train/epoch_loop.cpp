@@ -1,5 +1,7 @@
 #include "ddp/train/epoch_loop.h"
 
+#include <cstdio>
+
 namespace ddp {
 
 void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,
@@ -10,6 +12,19 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   run.record({state.epoch, train.loss, test_loss, test_metric, train.samples_per_s(), train.seconds});
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
   if (opts.checkpoint_due(state.epoch)) save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+}
+
+std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval) {
+  char line[160];
+  std::snprintf(line, sizeof line, "train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s", train.loss,
+                eval.loss(), eval.accuracy(), static_cast<long long>(eval.count), train.seconds);
+  return line;
+}
+
+void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary) {
+  if (pg.rank() == 0) save_state_dict(model, run.model_path());
+  if (!summary.empty()) run.log(summary);
+  run.draw_charts();
 }
 
 }  // namespace ddp
