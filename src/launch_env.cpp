@@ -14,10 +14,9 @@ namespace {
 }
 
 long parse_int(const std::string& name, const std::string& value, long lo, long hi) {
-  if (!parse_integer(value))
-    fail(name + "='" + value + "' is not an integer; set it to a whole number or unset it");
-  const auto v = parse_integer(value, lo, hi);
-  if (!v)
+  const auto v = parse_integer(value);
+  if (!v) fail(name + "='" + value + "' is not an integer; set it to a whole number or unset it");
+  if (*v < lo || *v > hi)
     fail(name + "=" + value + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return static_cast<long>(*v);
 }

@@ -19,7 +19,7 @@ std::string to_bytes(const torch::Tensor& t, int64_t size) {
 
 }  // namespace
 
-std::string broadcast_object(ProcessGroup& pg, const std::string& bytes, int root) {
+std::string broadcast_object(ProcessGroup& pg, std::string bytes, int root) {
   if (pg.size() == 1) return bytes;
   const bool mine = pg.rank() == root;
   auto length = torch::tensor({static_cast<int64_t>(mine ? bytes.size() : 0)}, torch::kInt64).to(pg.device());
@@ -28,7 +28,8 @@ std::string broadcast_object(ProcessGroup& pg, const std::string& bytes, int roo
   if (size == 0) return std::string();  // every rank knows: no second collective
   auto data = (mine ? to_tensor(bytes, size) : torch::empty({size}, torch::kUInt8)).to(pg.device());
   pg.broadcast(data, root).wait();
-  return mine ? bytes : to_bytes(data, size);
+  if (mine) return bytes;  // moved out: a checkpoint's bytes are not copied again
+  return to_bytes(data, size);
 }
 
 std::vector<std::string> all_gather_object(ProcessGroup& pg, const std::string& bytes) {

@@ -13,7 +13,7 @@ namespace ddp {
 
 // Collective: every rank returns `root`'s bytes (the others' argument is
 // ignored). Two broadcasts: the length, then the bytes.
-std::string broadcast_object(ProcessGroup& pg, const std::string& bytes, int root = 0);
+std::string broadcast_object(ProcessGroup& pg, std::string bytes, int root = 0);
 
 // Collective: every rank returns every rank's bytes, in rank order. Two
 // all-gathers: the lengths, then the bytes padded to the longest.
