@@ -19,8 +19,8 @@
 //                   one RESULT line per mode. The machine's speed drifts, and
 //                   this keeps it out of the ratios between modes.
 //
-// Models: lenet (the seed's LeNet, Fashion-MNIST shaped synthetic data) and
-// mlp100 (about 100 MB of float parameters, for the peak-RSS comparison).
+// Models: lenet (the seed's LeNet, Fashion-MNIST shaped synthetic data),
+// d2l_lenet (the d2l.ai LeNet with sigmoids, same data shape) and mlp100 (about 100 MB of float parameters, for the peak-RSS comparison).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -70,6 +70,30 @@ struct LeNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(LeNet);
 
+// The classic d2l.ai LeNet of the seeds' multi-GPU chapter (61,706
+// parameters): conv 1->6 5x5 padding 2, sigmoid, avg-pool 2; conv 6->16 5x5,
+// sigmoid, avg-pool 2; linear 400->120->84->10 with sigmoids. A step costs
+// about 18 ms of one core here, so communication and scheduling are a large
+// share of it (docs/performance.md, "Small models").
+struct D2lLeNetImpl : torch::nn::Module {
+  D2lLeNetImpl()
+      : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 6, 5).padding(2)))),
+        conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(6, 16, 5)))),
+        fc1(register_module("fc1", torch::nn::Linear(400, 120))),
+        fc2(register_module("fc2", torch::nn::Linear(120, 84))),
+        fc3(register_module("fc3", torch::nn::Linear(84, 10))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::avg_pool2d(torch::sigmoid(conv1(x)), 2);  // 28x28 -> 14x14
+    x = torch::avg_pool2d(torch::sigmoid(conv2(x)), 2);  // 10x10 -> 5x5
+    x = torch::sigmoid(fc1(x.flatten(1)));
+    x = torch::sigmoid(fc2(x));
+    return fc3(x);
+  }
+  torch::nn::Conv2d conv1, conv2;
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(D2lLeNet);
+
 // About 100 MB of float parameters: 6 x Linear(2048, 2048) (25.2 M) + a head.
 struct MLPImpl : torch::nn::Module {
   static constexpr int kWidth = 2048;
@@ -114,7 +138,7 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "lenet_bench: " << why << "\n"
-            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|interleaved] [--model lenet|mlp100] [--iters N]\n"
+            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|interleaved] [--model lenet|d2l_lenet|mlp100] [--iters N]\n"
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
@@ -148,7 +172,7 @@ Args parse(int argc, char** argv) {
     else usage("unknown flag " + k);
   }
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "interleaved") usage("unknown mode " + a.mode);
-  if (a.model != "lenet" && a.model != "mlp100") usage("unknown model " + a.model);
+  if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100") usage("unknown model " + a.model);
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
     usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
   return a;
@@ -308,7 +332,7 @@ int run(const Args& a) {
 
   // Synthetic, fixed data: a different shard per rank, reused every step.
   torch::manual_seed(1234 + rank);
-  torch::Tensor x = a.model == "lenet" ? torch::randn({a.batch, 1, 28, 28}) : torch::randn({a.batch, MLPImpl::kWidth});
+  torch::Tensor x = a.model != "mlp100" ? torch::randn({a.batch, 1, 28, 28}) : torch::randn({a.batch, MLPImpl::kWidth});
   torch::Tensor y = torch::randint(0, 10, {a.batch}, torch::kLong);
 
   int step_no = 0;
@@ -370,7 +394,9 @@ int main(int argc, char** argv) {
     torch::set_num_threads(a.threads);
     torch::set_num_interop_threads(1);
     at::globalContext().setFlushDenormal(a.flush_denormal);
-    return a.model == "lenet" ? run<LeNet>(a) : run<MLP>(a);
+    if (a.model == "lenet") return run<LeNet>(a);
+    if (a.model == "d2l_lenet") return run<D2lLeNet>(a);
+    return run<MLP>(a);
   } catch (const std::exception& e) {
     std::cerr << "lenet_bench: " << e.what() << std::endl;
     return 1;

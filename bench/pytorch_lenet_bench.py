@@ -34,6 +34,25 @@ class LeNet(torch.nn.Module):
         return self.fc2(x)
 
 
+class D2lLeNet(torch.nn.Module):
+    # The d2l.ai LeNet with sigmoids, as bench/lenet_bench.cpp's d2l_lenet.
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 6, 5, padding=2)
+        self.conv2 = torch.nn.Conv2d(6, 16, 5)
+        self.fc1 = torch.nn.Linear(400, 120)
+        self.fc2 = torch.nn.Linear(120, 84)
+        self.fc3 = torch.nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.avg_pool2d(torch.sigmoid(self.conv1(x)), 2)
+        x = F.avg_pool2d(torch.sigmoid(self.conv2(x)), 2)
+        x = torch.sigmoid(self.fc1(x.flatten(1)))
+        x = torch.sigmoid(self.fc2(x))
+        return self.fc3(x)
+
+
+MODELS = {"lenet": LeNet, "d2l_lenet": D2lLeNet}
 WIDTH, LAYERS = 2048, 6
 
 
@@ -61,7 +80,7 @@ class Trainer:
     def __init__(self, name, mode, a):
         self.name, self.mode, self.a = name, mode, a
         torch.manual_seed(0)
-        self.net = LeNet() if a.model == "lenet" else MLP()
+        self.net = MODELS.get(a.model, MLP)()
         self.model = self.net
         if mode == "ddp":
             self.model = DistributedDataParallel(self.net, bucket_cap_mb=a.bucket_cap_mb,
@@ -115,7 +134,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["local", "ddp", "interleaved"], default="ddp",
                     help="interleaved: local and ddp in the same processes, alternating every --chunk steps")
-    ap.add_argument("--model", choices=["lenet", "mlp100"], default="lenet")
+    ap.add_argument("--model", choices=["lenet", "d2l_lenet", "mlp100"], default="lenet")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128)
@@ -144,7 +163,7 @@ def main():
         trainers = [Trainer(a.tag or f"pytorch_{a.mode}", a.mode, a)]
     param_mb = sum(p.numel() * p.element_size() for p in trainers[0].net.parameters()) / 1048576.0
     torch.manual_seed(1234 + rank)
-    x = torch.randn(a.batch, 1, 28, 28) if a.model == "lenet" else torch.randn(a.batch, WIDTH)
+    x = torch.randn(a.batch, 1, 28, 28) if a.model != "mlp100" else torch.randn(a.batch, WIDTH)
     y = torch.randint(0, 10, (a.batch,))
 
     for t in trainers:

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "c10d_compat.h"
+#include "comm_threads.h"
 #include "parse_number.h"
 
 #ifdef DDP_WITH_CUDA
@@ -197,9 +198,19 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
   try {
     if (backend == "gloo") {
 #ifdef USE_C10D_GLOO
+      // The device starts Gloo's event-loop thread, the group its workers:
+      // found by the threads each adds (comm_threads.h says why the loop
+      // runs under SCHED_IDLE).
+      const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
+      const auto before_device = detail::thread_ids();
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       opts->devices.push_back(gloo_device(env));
+      const auto before_group = detail::thread_ids();
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+      for (pid_t tid : detail::new_threads(before_device, before_group))
+        detail::tune_comm_thread(tid, "gloo-loop", idle_loop);
+      for (pid_t tid : detail::new_threads(before_group, detail::thread_ids()))
+        detail::tune_comm_thread(tid, "gloo-worker", false);
 #else
       throw UsageError("this LibTorch was built without Gloo");
 #endif

@@ -1,0 +1,60 @@
+#include "comm_threads.h"
+
+#include <dirent.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+
+#include "ddp/errors.h"
+
+namespace ddp::detail {
+
+std::set<pid_t> thread_ids() {
+  std::set<pid_t> ids;
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return ids;  // no procfs: nothing is tuned
+  while (const dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long id = std::strtol(entry->d_name, &end, 10);
+    if (end != entry->d_name && *end == '\0' && id > 0) ids.insert(static_cast<pid_t>(id));
+  }
+  closedir(dir);
+  return ids;
+}
+
+std::set<pid_t> new_threads(const std::set<pid_t>& before, const std::set<pid_t>& after) {
+  std::set<pid_t> added;
+  for (pid_t id : after)
+    if (!before.count(id)) added.insert(id);
+  return added;
+}
+
+bool gloo_loop_idle_from_environment(int rank) {
+  const char* value = std::getenv("DDP_GLOO_LOOP_POLICY");
+  if (!value || !*value || std::strcmp(value, "idle") == 0) return true;
+  if (std::strcmp(value, "normal") == 0) return false;
+  throw UsageError("rank " + std::to_string(rank) + ": DDP_GLOO_LOOP_POLICY='" + value +
+                   "' is not a policy; use idle (the default) or normal");
+}
+
+std::string tune_comm_thread(pid_t tid, const std::string& name, bool idle) {
+  std::string done;
+  // The kernel keeps 15 characters of a thread's name.
+  std::ofstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
+  if (comm << name.substr(0, 15)) done = name;
+  if (idle) {
+    sched_param param{};
+    param.sched_priority = 0;
+    if (sched_setscheduler(tid, SCHED_IDLE, &param) == 0)
+      done += " SCHED_IDLE";
+    else
+      done += std::string(" (SCHED_IDLE refused: ") + std::strerror(errno) + ")";
+  }
+  return done;
+}
+
+}  // namespace ddp::detail
