@@ -14,7 +14,9 @@ the summary gives min, median and max over rounds of rank 0's it/s (the
 figure the issue measured) and checks the goals:
   - libddp's slowest run >= PyTorch's DDP's median,
   - libddp's median >= 0.9 x local training's median.
-Modes: local, ddp, pytorch_ddp, pytorch_local (see run_lenet_bench.py).
+Modes: local, ddp, ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
+loop under SCHED_IDLE, see src/comm_threads.h), pytorch_ddp, pytorch_local
+(see run_lenet_bench.py).
 """
 import argparse
 import csv
@@ -27,6 +29,8 @@ import run_lenet_bench as lb
 MODES = {
     "local": ("cpp", ["--mode", "local"]),
     "ddp": ("cpp", ["--mode", "ddp"]),
+    # libddp with Gloo's event loop under SCHED_IDLE (DDP_GLOO_LOOP_POLICY=idle)
+    "ddp_loop_idle": ("cpp", ["--mode", "ddp"]),
     "pytorch_ddp": ("py", ["--mode", "ddp"]),
     "pytorch_local": ("py", ["--mode", "local"]),
 }
@@ -76,7 +80,12 @@ def main():
                 impl, flags = MODES[m]
                 if impl == "cpp" and args.extra:
                     flags = flags + args.extra.split()
-                res = lb.run_mode(args, impl, flags, common, args.world, m)
+                if m == "ddp_loop_idle":
+                    os.environ["DDP_GLOO_LOOP_POLICY"] = "idle"
+                try:
+                    res = lb.run_mode(args, impl, flags, common, args.world, m)
+                finally:
+                    os.environ.pop("DDP_GLOO_LOOP_POLICY", None)
                 by_rank = {x["rank"]: x for x in res}
                 runs[m].append(by_rank)
                 for x in res:
@@ -107,6 +116,9 @@ def main():
         ok = stats["ddp"][0] >= stats["pytorch_ddp"][1]
         goals.append(f"libddp's slowest run {stats['ddp'][0]:.1f} >= PyTorch DDP's median "
                      f"{stats['pytorch_ddp'][1]:.1f}: {'met' if ok else 'MISSED'}")
+    if "ddp" in stats and "ddp_loop_idle" in stats:
+        goals.append(f"libddp's median with the idle loop / with Gloo's default loop = "
+                     f"{stats['ddp_loop_idle'][1] / stats['ddp'][1]:.3f}")
     if "ddp" in stats and "local" in stats:
         ratio = stats["ddp"][1] / stats["local"][1]
         goals.append(f"libddp's median / local's median = {ratio:.3f} (goal >= 0.9): "

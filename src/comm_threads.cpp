@@ -35,10 +35,10 @@ std::set<pid_t> new_threads(const std::set<pid_t>& before, const std::set<pid_t>
 
 bool gloo_loop_idle_from_environment(int rank) {
   const char* value = std::getenv("DDP_GLOO_LOOP_POLICY");
-  if (!value || !*value || std::strcmp(value, "idle") == 0) return true;
-  if (std::strcmp(value, "normal") == 0) return false;
+  if (!value || !*value || std::strcmp(value, "normal") == 0) return false;
+  if (std::strcmp(value, "idle") == 0) return true;
   throw UsageError("rank " + std::to_string(rank) + ": DDP_GLOO_LOOP_POLICY='" + value +
-                   "' is not a policy; use idle (the default) or normal");
+                   "' is not a policy; use normal (the default) or idle");
 }
 
 std::string tune_comm_thread(pid_t tid, const std::string& name, bool idle) {

@@ -199,8 +199,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
     if (backend == "gloo") {
 #ifdef USE_C10D_GLOO
       // The device starts Gloo's event-loop thread, the group its workers:
-      // found by the threads each adds (comm_threads.h says why the loop
-      // runs under SCHED_IDLE).
+      // found by the threads each adds, named, and the loop moved to
+      // SCHED_IDLE when asked (comm_threads.h says why).
       const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
       const auto before_device = detail::thread_ids();
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);

@@ -1,7 +1,8 @@
-// Gloo's event-loop thread runs under SCHED_IDLE, so that its spinning never
-// takes a CPU that a rank's compute or Gloo's workers want (src/comm_threads.h);
-// DDP_GLOO_LOOP_POLICY=normal leaves it as Gloo starts it. A one-rank group
-// over a real TCP store is enough to see the threads.
+// Gloo's threads are named gloo-loop and gloo-worker; DDP_GLOO_LOOP_POLICY=idle
+// moves the event loop to SCHED_IDLE, so that its spinning never takes a CPU
+// that a rank's compute or Gloo's workers want (src/comm_threads.h); the
+// default leaves it as Gloo starts it. A one-rank group over a real TCP store
+// is enough to see the threads.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -61,8 +62,8 @@ struct PolicyEnv {
 
 }  // namespace
 
-TEST(CommThreads, GlooLoopRunsUnderSchedIdleAndTheWorkersStayNormal) {
-  PolicyEnv env(nullptr);
+TEST(CommThreads, PolicyIdleMovesTheGlooLoopToSchedIdleAndTheWorkersStayNormal) {
+  PolicyEnv env("idle");
   auto pg = one_rank_gloo_group();
   const auto loops = policies_of("gloo-loop");
   ASSERT_FALSE(loops.empty()) << "no thread named gloo-loop: the Gloo event loop was not found";
@@ -76,13 +77,20 @@ TEST(CommThreads, GlooLoopRunsUnderSchedIdleAndTheWorkersStayNormal) {
   EXPECT_EQ(t.sum().item<float>(), 4.0f);
 }
 
-TEST(CommThreads, PolicyNormalLeavesTheLoopAsGlooStartsIt) {
-  PolicyEnv env("normal");
+TEST(CommThreads, ByDefaultTheLoopIsNamedAndLeftAsGlooStartsIt) {
+  PolicyEnv env(nullptr);
   auto pg = one_rank_gloo_group();
   const auto loops = policies_of("gloo-loop");
   ASSERT_FALSE(loops.empty());
   // Threads of earlier groups in this process may still be named gloo-loop;
   // the one just made is the only one under SCHED_OTHER.
+  EXPECT_NE(std::count(loops.begin(), loops.end(), SCHED_OTHER), 0);
+}
+
+TEST(CommThreads, PolicyNormalIsTheDefaultSpelledOut) {
+  PolicyEnv env("normal");
+  auto pg = one_rank_gloo_group();
+  const auto loops = policies_of("gloo-loop");
   EXPECT_NE(std::count(loops.begin(), loops.end(), SCHED_OTHER), 0);
 }
 
