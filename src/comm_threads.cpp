@@ -4,7 +4,6 @@
 #include <sched.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -41,20 +40,13 @@ bool gloo_loop_idle_from_environment(int rank) {
                    "' is not a policy; use normal (the default) or idle");
 }
 
-std::string tune_comm_thread(pid_t tid, const std::string& name, bool idle) {
-  std::string done;
+void tune_comm_thread(pid_t tid, const std::string& name, bool idle) {
   // The kernel keeps 15 characters of a thread's name.
-  std::ofstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
-  if (comm << name.substr(0, 15)) done = name;
+  std::ofstream("/proc/self/task/" + std::to_string(tid) + "/comm") << name.substr(0, 15);
   if (idle) {
     sched_param param{};
-    param.sched_priority = 0;
-    if (sched_setscheduler(tid, SCHED_IDLE, &param) == 0)
-      done += " SCHED_IDLE";
-    else
-      done += std::string(" (SCHED_IDLE refused: ") + std::strerror(errno) + ")";
+    sched_setscheduler(tid, SCHED_IDLE, &param);
   }
-  return done;
 }
 
 }  // namespace ddp::detail

@@ -36,8 +36,8 @@ std::set<pid_t> new_threads(const std::set<pid_t>& before, const std::set<pid_t>
 bool gloo_loop_idle_from_environment(int rank);
 
 // Names the thread (as top -H and perf show it) and, if `idle`, moves it to
-// SCHED_IDLE. Returns what was done, for the log; never throws: a thread
-// that has already exited, or a system that refuses, keeps its defaults.
-std::string tune_comm_thread(pid_t tid, const std::string& name, bool idle);
+// SCHED_IDLE. Best effort, never throws: a thread that has already exited,
+// or a system that refuses, keeps its defaults.
+void tune_comm_thread(pid_t tid, const std::string& name, bool idle);
 
 }  // namespace ddp::detail
