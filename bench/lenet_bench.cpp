@@ -13,6 +13,8 @@
 //   allreduce_each  after backward, for each parameter: allreduce(grad).wait()
 //                   and divide by the world size (pytorch/examples
 //                   cpp/distributed/dist-mnist.cpp's approach)
+//   sync_only       no gradient exchange; the ranks meet once per step through a
+//                   one-float all-reduce (the ceiling of any transport)
 //   interleaved     local, ddp, allreduce_each and ddp_overlap (ddp with 0.25 MB
 //                   buckets) in the same processes, each with its own model,
 //                   alternating every --chunk steps for --rounds alternations;
@@ -32,6 +34,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -45,6 +48,12 @@ using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 // CPU time in ms: the whole process (Gloo's threads included), or this thread.
+long minor_faults_now() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
 double cpu_ms(clockid_t clock) {
   timespec ts{};
   clock_gettime(clock, &ts);
@@ -127,9 +136,12 @@ struct Args {
   int chunk = 10;   // interleaved: steps per mode per alternation
   std::string tag;  // echoed in the result line, for the driver
   bool trace_rss = false;  // current and peak RSS after every step, on stderr
-  // DDPOptions::malloc_mmap_threshold_mb for ddp (negative: the library's
-  // default); when positive, local and allreduce_each fix the same thresholds.
-  double malloc_mmap_mb = -1;
+  // DDPOptions::malloc_mmap_threshold_mb for ddp (unset: the library's
+  // default; -1: automatic); when positive, local and allreduce_each fix the
+  // same thresholds.
+  std::optional<double> malloc_mmap_mb;
+  // DDPOptions::retain_step_memory for ddp (unset: the library's default).
+  std::optional<bool> retain_step_memory;
   // Fixed data is memorised within a few dozen steps; gradients then shrink
   // into denormal floats, which x86 handles up to 100x slower, and the timing
   // would depend on how far each mode has trained. Flushed in both programs.
@@ -138,10 +150,11 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "lenet_bench: " << why << "\n"
-            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|interleaved] [--model lenet|d2l_lenet|mlp100] [--iters N]\n"
+            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|sync_only|interleaved] [--model lenet|d2l_lenet|mlp100] [--iters N]\n"
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
+               "         [--retain-step-memory 0|1]\n"
                "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
   std::exit(2);
 }
@@ -169,9 +182,12 @@ Args parse(int argc, char** argv) {
     else if (k == "--trace-rss") a.trace_rss = v != "0";
     else if (k == "--flush-denormal") a.flush_denormal = v != "0";
     else if (k == "--malloc-mmap-mb") a.malloc_mmap_mb = std::stod(v);
+    else if (k == "--retain-step-memory") a.retain_step_memory = v != "0";
     else usage("unknown flag " + k);
   }
-  if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "interleaved") usage("unknown mode " + a.mode);
+  if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "sync_only" &&
+      a.mode != "interleaved")
+    usage("unknown mode " + a.mode);
   if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100") usage("unknown model " + a.model);
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
     usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
@@ -205,7 +221,7 @@ double median(std::vector<double> v) {
 template <typename Net>
 struct Trainer {
   using DDP = ddp::DistributedDataParallel<typename Net::ContainedType>;
-  std::string name, kind;  // kind: local | ddp | allreduce_each
+  std::string name, kind;  // kind: local | ddp | allreduce_each | sync_only
   double bucket_cap_mb = 25, first_bucket_mb = 1;
   bool bucket_view = true;
   Net net{nullptr};
@@ -215,6 +231,7 @@ struct Trainer {
 
   std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, chunk_it_s;
   double elapsed_ms = 0, proc_cpu_ms = 0, main_cpu_ms = 0;
+  long minor_faults = 0;  // page faults of the whole process during timed steps
   int timed = 0;
   torch::Tensor last_loss;
 
@@ -224,10 +241,11 @@ struct Trainer {
     if (kind == "ddp") {
       auto options =
           ddp::DDPOptions().bucket_cap_mb(bucket_cap_mb).first_bucket_mb(first_bucket_mb).gradient_as_bucket_view(bucket_view);
-      if (a.malloc_mmap_mb >= 0) options.malloc_mmap_threshold_mb(a.malloc_mmap_mb);
+      if (a.malloc_mmap_mb) options.malloc_mmap_threshold_mb(*a.malloc_mmap_mb);
+      if (a.retain_step_memory) options.retain_step_memory(*a.retain_step_memory);
       model = std::make_unique<DDP>(net, pg, options);
-    } else if (a.malloc_mmap_mb > 0) {
-      ddp::fix_malloc_thresholds(a.malloc_mmap_mb);
+    } else if (a.malloc_mmap_mb.value_or(0) > 0) {
+      ddp::fix_malloc_thresholds(*a.malloc_mmap_mb);
     }
     opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(a.lr));
     params = net->parameters();
@@ -251,6 +269,12 @@ struct Trainer {
         g.div_(world);
       }
     }
+    if (kind == "sync_only" && world > 1) {
+      // No gradient exchange: the ranks only meet once per step (a one-float
+      // all-reduce), which bounds what any transport could reach.
+      static auto one = torch::zeros({1});
+      pg.allreduce(one).wait();
+    }
     auto t3 = Clock::now();
     opt->step();
     auto t4 = Clock::now();
@@ -273,6 +297,7 @@ struct Trainer {
   void timed_steps(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, int n, After after) {
     pg.barrier();
     const double proc0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID);
+    const long faults0 = minor_faults_now();
     const auto start = Clock::now();
     for (int i = 0; i < n; ++i) {
       one_step(pg, x, y, true);
@@ -282,6 +307,7 @@ struct Trainer {
     elapsed_ms += ms;
     proc_cpu_ms += cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - proc0;
     main_cpu_ms += cpu_ms(CLOCK_THREAD_CPUTIME_ID) - thread0;
+    minor_faults += minor_faults_now() - faults0;
     timed += n;
     chunk_it_s.push_back(n * 1000.0 / ms);
   }
@@ -368,6 +394,7 @@ int run(const Args& a) {
          << " batch=" << a.batch << " iters=" << t.timed << " it_s=" << (t.timed * 1000.0 / t.elapsed_ms)
          << " chunk_it_s=" << median(t.chunk_it_s) << " ms_per_iter=" << t.elapsed_ms / t.timed
          << " cpu_ms_per_iter=" << t.proc_cpu_ms / t.timed << " main_cpu_ms_per_iter=" << t.main_cpu_ms / t.timed
+         << " faults_per_iter=" << static_cast<double>(t.minor_faults) / t.timed
          << " fwd_ms=" << median(t.fwd) << " bwd_ms=" << median(t.bwd) << " sync_ms=" << median(t.sync)
          << " step_ms=" << median(t.step) << " exposed_comm_ms=" << (is_ddp ? median(t.exposed) : 0.0)
          << " backward_ms=" << (is_ddp ? median(t.backward_ms) : 0.0)

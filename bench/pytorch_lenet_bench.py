@@ -88,6 +88,7 @@ class Trainer:
         self.opt = torch.optim.SGD(self.net.parameters(), lr=a.lr)
         self.fwd, self.bwd, self.step_ms, self.chunk_it_s = [], [], [], []
         self.elapsed = self.proc_cpu = self.main_cpu = 0.0
+        self.minor_faults = 0
         self.timed = 0
         self.last_loss = None
 
@@ -109,6 +110,7 @@ class Trainer:
     def timed_steps(self, x, y, n):
         dist.barrier()  # every rank starts together
         proc0, thread0 = time.process_time(), time.thread_time()
+        faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         for _ in range(n):
             self.one_step(x, y, True)
@@ -116,6 +118,7 @@ class Trainer:
         self.elapsed += elapsed
         self.proc_cpu += time.process_time() - proc0
         self.main_cpu += time.thread_time() - thread0
+        self.minor_faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults0
         self.timed += n
         self.chunk_it_s.append(n / elapsed)
 
@@ -189,6 +192,7 @@ def main():
             ("batch", a.batch), ("iters", n), ("it_s", f"{n / t.elapsed:.4f}"),
             ("chunk_it_s", f"{med(t.chunk_it_s):.4f}"), ("ms_per_iter", f"{t.elapsed * 1e3 / n:.4f}"),
             ("cpu_ms_per_iter", f"{t.proc_cpu * 1e3 / n:.4f}"), ("main_cpu_ms_per_iter", f"{t.main_cpu * 1e3 / n:.4f}"),
+            ("faults_per_iter", f"{t.minor_faults / n:.1f}"),
             ("fwd_ms", f"{med(t.fwd):.4f}"), ("bwd_ms", f"{med(t.bwd):.4f}"), ("sync_ms", "0.0000"),
             ("step_ms", f"{med(t.step_ms):.4f}"), ("exposed_comm_ms", "0.0000"), ("backward_ms", "0.0000"),
             ("buckets", num_buckets), ("bytes_reduced", bytes_reduced),

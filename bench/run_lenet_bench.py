@@ -54,9 +54,9 @@ MEMORY_MODES = {
     "local": ("cpp", ["--mode", "local"]),
     "ddp": ("cpp", ["--mode", "ddp", "--bucket-view", "1"]),
     "ddp_no_bucket_view": ("cpp", ["--mode", "ddp", "--bucket-view", "0"]),
-    # DDPOptions::malloc_mmap_threshold_mb: the default fixes glibc's thresholds at
-    # the largest gradient (16 MiB here); 0 leaves glibc's dynamic threshold on.
-    "ddp_no_malloc_tuning": ("cpp", ["--mode", "ddp", "--bucket-view", "1", "--malloc-mmap-mb", "0"]),
+    # DDPOptions::malloc_mmap_threshold_mb: the default (0) leaves glibc's dynamic
+    # thresholds on; -1 (opt-in) fixes them at the largest gradient (16 MiB here).
+    "ddp_malloc_tuning": ("cpp", ["--mode", "ddp", "--bucket-view", "1", "--malloc-mmap-mb", "-1"]),
     "local_same_malloc_tuning": ("cpp", ["--mode", "local", "--malloc-mmap-mb", "16"]),
     "pytorch_local": ("py", ["--mode", "local"]),
     "pytorch_ddp": ("py", ["--mode", "ddp", "--bucket-view", "0"]),

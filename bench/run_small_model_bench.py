@@ -14,7 +14,9 @@ the summary gives min, median and max over rounds of rank 0's it/s (the
 figure the issue measured) and checks the goals:
   - libddp's slowest run >= PyTorch's DDP's median,
   - libddp's median >= 0.9 x local training's median.
-Modes: local, ddp, ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
+Modes: local, ddp, ddp_no_retain (DDPOptions::retain_step_memory(false):
+the slow regime's cause, glibc returning every step's heap), sync_only (the
+ranks meet once per step and exchange no gradients), ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
 loop under SCHED_IDLE, see src/comm_threads.h), pytorch_ddp, pytorch_local
 (see run_lenet_bench.py).
 """
@@ -29,13 +31,19 @@ import run_lenet_bench as lb
 MODES = {
     "local": ("cpp", ["--mode", "local"]),
     "ddp": ("cpp", ["--mode", "ddp"]),
+    # libddp before the fix: glibc returns the step's heap every step
+    # (DDPOptions::retain_step_memory(false), ddp/malloc_tuning.h)
+    "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
     # libddp with Gloo's event loop under SCHED_IDLE (DDP_GLOO_LOOP_POLICY=idle)
     "ddp_loop_idle": ("cpp", ["--mode", "ddp"]),
+    # the ranks meet once per step (a one-float all-reduce) and exchange no
+    # gradients: the ceiling of any transport for a synchronous step
+    "sync_only": ("cpp", ["--mode", "sync_only"]),
     "pytorch_ddp": ("py", ["--mode", "ddp"]),
     "pytorch_local": ("py", ["--mode", "local"]),
 }
 FIELDS = ["round", "label", "impl", "mode", "model", "rank", "world", "batch", "iters", "it_s", "ms_per_iter",
-          "cpu_ms_per_iter", "main_cpu_ms_per_iter", "fwd_ms", "bwd_ms", "step_ms", "exposed_comm_ms",
+          "cpu_ms_per_iter", "main_cpu_ms_per_iter", "faults_per_iter", "fwd_ms", "bwd_ms", "step_ms", "exposed_comm_ms",
           "backward_ms", "buckets", "checksum", "loss", "foreign_cores", "attempt", "tag"]
 
 
@@ -96,7 +104,8 @@ def main():
                       f"{', '.join('%.1f' % by_rank[k]['fwd_ms'] for k in sorted(by_rank))} ms, bwd "
                       f"{', '.join('%.1f' % by_rank[k]['bwd_ms'] for k in sorted(by_rank))} ms, exposed "
                       f"{', '.join('%.1f' % by_rank[k]['exposed_comm_ms'] for k in sorted(by_rank))} ms, "
-                      f"CPU/step {', '.join('%.1f' % by_rank[k]['cpu_ms_per_iter'] for k in sorted(by_rank))} ms; "
+                      f"CPU/step {', '.join('%.1f' % by_rank[k]['cpu_ms_per_iter'] for k in sorted(by_rank))} ms, "
+                      f"page faults/step {', '.join('%.0f' % by_rank[k].get('faults_per_iter', -1) for k in sorted(by_rank))}; "
                       f"foreign load {r0['foreign_cores']:.2f})", flush=True)
 
     print(f"\nd2l LeNet, batch {args.batch}/rank, {args.world} ranks, Gloo over loopback, 1 thread/rank; "

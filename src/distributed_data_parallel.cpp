@@ -180,11 +180,13 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
 
-  if (params.front().is_cpu()) {
+  const bool reducer_params_are_cpu = params.front().is_cpu();
+  if (reducer_params_are_cpu) {
     fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
   }
   verify_same_model(*module_, *pg_);
   broadcast_coalesced(*pg_, state, 0);
+  step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
 }
 
@@ -199,11 +201,20 @@ void DistributedDataParallelBase::pre_forward() {
   // synchronised one, so once per gradient-accumulation cycle.
   if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
     broadcast_coalesced(*pg_, buffers_, 0);
+  if (step_memory_pending_) bytes_before_first_forward_ = malloc_bytes_in_use();
 }
 
 void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;
   require_forward_param_sync_ = reducer_->sync();
+  if (step_memory_pending_) {
+    // The forward's activations are all alive now: what they take tells
+    // whether the step is small enough for glibc to keep
+    // (ddp/malloc_tuning.h says why it needs to be told).
+    step_memory_pending_ = false;
+    const std::size_t now = malloc_bytes_in_use();
+    if (now > bytes_before_first_forward_) retain_step_memory(now - bytes_before_first_forward_);
+  }
   reducer_->prepare_for_backward(outputs);
 }
 

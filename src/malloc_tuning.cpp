@@ -21,6 +21,13 @@ std::string malloc_settings_chosen_by_user() {
 
 namespace {
 
+// Whether fix_malloc_thresholds() turned glibc's dynamic thresholds off.
+bool thresholds_fixed = false;
+
+// glibc's ceiling for the dynamic mmap threshold on 64-bit hosts
+// (DEFAULT_MMAP_THRESHOLD_MAX).
+constexpr std::size_t kDynamicMax = std::size_t{32} << 20;
+
 MallocTuning apply(double mmap_threshold_mb) {
   MallocTuning t;
   const std::string chosen = malloc_settings_chosen_by_user();
@@ -41,6 +48,7 @@ MallocTuning apply(double mmap_threshold_mb) {
     return t;
   }
   t.applied = true;
+  thresholds_fixed = true;
   t.reason = "M_MMAP_THRESHOLD " + std::to_string(t.mmap_threshold) + ", M_TRIM_THRESHOLD " +
              std::to_string(t.trim_threshold);
 #else
@@ -61,6 +69,59 @@ MallocTuning fix_malloc_thresholds(double mmap_threshold_mb) {
   static MallocTuning result;
   std::call_once(once, [&] { result = apply(mmap_threshold_mb); });
   return result;
+}
+
+std::size_t malloc_bytes_in_use() {
+#if defined(__GLIBC__)
+#if __GLIBC_PREREQ(2, 33)
+  const auto m = mallinfo2();
+#else
+  const auto m = mallinfo();  // int fields: wrong past 2 GiB, which only skips the retention
+#endif
+  return static_cast<std::size_t>(m.uordblks) + static_cast<std::size_t>(m.hblkhd);
+#else
+  return 0;
+#endif
+}
+
+HeapRetention retain_step_memory(std::size_t forward_bytes) {
+  HeapRetention r;
+  const std::string chosen = malloc_settings_chosen_by_user();
+  if (!chosen.empty()) {
+    r.reason = "left to the user's " + chosen;
+    return r;
+  }
+#if defined(__GLIBC__)
+  if (thresholds_fixed) {
+    r.reason = "the malloc thresholds are fixed (fix_malloc_thresholds), so glibc's are not dynamic";
+    return r;
+  }
+  if (forward_bytes > kDynamicMax) {
+    r.reason = "the forward takes " + std::to_string(forward_bytes) +
+               " bytes, more than glibc's dynamic threshold can reach (32 MiB): left as it is";
+    return r;
+  }
+  // A block is mmap()ed only above the current threshold, and freeing it
+  // raises the threshold only if its chunk (request + header, rounded up to
+  // a page) stays within the ceiling: keep two pages of room.
+  const std::size_t block = kDynamicMax - 2 * 4096;
+  // Through a volatile pointer, so that the pair is not optimised away.
+  void* volatile p = std::malloc(block);
+  if (p == nullptr) {
+    r.reason = "malloc of " + std::to_string(block) + " bytes failed";
+    return r;
+  }
+  std::free(p);
+  r.applied = true;
+  r.threshold = block;
+  r.reason = "glibc's dynamic mmap threshold raised to " + std::to_string(block) +
+             " bytes (trim threshold twice that), by freeing one block of that size";
+#else
+  (void)forward_bytes;
+  (void)kDynamicMax;
+  r.reason = "not glibc";
+#endif
+  return r;
 }
 
 }  // namespace ddp

@@ -44,15 +44,23 @@ struct DistributedDataParallelOptions {
   // of every gradient in memory. On by default here (off in PyTorch) because
   // it is faster and smaller; see docs/design.md.
   TORCH_ARG(bool, gradient_as_bucket_view) = true;
-  // CPU models only: fix glibc's malloc thresholds, once per process, so that
-  // freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h).
-  // Negative (the default): at the largest gradient's size when that is at
-  // least 4 MiB, else leave malloc alone; positive: at this many MiB; 0:
-  // never. DDP_MALLOC_MMAP_THRESHOLD_MB overrides this value, and any
+  // CPU models only, opt-in: fix glibc's malloc thresholds, once per process,
+  // so that freed gradient-sized temporaries leave RSS (ddp/malloc_tuning.h).
+  // 0 (the default): leave them to glibc; negative (-1, "auto"): at the
+  // largest gradient's size when that is at least 4 MiB, else leave them;
+  // positive: at this many MiB. It saves resident memory on models with large
+  // gradients and costs CPU on every step (docs/performance.md).
+  // DDP_MALLOC_MMAP_THRESHOLD_MB overrides this value, and any
   // MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
   // MALLOC_MMAP_MAX_ or glibc.malloc.* tunable in the environment wins over
   // both. Not in PyTorch; see docs/design.md.
-  TORCH_ARG(double, malloc_mmap_threshold_mb) = -1.0;
+  TORCH_ARG(double, malloc_mmap_threshold_mb) = 0.0;
+  // CPU models only: after the first forward that builds a graph, let glibc
+  // keep one step's memory (when that forward keeps at most 32 MiB alive) between
+  // steps instead of returning it and faulting it back in on every step
+  // (ddp::retain_step_memory in ddp/malloc_tuning.h). Not in PyTorch, whose
+  // Python heap keeps it by accident; see docs/design.md.
+  TORCH_ARG(bool, retain_step_memory) = true;
 
  private:
   static double positive_mb(const char* name, double mb) {

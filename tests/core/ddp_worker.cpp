@@ -1,6 +1,8 @@
 // One rank of a multi-process DDP test. Started by the tests (through
 // multiprocess.h) with torchrun's variables; checks its own results and exits
 // 0 on success, 1 with a message otherwise. The scenario is argv[1].
+#include <sys/resource.h>
+
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -210,16 +212,21 @@ int scenario_mismatch(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup>
   throw Fail("different models on different ranks were accepted");
 }
 
-// DDPOptions::malloc_mmap_threshold_mb's automatic choice: at the largest
-// gradient's size for a model with a 16 MiB weight, nothing for a small one.
-// fix_malloc_thresholds() latches its first applied call, so asking for 1 MiB
-// afterwards tells what DistributedDataParallel did.
+// DDPOptions::malloc_mmap_threshold_mb: by default malloc's thresholds are
+// left to glibc; asked for the automatic choice (-1, by option or by
+// DDP_MALLOC_MMAP_THRESHOLD_MB), a model with a 16 MiB weight fixes them at
+// that size and a small one leaves them. fix_malloc_thresholds() latches its
+// first applied call, so asking for 1 MiB afterwards tells what
+// DistributedDataParallel did.
 int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
   const bool large = flags["--model"] == "large";
+  const bool automatic = flags["--auto"] == "1";
   torch::nn::Linear net(large ? 2048 : 32, large ? 2048 : 4);
+  auto options = ddp::DDPOptions();
+  if (automatic) options.malloc_mmap_threshold_mb(-1);
   if (flags.count("--expect-error")) {
     try {
-      ddp::DistributedDataParallel model(net, pg);
+      ddp::DistributedDataParallel model(net, pg, options);
     } catch (const std::exception& e) {
       std::cout << "caught: " << e.what() << std::endl;
       EXPECT_OR_FAIL(std::string(e.what()).find(flags["--expect-error"]) != std::string::npos, e.what());
@@ -227,15 +234,56 @@ int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
     }
     throw Fail("no error for DDP_MALLOC_MMAP_THRESHOLD_MB=" + std::string(std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")));
   }
-  ddp::DistributedDataParallel model(net, pg);
+  ddp::DistributedDataParallel model(net, pg, options);
   const auto seen = ddp::fix_malloc_thresholds(1.0);
   std::cout << "malloc: " << seen.reason << std::endl;
   EXPECT_OR_FAIL(seen.applied, seen.reason);
-  const bool env_off = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB") != nullptr;
-  const std::size_t expected = large && !env_off ? 2048u * 2048u * 4u : 1024u * 1024u;
+  const char* env = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB");
+  const bool env_auto = env && std::string(env) == "-1";
+  const bool env_off = env && std::string(env) == "0";
+  const bool tuned = large && !env_off && (automatic || env_auto);
+  const std::size_t expected = tuned ? 2048u * 2048u * 4u : 1024u * 1024u;
   EXPECT_OR_FAIL(seen.mmap_threshold == expected, "threshold " + std::to_string(seen.mmap_threshold) + ", expected " +
                                                       std::to_string(expected));
   EXPECT_OR_FAIL(seen.trim_threshold == 2 * expected, "trim threshold twice the mmap threshold");
+  return 0;
+}
+
+// DDPOptions::retain_step_memory: a small CPU model whose gradients are
+// bucket views, trained for some steps; after the first steps, a step must
+// not fault its memory in again (glibc returning the heap's top every step
+// was issue 10's slow regime). The step's heap spans about 14 MiB, 3,500
+// pages; a step that keeps it takes a few dozen faults at most.
+int scenario_step_memory(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
+  const bool retain = flags["--retain"] != "0";
+  torch::manual_seed(3);
+  torch::nn::Sequential net(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 8, 5).padding(2)), torch::nn::Sigmoid(),
+                            torch::nn::AvgPool2d(2), torch::nn::Flatten(), torch::nn::Linear(8 * 14 * 14, 10));
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().retain_step_memory(retain));
+  torch::optim::SGD opt(net->parameters(), 0.01);
+  torch::manual_seed(10 + pg->rank());
+  const auto x = torch::randn({96, 1, 28, 28});
+  const auto y = torch::randint(0, 10, {96}, torch::kLong);
+  auto step = [&] {
+    opt.zero_grad();
+    torch::nn::functional::cross_entropy(model(x), y).backward();
+    opt.step();
+  };
+  auto faults = [] {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<long>(ru.ru_minflt);
+  };
+  for (int i = 0; i < 4; ++i) step();
+  constexpr int kSteps = 12;
+  const long before = faults();
+  for (int i = 0; i < kSteps; ++i) step();
+  const double per_step = static_cast<double>(faults() - before) / kSteps;
+  std::cout << "rank " << pg->rank() << ": " << per_step << " page faults per step (retain_step_memory "
+            << retain << ")" << std::endl;
+  if (retain)
+    EXPECT_OR_FAIL(per_step < 150,
+                   "a step faults its memory in again: " + std::to_string(per_step) + " page faults per step");
   return 0;
 }
 
@@ -266,6 +314,7 @@ int main(int argc, char** argv) {
     else if (scenario == "sparse") rc = scenario_sparse(pg);
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
+    else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();
     return rc;

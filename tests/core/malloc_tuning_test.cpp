@@ -1,12 +1,16 @@
-// ddp::fix_malloc_thresholds: what it sets, what it leaves to the user, and
-// the glibc behaviour it exists for. Each case runs in a forked child, since
+// ddp::fix_malloc_thresholds and ddp::retain_step_memory: what they set, what
+// they leave to the user, and the glibc behaviour they exist for. Each case runs in a forked child, since
 // malloc's settings (and the function's once-per-process latch) are global.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/resource.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <vector>
 
 #include "ddp/malloc_tuning.h"
 
@@ -71,6 +75,31 @@ int second_block_is_mmapped(std::size_t bytes) {
   std::free(second);
   return mmapped ? 1 : 0;
 }
+
+// Page faults per "step" after the first: each step allocates `blocks`
+// blocks of 1 MiB, writes every page, and frees them all, as a training step
+// does with its activations.
+long faults_per_step(int blocks) {
+  auto faults = [] {
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return static_cast<long>(ru.ru_minflt);
+  };
+  auto step = [&] {
+    std::vector<void*> held;
+    for (int i = 0; i < blocks; ++i) {
+      held.push_back(std::malloc(1u << 20));
+      std::memset(held.back(), 1, 1u << 20);
+    }
+    for (void* p : held) std::free(p);
+  };
+  step();
+  step();
+  const long before = faults();
+  constexpr int kSteps = 4;
+  for (int i = 0; i < kSteps; ++i) step();
+  return (faults() - before) / kSteps;
+}
 #endif
 
 }  // namespace
@@ -126,4 +155,45 @@ TEST(MallocTuning, FreedLargeBlocksKeepGoingBackToTheSystem) {
   if (fixed == kCannotTell) GTEST_SKIP() << "the heap already had 24 MiB free";
   EXPECT_EQ(fixed, 1);
 #endif
+}
+
+TEST(MallocTuning, RetainStepMemoryKeepsAStepInTheHeap) {
+#if !defined(__GLIBC__)
+  GTEST_SKIP() << "not glibc: retain_step_memory() does nothing";
+#else
+  const std::string chosen = ddp::malloc_settings_chosen_by_user();
+  if (!chosen.empty()) GTEST_SKIP() << "this process's malloc was configured through " << chosen;
+  constexpr int kBlocks = 8;  // 8 MiB a step, 2,048 pages
+  // glibc's default: the freed step leaves the heap's top above the trim
+  // threshold (twice the largest freed block), so each step faults it in.
+  const int by_default = in_child([] { return faults_per_step(kBlocks) > 1000 ? 0 : 1; });
+  EXPECT_EQ(by_default, 0) << "glibc no longer returns a freed step's heap; ddp/malloc_tuning.h's reason is gone";
+  const int retained = in_child([] {
+    const auto r = ddp::retain_step_memory(std::size_t{kBlocks} << 20);
+    if (!r.applied || r.threshold < (std::size_t{31} << 20)) return 2;
+    return faults_per_step(kBlocks) < 100 ? 0 : 3;
+  });
+  EXPECT_EQ(retained, 0);
+#endif
+}
+
+TEST(MallocTuning, RetainStepMemoryLeavesWhatItCannotOrMustNotChange) {
+  EXPECT_EQ(in_child([] {
+              clear_malloc_env();
+#if defined(__GLIBC__)
+              auto big = ddp::retain_step_memory(std::size_t{40} << 20);
+              if (big.applied || big.reason.find("32 MiB") == std::string::npos) return 2;
+              ::setenv("MALLOC_TOP_PAD_", "0", 1);
+              auto user = ddp::retain_step_memory(std::size_t{4} << 20);
+              if (user.applied || user.reason.find("MALLOC_TOP_PAD_") == std::string::npos) return 3;
+              ::unsetenv("MALLOC_TOP_PAD_");
+              if (!ddp::fix_malloc_thresholds(2.0).applied) return 4;
+              auto fixed = ddp::retain_step_memory(std::size_t{4} << 20);
+              if (fixed.applied || fixed.reason.find("fixed") == std::string::npos) return 5;
+#else
+              if (ddp::retain_step_memory(std::size_t{4} << 20).applied) return 6;
+#endif
+              return 0;
+            }),
+            0);
 }
