@@ -1,0 +1,164 @@
+#!/usr/bin/python3
+"""DDP across two hosts on a limited link: two network namespaces joined by a
+veth pair, the link shaped with tc (tbf) on both ends, one rank per
+namespace, Gloo bound to the veth addresses. Needs root.
+
+  /usr/bin/python3 bench/run_netns_bench.py --rate 1gbit                       # issue 17's table
+  /usr/bin/python3 bench/run_netns_bench.py --rate 1gbit --rounds 5 --modes local,ddp,pytorch_ddp
+
+Every round runs each mode once as its own pair of processes (the order
+rotates from round to round) and prints every run: ms per step, the main
+thread's CPU per step, all threads' CPU per step and page faults per step,
+for each rank. The namespaces are removed at the end, also on failure or
+Ctrl-C. Model and step: bench/lenet_bench.cpp (default: --model mlp100
+--batch 16, 8 timed steps after 1 warm-up).
+
+Modes (see MODES): local (no communication), ddp (the library's defaults),
+ddp_malloc_auto (DDPOptions::malloc_mmap_threshold_mb(-1): glibc's
+thresholds fixed at the largest gradient), ddp_no_retain
+(retain_step_memory(false)), pytorch_ddp (python3-torch's DDP, same model).
+"""
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+
+import run_lenet_bench as lb
+
+MODES = {
+    "local": ("cpp", ["--mode", "local"]),
+    "ddp": ("cpp", ["--mode", "ddp"]),
+    "ddp_malloc_auto": ("cpp", ["--mode", "ddp", "--malloc-mmap-mb", "-1"]),
+    "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
+    "pytorch_ddp": ("py", ["--mode", "ddp"]),
+}
+
+
+def sh(*cmd, check=True):
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return r
+
+
+class Link:
+    """Two namespaces, a veth pair between them, tbf on both ends."""
+
+    def __init__(self, rate):
+        tag = f"{os.getpid() % 100000}"
+        self.ns = [f"ddpbench{tag}a", f"ddpbench{tag}b"]
+        self.veth = [f"db{tag}a", f"db{tag}b"]
+        b = random.randint(100, 199)
+        self.addr = [f"10.{b}.77.1", f"10.{b}.77.2"]
+        self.rate = rate
+
+    def __enter__(self):
+        try:
+            for ns in self.ns:
+                sh("ip", "netns", "add", ns)
+            sh("ip", "link", "add", self.veth[0], "netns", self.ns[0], "type", "veth", "peer", "name", self.veth[1],
+               "netns", self.ns[1])
+            for i in range(2):
+                sh("ip", "-n", self.ns[i], "addr", "add", self.addr[i] + "/24", "dev", self.veth[i])
+                sh("ip", "-n", self.ns[i], "link", "set", self.veth[i], "up")
+                sh("ip", "-n", self.ns[i], "link", "set", "lo", "up")
+                if self.rate != "none":
+                    # A bucket of 1 ms at the rate (at least 64 KiB), queueing at most 50 ms.
+                    sh("ip", "netns", "exec", self.ns[i], "tc", "qdisc", "add", "dev", self.veth[i], "root", "tbf",
+                       "rate", self.rate, "burst", "1mbit", "latency", "50ms")
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        for ns in self.ns:
+            sh("ip", "netns", "del", ns, check=False)  # takes its veth end with it
+
+
+def run_pair(link, impl, flags, args, binary):
+    port = random.randint(20000, 40000)
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR=link.addr[0], MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=link.veth[rank],
+                   OMP_NUM_THREADS=str(args.threads))
+        if impl == "cpp":
+            cmd = [binary]
+        else:
+            cmd = [args.python, os.path.join(lb.HERE, "pytorch_lenet_bench.py")]
+        cmd += flags + ["--model", args.model, "--batch", str(args.batch), "--iters", str(args.iters), "--warmup",
+                        str(args.warmup), "--lr", "0.01", "--threads", str(args.threads)]
+        procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[rank]] + cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for rank, p in enumerate(procs):
+        try:
+            out, err = p.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"rank {rank} ran past {args.timeout} s")
+        lines = [lb.parse_result(x) for x in out.splitlines() if x.startswith("RESULT")]
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"rank {rank} exited {p.returncode}: {err.strip()[-2000:]}")
+        results.append(lines[-1])
+    return results
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", help="ddp_bench_lenet (default: build-bench/ or build/ under the repo)")
+    ap.add_argument("--python", default="/usr/bin/python3")
+    ap.add_argument("--rate", default="1gbit", help="tbf rate on both ends (tc syntax), or none")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="local,ddp,ddp_malloc_auto,pytorch_ddp")
+    ap.add_argument("--model", default="mlp100")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--iters", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--timeout", type=int, default=600)
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run_netns_bench.py: needs root to create network namespaces")
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            sys.exit(f"run_netns_bench.py: '{tool}' is missing (iproute2)")
+    binary = lb.find_binary(args.bin)
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            sys.exit(f"unknown mode {m}; known: {', '.join(MODES)}")
+    print(f"binary {binary}\nlink: tbf {args.rate} on both ends of a veth pair between two namespaces; "
+          f"model {args.model}, batch {args.batch}/rank, {args.iters} timed steps (+{args.warmup} warm-up), "
+          f"{args.threads} thread(s)/rank", flush=True)
+    runs = {m: [] for m in modes}
+    with Link(args.rate) as link:
+        for r in range(args.rounds):
+            order = modes[r % len(modes):] + modes[:r % len(modes)]
+            for m in order:
+                impl, flags = MODES[m]
+                res = run_pair(link, impl, flags, args, binary)
+                runs[m].append(res)
+                cells = "; ".join(f"rank {x['rank']:.0f}: {x['ms_per_iter']:.0f} ms/step, main CPU "
+                                  f"{x['main_cpu_ms_per_iter']:.0f}, CPU {x['cpu_ms_per_iter']:.0f} ms/step, "
+                                  f"{x.get('faults_per_iter', float('nan')):.0f} faults/step" for x in res)
+                print(f"  round {r + 1}/{args.rounds} {m:16s} {cells}", flush=True)
+    print(f"\n| run | ms per step (rank 0, every round) | main-thread CPU ms per step (rank 0) | "
+          f"page faults per step (rank 0) |")
+    print("|---|---|---|---|")
+    for m in modes:
+        ms = [x[0]["ms_per_iter"] for x in runs[m]]
+        cpu = [x[0]["main_cpu_ms_per_iter"] for x in runs[m]]
+        pf = [x[0].get("faults_per_iter", float("nan")) for x in runs[m]]
+        print(f"| {m} | {' '.join('%.0f' % v for v in ms)} (median {statistics.median(ms):.0f}) | "
+              f"{' '.join('%.0f' % v for v in cpu)} (median {statistics.median(cpu):.0f}) | "
+              f"{' '.join('%.0f' % v for v in pf)} |")
+
+
+if __name__ == "__main__":
+    main()
