@@ -16,9 +16,12 @@
 namespace ddp {
 namespace {
 
-// Below this, gradient temporaries are small enough that what glibc keeps of
-// them is noise, and activations of that size are better reused from the heap.
-constexpr double kAutoMallocTuningMinMb = 4.0;
+// A model whose largest gradient has at least this many MiB has "large
+// gradients": what glibc's heap keeps of their gradient-sized temporaries
+// shows in RSS, so the automatic malloc thresholds apply to it and its
+// step's heap is not retained. Below it, that is noise, and activations of
+// that size are better reused from the heap.
+constexpr double kLargeGradientMb = 4.0;
 
 // Each tensor once, under the first name it has, in LibTorch's order (the
 // module first, then its children depth-first: Python's named_modules()
@@ -79,6 +82,13 @@ std::vector<std::string> split(const std::string& text) {
   return lines;
 }
 
+// The largest of these tensors, in MiB.
+double largest_megabytes(const std::vector<at::Tensor>& tensors) {
+  int64_t largest = 0;
+  for (const auto& t : tensors) largest = std::max<int64_t>(largest, static_cast<int64_t>(t.nbytes()));
+  return static_cast<double>(largest) / (1024.0 * 1024.0);
+}
+
 // DDPOptions::malloc_mmap_threshold_mb resolved for these parameters: the
 // automatic choice puts every gradient-sized temporary above the threshold.
 // DDP_MALLOC_MMAP_THRESHOLD_MB in the environment overrides the option, so
@@ -92,10 +102,8 @@ double malloc_threshold_for(const std::vector<at::Tensor>& params, double reques
     requested_mb = *v;
   }
   if (requested_mb >= 0) return requested_mb;
-  int64_t largest = 0;
-  for (const auto& p : params) largest = std::max<int64_t>(largest, static_cast<int64_t>(p.nbytes()));
-  const double mb = static_cast<double>(largest) / (1024.0 * 1024.0);
-  return mb >= kAutoMallocTuningMinMb ? mb : 0.0;
+  const double mb = largest_megabytes(params);
+  return mb >= kLargeGradientMb ? mb : 0.0;
 }
 
 }  // namespace
@@ -186,7 +194,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   verify_same_model(*module_, *pg_);
   broadcast_coalesced(*pg_, state, 0);
-  step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu;
+  // Models with large gradients are left alone: the heap would keep the holes
+  // their gradient-sized temporaries leave (docs/performance.md, "Where the
+  // memory goes"), and their steps are long enough not to notice the faults.
+  step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu &&
+                         largest_megabytes(params) < kLargeGradientMb;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
 }
 

@@ -56,8 +56,9 @@ struct DistributedDataParallelOptions {
   // both. Not in PyTorch; see docs/design.md.
   TORCH_ARG(double, malloc_mmap_threshold_mb) = 0.0;
   // CPU models only: after the first forward that builds a graph, let glibc
-  // keep one step's memory (when that forward keeps at most 32 MiB alive) between
-  // steps instead of returning it and faulting it back in on every step
+  // keep one step's memory between steps instead of returning it and
+  // faulting it back in on every step, when that forward keeps at most
+  // 32 MiB alive and the largest gradient is under 4 MiB
   // (ddp::retain_step_memory in ddp/malloc_tuning.h). Not in PyTorch, whose
   // Python heap keeps it by accident; see docs/design.md.
   TORCH_ARG(bool, retain_step_memory) = true;

@@ -82,8 +82,9 @@ struct HeapRetention {
 // where forward_bytes (what a forward keeps alive) exceeds 32 MiB (such steps
 // outgrow the ceiling, and their compute dwarfs their page faults), or where
 // the C library is not glibc. DistributedDataParallel calls it once, after
-// the first forward that builds a graph on a CPU model
-// (DDPOptions::retain_step_memory).
+// the first forward that builds a graph on a CPU model whose largest
+// gradient is under 4 MiB (DDPOptions::retain_step_memory; with larger
+// gradients the heap would keep the holes their temporaries leave).
 HeapRetention retain_step_memory(std::size_t forward_bytes);
 
 }  // namespace ddp
