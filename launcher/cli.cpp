@@ -38,8 +38,9 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
 TORCHELASTIC_*), supervises the workers, and stops all of them when one fails.
 Every flag also has torchrun's underscore spelling (--nproc_per_node) and an
 environment default PET_<FLAG> (PET_NPROC_PER_NODE=4). Under Slurm, --nnodes,
---node-rank and --master-addr default from SLURM_NNODES, SLURM_NODEID and the
-first host of SLURM_JOB_NODELIST.
+--node-rank and --master-addr default from the step's SLURM_STEP_NUM_NODES,
+SLURM_NODEID and the first host of SLURM_STEP_NODELIST (else the job's
+SLURM_NNODES and SLURM_JOB_NODELIST).
 
 Examples:
   ddprun --nproc-per-node gpu ./train --epochs 10        one worker per visible GPU
@@ -366,15 +367,21 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   bool node_rank_given = given("node-rank");
 
   // Under srun each node's ddprun sees its own SLURM_NODEID; only flags the
-  // user left out are filled in, so explicit flags always win.
-  const char* s_nnodes = std::getenv("SLURM_NNODES");
+  // user left out are filled in, so explicit flags always win. The step's
+  // variables come first: a step may run on part of the allocation.
+  auto first_set = [](std::initializer_list<const char*> names) -> std::pair<const char*, const char*> {
+    for (const char* n : names)
+      if (const char* v = std::getenv(n)) return {n, v};
+    return {nullptr, nullptr};
+  };
+  const auto [nnodes_var, s_nnodes] = first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES"});
   const char* s_nodeid = std::getenv("SLURM_NODEID");
-  const char* s_nodelist = std::getenv("SLURM_JOB_NODELIST");
+  const auto [nodelist_var, s_nodelist] = first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"});
   if (!o.standalone && (s_nnodes || s_nodeid || s_nodelist)) {
     std::vector<std::string> taken;
     if (s_nnodes && !nnodes_given) {
       nnodes = s_nnodes;
-      taken.push_back("--nnodes " + nnodes + " (SLURM_NNODES)");
+      taken.push_back("--nnodes " + nnodes + " (" + nnodes_var + ")");
     }
     if (s_nodeid && !node_rank_given) {
       node_rank = to_int(s_nodeid, "SLURM_NODEID");
@@ -384,9 +391,9 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
       try {
         master_addr = ddp::first_host(s_nodelist);
       } catch (const std::exception& e) {
-        usage(std::string("SLURM_JOB_NODELIST: ") + e.what() + "; pass --master-addr instead");
+        usage(std::string(nodelist_var) + ": " + e.what() + "; pass --master-addr instead");
       }
-      taken.push_back("--master-addr " + master_addr + " (first host of SLURM_JOB_NODELIST)");
+      taken.push_back("--master-addr " + master_addr + " (first host of " + nodelist_var + ")");
     }
     if (!taken.empty()) {
       std::string note = "under Slurm:";

@@ -13,7 +13,7 @@ namespace ddprun {
 SignalChannel::SignalChannel() {
   sigset_t handled;
   sigemptyset(&handled);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGCHLD}) sigaddset(&handled, s);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCHLD}) sigaddset(&handled, s);
   if (::pthread_sigmask(SIG_BLOCK, &handled, &original_mask_) != 0)
     throw LaunchError("cannot block signals");
   // A closed console (ddprun ... | head) must not kill the supervisor: writes

@@ -13,7 +13,9 @@ namespace ddprun {
 
 class SignalChannel {
  public:
-  // Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT and SIGCHLD and ignores SIGPIPE.
+  // Blocks SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2 (Slurm's usual
+  // preemption warnings, forwarded as torchrun's --signals-to-handle) and
+  // SIGCHLD, and ignores SIGPIPE.
   // Construct it first thing in main(): threads started later (TCPStore,
   // libcuda) inherit the mask, so no signal can land on them and kill ddprun.
   SignalChannel();

@@ -1,5 +1,6 @@
 #include "ddp/launch_env.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 
@@ -42,12 +43,31 @@ class Reader {
   const LaunchEnv::Lookup& lookup_;
 };
 
-// "4(x2),3" -> 4: the tasks on the first node, the count for local_world_size
-// when SLURM_NTASKS_PER_NODE is not set.
-int first_task_count(const std::string& value) {
-  size_t end = value.find_first_not_of("0123456789");
-  std::string head = value.substr(0, end);
-  return static_cast<int>(parse_int("SLURM_TASKS_PER_NODE", head, 1, std::numeric_limits<int>::max()));
+// Slurm's compressed task counts, "4(x2),3": nodes 0 and 1 run 4 tasks,
+// node 2 runs 3. The count of node `node`, or nullopt past the list.
+std::optional<int> tasks_on_node(const std::string& name, const std::string& value, int node) {
+  const auto bad = [&] { fail(name + "='" + value + "' is not a Slurm task count list such as 4(x2),3"); };
+  if (value.empty() || value.back() == ',') bad();
+  std::optional<int> found;
+  long first_node = 0;  // of the current item
+  for (size_t at = 0; at < value.size();) {
+    size_t end = std::min(value.find(',', at), value.size());
+    const std::string item = value.substr(at, end - at);
+    const size_t paren = item.find('(');
+    const auto count = parse_integer(item.substr(0, paren));
+    if (!count || *count < 1 || *count > std::numeric_limits<int>::max()) bad();
+    long long repeat = 1;
+    if (paren != std::string::npos) {
+      if (item.size() < paren + 4 || item.compare(paren, 2, "(x") != 0 || item.back() != ')') bad();
+      const auto r = parse_integer(item.substr(paren + 2, item.size() - paren - 3));
+      if (!r || *r < 1) bad();
+      repeat = *r;
+    }
+    if (!found && node >= first_node && node - first_node < repeat) found = static_cast<int>(*count);
+    first_node += static_cast<long>(std::min<long long>(repeat, std::numeric_limits<int>::max()));
+    at = end + 1;
+  }
+  return found;
 }
 
 void check(const LaunchEnv& env, const char* rank_var, const char* size_var, const char* local_var,
@@ -65,7 +85,8 @@ void check(const LaunchEnv& env, const char* rank_var, const char* size_var, con
          std::to_string(env.local_world_size));
 }
 
-void read_master(const Reader& r, LaunchEnv& env, std::optional<std::string> fallback_addr) {
+void read_master(const Reader& r, LaunchEnv& env, std::optional<std::string> fallback_addr,
+                 const std::string& how_to_pass = "") {
   if (auto addr = r.str("MASTER_ADDR")) {
     if (addr->empty()) fail("MASTER_ADDR is set but empty; set it to the host name or address of rank 0");
     env.master_addr = *addr;
@@ -73,7 +94,8 @@ void read_master(const Reader& r, LaunchEnv& env, std::optional<std::string> fal
     env.master_addr = *fallback_addr;
   } else if (env.world_size > 1) {
     fail("MASTER_ADDR is not set and world size is " + std::to_string(env.world_size) +
-         "; set MASTER_ADDR to the host of rank 0 (ddprun and torchrun do)");
+         " across more than one host; set MASTER_ADDR to the host of rank 0 on every rank" +
+         (how_to_pass.empty() ? std::string(" (ddprun and torchrun do)") : ": " + how_to_pass));
   }
   if (auto port = r.str("MASTER_PORT"))
     env.master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", *port, 1, 65535));
@@ -99,21 +121,30 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     env.source = Source::Slurm;
     env.rank = r.required("SLURM_PROCID", "this is a Slurm task");
     env.world_size = r.required("SLURM_NTASKS", "SLURM_PROCID is set", 1);
+    if (env.world_size > 1 && !r.has("SLURM_STEP_ID") && !r.has("SLURM_STEPID"))
+      fail("Slurm's variables say " + std::to_string(env.world_size) +
+           " tasks (SLURM_NTASKS) but this process is not one of them: there is no job step (SLURM_STEP_ID is "
+           "unset), as in a batch script that runs the program itself. Launch it with srun (srun ./train ...), "
+           "or one ddprun per node (srun --ntasks-per-node 1 ddprun ...)");
     env.local_rank = r.required("SLURM_LOCALID", "SLURM_PROCID is set");
-    if (auto per_node = r.integer("SLURM_NTASKS_PER_NODE", 1))
-      env.local_world_size = *per_node;
-    else if (auto tasks = r.str("SLURM_TASKS_PER_NODE"))
-      env.local_world_size = first_task_count(*tasks);
-    else
-      env.local_world_size = env.world_size;
-    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE");
+    const int node = r.integer("SLURM_NODEID").value_or(0);
+    std::optional<int> here;
+    if (auto step = r.str("SLURM_STEP_TASKS_PER_NODE")) here = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *step, node);
+    if (!here) here = r.integer("SLURM_NTASKS_PER_NODE", 1);
+    if (!here)
+      if (auto tasks = r.str("SLURM_TASKS_PER_NODE")) here = tasks_on_node("SLURM_TASKS_PER_NODE", *tasks, node);
+    env.local_world_size = here.value_or(env.world_size);
+    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE");
     std::optional<std::string> master;
-    if (auto nodes = r.str("SLURM_JOB_NODELIST")) {
+    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+      auto nodes = r.str(list);
+      if (!nodes) continue;
       try {
         master = first_host(*nodes);
       } catch (const LaunchEnvError& e) {
-        fail(std::string("SLURM_JOB_NODELIST: ") + e.what());
+        fail(std::string(list) + ": " + e.what());
       }
+      break;
     }
     read_master(r, env, master);
   } else if (r.has("OMPI_COMM_WORLD_RANK")) {
@@ -127,7 +158,20 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     // Single-node mpirun needs no MASTER_ADDR: loopback is the only sane default.
     std::optional<std::string> master;
     if (env.local_world_size == env.world_size) master = "127.0.0.1";
-    read_master(r, env, master);
+    read_master(r, env, master, "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port> ...");
+  } else if (r.has("PMI_RANK")) {
+    // MPICH's and Intel MPI's Hydra; MPI_LOCALRANKID/MPI_LOCALNRANKS are theirs too.
+    env.source = Source::PMI;
+    env.rank = r.required("PMI_RANK", "this is an MPICH or Intel MPI process");
+    env.world_size = r.required("PMI_SIZE", "PMI_RANK is set", 1);
+    const auto local_rank = r.integer("MPI_LOCALRANKID");
+    const auto local_size = r.integer("MPI_LOCALNRANKS", 1);
+    env.local_rank = local_rank.value_or(env.rank);
+    env.local_world_size = local_size.value_or(env.world_size);
+    check(env, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+    std::optional<std::string> master;
+    if (local_size && *local_size == env.world_size) master = "127.0.0.1";
+    read_master(r, env, master, "mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <free port> ...");
   } else {
     read_master(r, env, std::string("127.0.0.1"));
   }
@@ -142,11 +186,18 @@ LaunchEnv LaunchEnv::from_environment() {
   });
 }
 
+std::string rank_from_environment() {
+  for (const char* name : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(name); v && *v) return v;
+  return "0";
+}
+
 std::string LaunchEnv::source_name() const {
   switch (source) {
     case Source::Torchrun: return "torchrun";
     case Source::Slurm: return "slurm";
     case Source::OpenMPI: return "openmpi";
+    case Source::PMI: return "pmi";
     case Source::Single: return "single";
   }
   return "single";

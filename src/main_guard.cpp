@@ -6,6 +6,7 @@
 #include <string>
 
 #include "ddp/errors.h"
+#include "ddp/launch_env.h"
 
 namespace ddp {
 
@@ -13,8 +14,7 @@ namespace {
 
 // RANK is all we can trust before (or after a failed) init_process_group.
 std::string rank_prefix() {
-  const char* rank = std::getenv("RANK");
-  return std::string("rank ") + (rank && *rank ? rank : "0");
+  return "rank " + rank_from_environment();
 }
 
 }  // namespace

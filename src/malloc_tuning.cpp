@@ -1,6 +1,7 @@
 #include "ddp/malloc_tuning.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -21,8 +22,9 @@ std::string malloc_settings_chosen_by_user() {
 
 namespace {
 
-// Whether fix_malloc_thresholds() turned glibc's dynamic thresholds off.
-bool thresholds_fixed = false;
+// Whether fix_malloc_thresholds() turned glibc's dynamic thresholds off (set
+// once; read by whichever thread runs a first forward).
+std::atomic<bool> thresholds_fixed{false};
 
 // glibc's ceiling for the dynamic mmap threshold on 64-bit hosts
 // (DEFAULT_MMAP_THRESHOLD_MAX).

@@ -91,7 +91,7 @@ class DistributedDataParallelBase {
   std::unique_ptr<Reducer> reducer_;
   bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
   // Bytes malloc had handed out before the first forward that builds a graph,
-  // until that forward has told retain_step_memory() its size; then 0.
+  // and whether that forward is still to tell retain_step_memory() its size.
   std::size_t bytes_before_first_forward_ = 0;
   bool step_memory_pending_ = false;
 };

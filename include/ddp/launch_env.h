@@ -13,7 +13,7 @@
 namespace ddp {
 
 struct LaunchEnv {
-  enum class Source { Single, Torchrun, Slurm, OpenMPI };
+  enum class Source { Single, Torchrun, Slurm, OpenMPI, PMI };
 
   int rank = 0;
   int world_size = 1;
@@ -26,20 +26,34 @@ struct LaunchEnv {
   // Reads the process environment. Precedence (first complete set wins):
   //   1. torchrun/ddprun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
   //      MASTER_ADDR, MASTER_PORT
-  //   2. Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-  //      SLURM_NTASKS_PER_NODE (else SLURM_TASKS_PER_NODE's first count),
-  //      master = first host of SLURM_JOB_NODELIST
+  //   2. Slurm, inside a job step (srun): SLURM_PROCID, SLURM_NTASKS,
+  //      SLURM_LOCALID; the tasks on this node from the step's
+  //      SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID (else
+  //      SLURM_NTASKS_PER_NODE, else the job's SLURM_TASKS_PER_NODE); master
+  //      = first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST).
+  //      Slurm's variables with more than one task but no step
+  //      (SLURM_STEP_ID unset: a batch script that forgot srun) are an error.
   //   3. Open MPI: OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
-  //   4. none of these: a single process, rank 0 of 1.
-  // MASTER_ADDR and MASTER_PORT override the master of sources 2 and 3.
+  //   4. MPICH and Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+  //      MPI_LOCALNRANKS
+  //   5. none of these: a single process, rank 0 of 1.
+  // MASTER_ADDR and MASTER_PORT override the master of sources 2 to 4; MPI
+  // jobs on one node default to loopback, across nodes they need
+  // MASTER_ADDR (the error says how to pass it).
   static LaunchEnv from_environment();
 
   // The same, from any lookup (tests pass a map; nullopt means unset).
   using Lookup = std::function<std::optional<std::string>(const std::string&)>;
   static LaunchEnv from_lookup(const Lookup& lookup);
 
-  // "torchrun", "slurm", "openmpi" or "single".
+  // "torchrun", "slurm", "openmpi", "pmi" or "single".
   std::string source_name() const;
 };
+
+// This process's rank as the launcher that started it says it, in the order
+// of LaunchEnv's precedence (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK,
+// PMI_RANK), unparsed, or "0": for labelling errors, also those about the
+// launch environment itself.
+std::string rank_from_environment();
 
 }  // namespace ddp

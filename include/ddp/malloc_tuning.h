@@ -5,7 +5,7 @@
 // Keeping a step's memory. At the end of a step every activation and
 // temporary is freed; glibc returns the free top of its heap to the system
 // once it exceeds the trim threshold (dynamic: twice the largest freed
-// mmap()ed block, 256 KiB at start), and the next step faults every page of
+// mmap()ed block; 128 KiB at start), and the next step faults every page of
 // it back in. Plain local training escapes this by luck: its .grad tensors,
 // allocated during the first backward, sit above the activations and pin the
 // heap's top. With gradients as bucket views nothing does, and a small model

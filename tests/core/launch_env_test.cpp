@@ -56,6 +56,7 @@ TEST(LaunchEnv, TorchrunWinsOverSlurmAndMpi) {
 
 TEST(LaunchEnv, Slurm) {
   auto e = parse({{"SLURM_PROCID", "5"},
+                  {"SLURM_STEP_ID", "0"},
                   {"SLURM_NTASKS", "8"},
                   {"SLURM_LOCALID", "1"},
                   {"SLURM_TASKS_PER_NODE", "4(x2)"},
@@ -70,7 +71,8 @@ TEST(LaunchEnv, Slurm) {
 }
 
 TEST(LaunchEnv, SlurmMasterOverride) {
-  auto e = parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "1"},
+  auto e = parse({{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
+                  {"SLURM_NTASKS_PER_NODE", "1"},
                   {"SLURM_JOB_NODELIST", "a,b"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}});
   EXPECT_EQ(e.master_addr, "10.0.0.1");
   EXPECT_EQ(e.master_port, 1234);
@@ -88,12 +90,73 @@ TEST(LaunchEnv, OpenMpi) {
   EXPECT_EQ(e.source_name(), "openmpi");
 }
 
-TEST(LaunchEnv, OpenMpiAcrossNodesNeedsAMaster) {
+TEST(LaunchEnv, OpenMpiAcrossNodesNeedsAMasterAndSaysHowToPassIt) {
   expect_error({{"OMPI_COMM_WORLD_RANK", "1"},
                 {"OMPI_COMM_WORLD_SIZE", "4"},
                 {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
-               "MASTER_ADDR");
+               "-x MASTER_ADDR");
+}
+
+// A batch script that forgot srun: Slurm's variables for 2 tasks, no step.
+TEST(LaunchEnv, SlurmTasksWithoutAStepAreRefused) {
+  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n1"}},
+               "srun");
+  // One task needs no step: the batch script of a one-task job trains alone.
+  auto e = parse({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}});
+  EXPECT_EQ(e.world_size, 1);
+}
+
+// A step on part of the allocation, with different task counts per node:
+// the step's variables win over the job's, and each node counts its own.
+TEST(LaunchEnv, SlurmStepVariablesFirstAndEachNodeItsOwnCount) {
+  Env job{{"SLURM_STEP_ID", "3"},         {"SLURM_NTASKS", "4"},
+          {"SLURM_JOB_NODELIST", "n[1-4]"}, {"SLURM_TASKS_PER_NODE", "2(x4)"},
+          {"SLURM_STEP_NODELIST", "n[3-4]"}, {"SLURM_STEP_TASKS_PER_NODE", "3,1"}};
+  Env first = job, second = job;
+  first.insert({{"SLURM_PROCID", "2"}, {"SLURM_LOCALID", "2"}, {"SLURM_NODEID", "0"}});
+  second.insert({{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "1"}});
+  auto a = parse(first), b = parse(second);
+  EXPECT_EQ(a.local_world_size, 3);
+  EXPECT_EQ(b.local_world_size, 1);
+  EXPECT_EQ(a.master_addr, "n3");
+  EXPECT_EQ(b.master_addr, "n3");
+  Env repeated = second;
+  repeated["SLURM_STEP_TASKS_PER_NODE"] = "1(x2)";
+  EXPECT_EQ(parse(repeated).local_world_size, 1);
+}
+
+TEST(LaunchEnv, MpichAndIntelMpiThroughPmi) {
+  auto e = parse({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+  EXPECT_EQ(e.rank, 1);
+  EXPECT_EQ(e.world_size, 2);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.source_name(), "pmi");
+  // Across nodes, or when the node's count is unknown, the master must be given.
+  expect_error({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}},
+               "-genv MASTER_ADDR");
+  expect_error({{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}, "MASTER_ADDR");
+  expect_error({{"PMI_RANK", "2"}, {"PMI_SIZE", "2"}}, "PMI_RANK");
+}
+
+TEST(LaunchEnv, RankFromEnvironmentFollowsThePrecedence) {
+  const char* names[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"};
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* n : names) {
+    if (const char* v = std::getenv(n)) saved[n] = v; else saved[n] = std::nullopt;
+    ::unsetenv(n);
+  }
+  EXPECT_EQ(ddp::rank_from_environment(), "0");
+  ::setenv("PMI_RANK", "7", 1);
+  EXPECT_EQ(ddp::rank_from_environment(), "7");
+  ::setenv("OMPI_COMM_WORLD_RANK", "5", 1);
+  EXPECT_EQ(ddp::rank_from_environment(), "5");
+  ::setenv("RANK", "3", 1);
+  EXPECT_EQ(ddp::rank_from_environment(), "3");
+  for (const auto& [n, v] : saved) {
+    if (v) ::setenv(n.c_str(), v->c_str(), 1); else ::unsetenv(n.c_str());
+  }
 }
 
 TEST(LaunchEnv, MalformedValuesNameTheVariable) {
@@ -121,9 +184,19 @@ TEST(LaunchEnv, MalformedValuesNameTheVariable) {
   expect_error(without("MASTER_ADDR"), "MASTER_ADDR");   // no master with world size > 1
   expect_error(without("MASTER_PORT"), "MASTER_PORT");
   expect_error(without("WORLD_SIZE"), "WORLD_SIZE");
-  expect_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}}, "SLURM_PROCID");
-  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n[1-"}},
-               "SLURM_JOB_NODELIST");
-  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}, "SLURM_LOCALID");
+  const Env step{{"SLURM_STEP_ID", "0"}};
+  auto in_step = [&](Env e) {
+    e.insert(step.begin(), step.end());
+    return e;
+  };
+  expect_error(in_step({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}}), "SLURM_PROCID");
+  expect_error(
+      in_step({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n[1-"}}),
+      "SLURM_JOB_NODELIST");
+  expect_error(in_step({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}), "SLURM_LOCALID");
+  for (const char* bad : {"4(x2", "4(2)", "x", "", "4,", "0", "4(x0)"})
+    expect_error(in_step({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
+                          {"SLURM_STEP_TASKS_PER_NODE", bad}}),
+                 "SLURM_STEP_TASKS_PER_NODE");
   expect_error({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK");
 }

@@ -233,8 +233,18 @@ TEST_P(Forwarding, SignalToDdprunReachesEveryWorker) {
     for (pid_t q : pids_in(pids, kind)) EXPECT_FALSE(alive(q)) << kind << q;
 }
 
-INSTANTIATE_TEST_SUITE_P(Launcher, Forwarding, ::testing::Values(SIGTERM, SIGINT),
-                         [](const auto& info) { return info.param == SIGTERM ? "SIGTERM" : "SIGINT"; });
+// SIGUSR1/SIGUSR2 as torchrun's --signals-to-handle: Slurm's preemption
+// warning (scancel --signal=USR1, sbatch --signal) must reach the workers so
+// that they can checkpoint, not kill ddprun and with it the workers.
+INSTANTIATE_TEST_SUITE_P(Launcher, Forwarding, ::testing::Values(SIGTERM, SIGINT, SIGUSR1, SIGUSR2),
+                         [](const auto& info) {
+                           switch (info.param) {
+                             case SIGTERM: return "SIGTERM";
+                             case SIGINT: return "SIGINT";
+                             case SIGUSR1: return "SIGUSR1";
+                             default: return "SIGUSR2";
+                           }
+                         });
 
 TEST_F(Launcher, SigkillOfDdprunTakesWorkersAndGrandchildrenAlong) {
   std::string pids = sub("pids");

@@ -14,7 +14,7 @@
 //   --signal-self S    rank R kills itself with signal S instead
 //   --wait-all         rank R first waits for every rank's pid file
 //   --fail-until-restart N   rank R (default 0) exits 3 while restart < N
-//   --trap-dir D       on SIGTERM/SIGINT write D/sig.<RANK> and exit 128+sig
+//   --trap-dir D       on SIGTERM/SIGINT/SIGUSR1/SIGUSR2 write D/sig.<RANK> and exit 128+sig
 //   --ignore-term      ignore SIGTERM
 //   --until-file F     before exiting 0, wait for file F
 //   --sleep S          sleep S seconds before exiting 0 (-1: forever)
@@ -67,8 +67,7 @@ bool exists(const std::string& p) {
 // Children forked after the trap is set inherit it; they get the default
 // dispositions back so that only the worker itself writes its trap file.
 void reset_signals() {
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGINT, SIG_DFL);
+  for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_DFL);
 }
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
@@ -130,8 +129,7 @@ int main(int argc, char** argv) {
   if (ignore_term) ::signal(SIGTERM, SIG_IGN);
   if (!trap_dir.empty()) {
     std::snprintf(g_trap_path, sizeof g_trap_path, "%s/sig.%d", trap_dir.c_str(), g_rank);
-    ::signal(SIGTERM, on_signal);
-    ::signal(SIGINT, on_signal);
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) ::signal(sig, on_signal);
   }
   if (!env_dir.empty()) {
     std::string all;
