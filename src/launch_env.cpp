@@ -129,12 +129,19 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     env.local_rank = r.required("SLURM_LOCALID", "SLURM_PROCID is set");
     const int node = r.integer("SLURM_NODEID").value_or(0);
     std::optional<int> here;
-    if (auto step = r.str("SLURM_STEP_TASKS_PER_NODE")) here = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *step, node);
-    if (!here) here = r.integer("SLURM_NTASKS_PER_NODE", 1);
+    const char* here_from = "SLURM_NTASKS";
+    if (auto step = r.str("SLURM_STEP_TASKS_PER_NODE")) {
+      here = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *step, node);
+      here_from = "SLURM_STEP_TASKS_PER_NODE";
+    }
+    if (!here && (here = r.integer("SLURM_NTASKS_PER_NODE", 1))) here_from = "SLURM_NTASKS_PER_NODE";
     if (!here)
-      if (auto tasks = r.str("SLURM_TASKS_PER_NODE")) here = tasks_on_node("SLURM_TASKS_PER_NODE", *tasks, node);
+      if (auto tasks = r.str("SLURM_TASKS_PER_NODE")) {
+        here = tasks_on_node("SLURM_TASKS_PER_NODE", *tasks, node);
+        here_from = "SLURM_TASKS_PER_NODE";
+      }
     env.local_world_size = here.value_or(env.world_size);
-    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE");
+    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here_from);
     std::optional<std::string> master;
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
       auto nodes = r.str(list);
