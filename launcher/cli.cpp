@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "ddp/hostlist.h"
+#include "ddp/launch_env.h"
 #include "errors.h"
 #include "gpus.h"
 #include "parse_number.h"
@@ -365,6 +366,7 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   bool master_addr_given = given("master-addr");
   int node_rank = to_int(str("node-rank"), "--node-rank");
   bool node_rank_given = given("node-rank");
+  int master_port_default = 0;  // set under Slurm when --master-port was not given
 
   // Under srun each node's ddprun sees its own SLURM_NODEID; only flags the
   // user left out are filled in, so explicit flags always win. The step's
@@ -395,6 +397,15 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
       }
       taken.push_back("--master-addr " + master_addr + " (first host of " + nodelist_var + ")");
     }
+    // Jobs sharing a node must not meet on 29500: the port comes from the
+    // job and step, as the library's own default does (ddp/launch_env.h).
+    const char* s_job = std::getenv("SLURM_JOB_ID");
+    if (s_job && !given("master-port") && !given("rdzv-endpoint")) {
+      const char* s_step = std::getenv("SLURM_STEP_ID");
+      const std::string job_id = std::string("slurm:") + s_job + "." + (s_step ? s_step : "batch");
+      master_port_default = ddp::default_port_for_job(job_id);
+      taken.push_back("--master-port " + std::to_string(master_port_default) + " (from SLURM_JOB_ID and SLURM_STEP_ID)");
+    }
     if (!taken.empty()) {
       std::string note = "under Slurm:";
       for (size_t i = 0; i < taken.size(); ++i) note += (i ? ", " : " ") + taken[i];
@@ -422,7 +433,7 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   o.rdzv_conf = parse_rdzv_conf(str("rdzv-conf"), o.notes);
   o.local_addr = str("local-addr");
   o.master_addr = master_addr;
-  o.master_port = to_int(str("master-port"), "--master-port");
+  o.master_port = master_port_default ? master_port_default : to_int(str("master-port"), "--master-port");
   if (o.master_port < 1 || o.master_port > 65535)
     usage("--master-port " + std::to_string(o.master_port) + " is not in [1, 65535]");
   if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')

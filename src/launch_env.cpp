@@ -99,6 +99,8 @@ void read_master(const Reader& r, LaunchEnv& env, std::optional<std::string> fal
   }
   if (auto port = r.str("MASTER_PORT"))
     env.master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", *port, 1, 65535));
+  else if (!env.job_id.empty())
+    env.master_port = default_port_for_job(env.job_id);
   else if (env.world_size > 1 && env.source == LaunchEnv::Source::Torchrun)
     fail("MASTER_PORT is not set and world size is " + std::to_string(env.world_size) +
          "; set MASTER_PORT to a free port on the master (ddprun and torchrun do)");
@@ -142,6 +144,8 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
       }
     env.local_world_size = here.value_or(env.world_size);
     check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here_from);
+    if (auto job = r.str("SLURM_JOB_ID"))
+      env.job_id = "slurm:" + *job + "." + r.str("SLURM_STEP_ID").value_or(r.str("SLURM_STEPID").value_or("batch"));
     std::optional<std::string> master;
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
       auto nodes = r.str(list);
@@ -162,6 +166,7 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     env.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(env.world_size);
     check(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
           "OMPI_COMM_WORLD_LOCAL_SIZE");
+    if (auto ns = r.str("PMIX_NAMESPACE"); ns && !ns->empty()) env.job_id = "mpi:" + *ns;
     // Single-node mpirun needs no MASTER_ADDR: loopback is the only sane default.
     std::optional<std::string> master;
     if (env.local_world_size == env.world_size) master = "127.0.0.1";
@@ -191,6 +196,13 @@ LaunchEnv LaunchEnv::from_environment() {
     if (!v) return std::nullopt;
     return std::string(v);
   });
+}
+
+uint16_t default_port_for_job(const std::string& job_id) {
+  if (job_id.empty()) return 29500;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a: the same on every host and build
+  for (unsigned char c : job_id) h = (h ^ c) * 1099511628211ull;
+  return static_cast<uint16_t>(15000 + h % 15000);
 }
 
 std::string rank_from_environment() {

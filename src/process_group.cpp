@@ -92,6 +92,31 @@ std::mutex g_mutex;
 std::shared_ptr<ProcessGroup> g_default;
 int g_generation = 0;  // a fresh store prefix for each group made in this process
 
+// Rank 0 writes its job's id into the store it serves; every other rank
+// reads it and refuses a store of another job (two jobs on one node that
+// chose the same port), at once instead of training with strangers.
+void check_same_job(c10d::Store& store, const LaunchEnv& env, const std::string& who,
+                    std::chrono::milliseconds timeout) {
+  const std::string key = "ddp_job_id";
+  if (env.rank == 0) {
+    store.set(key, std::vector<uint8_t>(env.job_id.begin(), env.job_id.end()));
+    return;
+  }
+  std::vector<uint8_t> theirs;
+  try {
+    store.wait({key}, timeout);
+    theirs = store.get(key);
+  } catch (const std::exception& e) {
+    throw CommError(who + "rank 0 of this job never said which job it is (" + e.what() + ")");
+  }
+  const std::string owner(theirs.begin(), theirs.end());
+  if (owner != env.job_id)
+    throw CommError(who + "the rendezvous store at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                    " belongs to job " + owner + ", not to this job (" + env.job_id +
+                    "): two jobs chose the same MASTER_ADDR and MASTER_PORT. Give each job its own MASTER_PORT, "
+                    "or leave it unset so that it comes from the job id");
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -186,12 +211,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
                     (env.rank == 0 ? "\n  (is the port already in use? choose another MASTER_PORT)"
                                    : "\n  (is rank 0 running, and is MASTER_ADDR reachable from this host?)"));
   }
+  if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
   int generation;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     generation = g_generation++;
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ddp_pg_" + std::to_string(generation), store);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation), store);
 
   torch::Device device(torch::kCPU);
   c10::intrusive_ptr<compat::Backend> pg;

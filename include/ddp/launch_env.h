@@ -22,6 +22,12 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   uint16_t master_port = 29500;
   Source source = Source::Single;
+  // The job this process belongs to, as its launcher names it: "slurm:JOB.STEP"
+  // (SLURM_JOB_ID, SLURM_STEP_ID), "mpi:NAMESPACE" (Open MPI's PMIx
+  // namespace), else "". Jobs sharing a node take their default MASTER_PORT
+  // from it (default_port_for_job) and their rendezvous store refuses ranks
+  // of another job, so two jobs can never meet.
+  std::string job_id;
 
   // Reads the process environment. Precedence (first complete set wins):
   //   1. torchrun/ddprun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -37,7 +43,9 @@ struct LaunchEnv {
   //   4. MPICH and Intel MPI (PMI): PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
   //      MPI_LOCALNRANKS
   //   5. none of these: a single process, rank 0 of 1.
-  // MASTER_ADDR and MASTER_PORT override the master of sources 2 to 4; MPI
+  // MASTER_ADDR and MASTER_PORT override the master of sources 2 to 4
+  // (without MASTER_PORT, a Slurm or Open MPI job's port comes from its job
+  // id: default_port_for_job); MPI
   // jobs on one node default to loopback, across nodes they need
   // MASTER_ADDR (the error says how to pass it).
   static LaunchEnv from_environment();
@@ -49,6 +57,11 @@ struct LaunchEnv {
   // "torchrun", "slurm", "openmpi", "pmi" or "single".
   std::string source_name() const;
 };
+
+// MASTER_PORT for a job that did not choose one: 29500 without a job id,
+// else a port in [15000, 30000) derived from the id, so that jobs sharing a
+// node pick different ports (below Linux's ephemeral range).
+uint16_t default_port_for_job(const std::string& job_id);
 
 // This process's rank as the launcher that started it says it, in the order
 // of LaunchEnv's precedence (RANK, SLURM_PROCID, OMPI_COMM_WORLD_RANK,

@@ -200,3 +200,23 @@ TEST(LaunchEnv, MalformedValuesNameTheVariable) {
                  "SLURM_STEP_TASKS_PER_NODE");
   expect_error({{"OMPI_COMM_WORLD_RANK", "x"}, {"OMPI_COMM_WORLD_SIZE", "2"}}, "OMPI_COMM_WORLD_RANK");
 }
+
+// Jobs sharing a node: each Slurm step or Open MPI job has its own id, and
+// without MASTER_PORT its own port; an explicit MASTER_PORT still wins.
+TEST(LaunchEnv, JobIdAndTheDefaultPortComeFromTheJob) {
+  Env slurm{{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "2"}, {"SLURM_JOB_ID", "4711"}, {"SLURM_NTASKS", "2"},
+            {"SLURM_LOCALID", "0"}, {"SLURM_NTASKS_PER_NODE", "2"}, {"SLURM_JOB_NODELIST", "n1"}};
+  auto e = parse(slurm);
+  EXPECT_EQ(e.job_id, "slurm:4711.2");
+  EXPECT_EQ(e.master_port, ddp::default_port_for_job("slurm:4711.2"));
+  slurm["SLURM_JOB_ID"] = "4712";
+  EXPECT_NE(parse(slurm).master_port, e.master_port);
+  slurm["MASTER_PORT"] = "29400";
+  EXPECT_EQ(parse(slurm).master_port, 29400);
+
+  auto mpi = parse({{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                    {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"PMIX_NAMESPACE", "prterun-host-123@1"}});
+  EXPECT_EQ(mpi.job_id, "mpi:prterun-host-123@1");
+  EXPECT_EQ(mpi.master_port, ddp::default_port_for_job(mpi.job_id));
+  EXPECT_EQ(parse(torchrun).job_id, "");
+}
