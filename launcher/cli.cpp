@@ -399,10 +399,8 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     }
     // Jobs sharing a node must not meet on 29500: the port comes from the
     // job and step, as the library's own default does (ddp/launch_env.h).
-    const char* s_job = std::getenv("SLURM_JOB_ID");
-    if (s_job && !given("master-port") && !given("rdzv-endpoint")) {
-      const char* s_step = std::getenv("SLURM_STEP_ID");
-      const std::string job_id = std::string("slurm:") + s_job + "." + (s_step ? s_step : "batch");
+    const std::string job_id = ddp::slurm_job_id(ddp::LaunchEnv::process_environment);
+    if (!job_id.empty() && !given("master-port") && !given("rdzv-endpoint")) {
       master_port_default = ddp::default_port_for_job(job_id);
       taken.push_back("--master-port " + std::to_string(master_port_default) + " (from SLURM_JOB_ID and SLURM_STEP_ID)");
     }

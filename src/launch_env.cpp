@@ -144,8 +144,7 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
       }
     env.local_world_size = here.value_or(env.world_size);
     check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here_from);
-    if (auto job = r.str("SLURM_JOB_ID"))
-      env.job_id = "slurm:" + *job + "." + r.str("SLURM_STEP_ID").value_or(r.str("SLURM_STEPID").value_or("batch"));
+    env.job_id = slurm_job_id(lookup);
     std::optional<std::string> master;
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
       auto nodes = r.str(list);
@@ -190,12 +189,18 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
   return env;
 }
 
-LaunchEnv LaunchEnv::from_environment() {
-  return from_lookup([](const std::string& name) -> std::optional<std::string> {
-    const char* v = std::getenv(name.c_str());
-    if (!v) return std::nullopt;
-    return std::string(v);
-  });
+std::optional<std::string> LaunchEnv::process_environment(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (!v) return std::nullopt;
+  return std::string(v);
+}
+
+LaunchEnv LaunchEnv::from_environment() { return from_lookup(process_environment); }
+
+std::string slurm_job_id(const LaunchEnv::Lookup& lookup) {
+  const auto job = lookup("SLURM_JOB_ID");
+  if (!job) return "";
+  return "slurm:" + *job + "." + lookup("SLURM_STEP_ID").value_or(lookup("SLURM_STEPID").value_or("batch"));
 }
 
 uint16_t default_port_for_job(const std::string& job_id) {

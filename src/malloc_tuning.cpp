@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -30,11 +31,17 @@ std::atomic<bool> thresholds_fixed{false};
 // (DEFAULT_MMAP_THRESHOLD_MAX).
 constexpr std::size_t kDynamicMax = std::size_t{32} << 20;
 
+// Why the library must not touch malloc here: the user chose its settings.
+std::optional<std::string> left_to_user() {
+  const std::string chosen = malloc_settings_chosen_by_user();
+  if (chosen.empty()) return std::nullopt;
+  return "left to the user's " + chosen;
+}
+
 MallocTuning apply(double mmap_threshold_mb) {
   MallocTuning t;
-  const std::string chosen = malloc_settings_chosen_by_user();
-  if (!chosen.empty()) {
-    t.reason = "left to the user's " + chosen;
+  if (auto why = left_to_user()) {
+    t.reason = *why;
     return t;
   }
 #if defined(__GLIBC__)
@@ -88,9 +95,8 @@ std::size_t malloc_bytes_in_use() {
 
 HeapRetention retain_step_memory(std::size_t forward_bytes) {
   HeapRetention r;
-  const std::string chosen = malloc_settings_chosen_by_user();
-  if (!chosen.empty()) {
-    r.reason = "left to the user's " + chosen;
+  if (auto why = left_to_user()) {
+    r.reason = *why;
     return r;
   }
 #if defined(__GLIBC__)

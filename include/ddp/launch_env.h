@@ -53,10 +53,17 @@ struct LaunchEnv {
   // The same, from any lookup (tests pass a map; nullopt means unset).
   using Lookup = std::function<std::optional<std::string>(const std::string&)>;
   static LaunchEnv from_lookup(const Lookup& lookup);
+  // The Lookup of this process's environment (getenv).
+  static std::optional<std::string> process_environment(const std::string& name);
 
   // "torchrun", "slurm", "openmpi", "pmi" or "single".
   std::string source_name() const;
 };
+
+// "slurm:JOB.STEP" from SLURM_JOB_ID and SLURM_STEP_ID (or SLURM_STEPID;
+// "batch" outside a step), or "" outside a Slurm job: LaunchEnv::job_id
+// under Slurm, and what ddprun derives its default port from.
+std::string slurm_job_id(const LaunchEnv::Lookup& lookup);
 
 // MASTER_PORT for a job that did not choose one: 29500 without a job id,
 // else a port in [15000, 30000) derived from the id, so that jobs sharing a
