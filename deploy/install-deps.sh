@@ -17,6 +17,9 @@ packages=(
   zlib1g-dev dataset-fashion-mnist gnuplot-nox
   # multi-node tests (network namespaces, veth, tc) and process inspection
   iproute2 procps
+  # the Slurm job templates' tests: a real two-node Slurm (slurmctld, slurmd)
+  # with MUNGE authentication, nodes entered with nsenter/unshare (util-linux)
+  slurm-wlm munge util-linux
 )
 
 missing=()

@@ -22,6 +22,9 @@ std::string rank_prefix() {
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
+  } catch (const Preempted& e) {
+    std::cerr << e.what() << std::endl;
+    return kPreemptedExitCode;
   } catch (const UsageError& e) {
     std::cerr << rank_prefix() << ": error: " << e.what() << std::endl;
     return 2;

@@ -54,4 +54,17 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// The program stopped on purpose for a batch system's preemption warning
+// (Slurm's `--signal=USR1@T`, `scancel --signal=USR1`) after saving what it
+// needs to resume (ddp/train/preemption.h). guarded_main() exits with
+// kPreemptedExitCode for it, the status the job templates in deploy/slurm/
+// requeue on.
+class Preempted : public Error {
+ public:
+  using Error::Error;
+};
+
+// EX_TEMPFAIL of sysexits.h: "a temporary failure; try again later".
+constexpr int kPreemptedExitCode = 75;
+
 }  // namespace ddp

@@ -14,6 +14,7 @@
 #include "ddp/train/env_summary.h"
 #include "ddp/train/epoch_loop.h"
 #include "ddp/train/evaluation.h"
+#include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/state_dict.h"

@@ -2,6 +2,7 @@
 
 #include "atomic_file.h"
 #include "ddp/object_collectives.h"
+#include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
 #include "state_dict_io.h"
@@ -11,6 +12,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <mutex>
@@ -111,6 +113,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     d.insert("epoch", state.epoch);
     d.insert("step", state.step);
     d.insert("sampler_epoch", state.sampler_epoch);
+    d.insert("epoch_step", state.epoch_step);
     d.insert("world_size", static_cast<int64_t>(pg.size()));
     c10::List<at::Tensor> rng_list;
     for (auto& t : all_rng) rng_list.push_back(t.cpu());
@@ -199,6 +202,8 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   state.epoch = get_int(root, "epoch", used);
   state.step = get_int(root, "step", used);
   state.sampler_epoch = get_int(root, "sampler_epoch", used);
+  // Absent from checkpoints written at an epoch's end by older versions.
+  state.epoch_step = root->get("epoch_step") ? get_int(root, "epoch_step", used) : 0;
   state.world_size = static_cast<int>(get_int(root, "world_size", used));
   if (auto config = root->get("config"); config && config->is_dict())
     for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
@@ -217,15 +222,64 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 
 // ---- resuming a run -------------------------------------------------------
 
+namespace {
+
+// "SLURM_RESTART_COUNT=1" when Slurm requeued this job or ddprun/torchrun
+// restarted its workers, else "".
+std::string restart_reason() {
+  for (const char* name : {"SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+    const char* v = std::getenv(name);
+    if (v && *v && std::strtol(v, nullptr, 10) > 0) return std::string(name) + "=" + v;
+  }
+  return "";
+}
+
+std::string position(const TrainState& s) {
+  return "epoch " + std::to_string(s.epoch) +
+         (s.epoch_step > 0 ? " and " + std::to_string(s.epoch_step) + " batches of epoch " + std::to_string(s.epoch + 1)
+                           : std::string());
+}
+
+}  // namespace
+
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, ProcessGroup& pg) {
   TrainState state;
-  if (!opts.resume_path().empty()) {
-    state = load_checkpoint(opts.resume_path(), model, &optimizer, pg);
-    run.log("resumed from " + opts.resume_path() + " after epoch " + std::to_string(state.epoch));
+  std::string from = opts.resume_path();
+  std::string why;
+  // A requeued or restarted job continues from its own checkpoint, if it got
+  // as far as writing one (rank 0 looks: the others may not share its disk).
+  if (from.empty()) {
+    const std::string restart = restart_reason();
+    if (!restart.empty()) {
+      auto found = torch::tensor({pg.rank() == 0 && std::filesystem::exists(run.checkpoint_path()) ? int64_t(1) : int64_t(0)},
+                                 torch::kLong)
+                       .to(pg.device());
+      pg.broadcast(found, 0).wait();
+      if (found.cpu().item<int64_t>() != 0) {
+        from = run.checkpoint_path();
+        why = " (" + restart + ": the job was requeued or restarted)";
+      }
+    }
+  }
+  if (!from.empty()) {
+    state = load_checkpoint(from, model, &optimizer, pg);
+    run.log("resumed from " + from + " after " + position(state) + why);
   }
   state.config = opts.to_config();
   run.start(state.epoch);
+  if (opts.preemption_check_every() > 0) {
+    watch_preemption_signal(SIGUSR1);
+    const std::string path = run.checkpoint_path();
+    state.checkpoint_and_stop = [&run, &model, &optimizer, &pg, path](const TrainState& s) {
+      run.log("preemption warning (signal " + std::to_string(preemption_signal_received()) +
+              " on at least one rank): checkpoint after " + position(s) + ", then exit status " +
+              std::to_string(kPreemptedExitCode) + " so that the job is requeued");
+      save_checkpoint(path, model, optimizer, s, pg);
+      throw Preempted(rank_tag(pg) + ": stopped for preemption after " + position(s) + "; " + path +
+                      " holds the state, and the requeued job resumes from it");
+    };
+  }
   return state;
 }
 

@@ -2,6 +2,8 @@
 
 #include "parse_number.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -20,6 +22,11 @@ const char* kHeaderStart = "epoch,train_loss,test_loss,";
 
 RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name)
     : path_(std::move(path)), metric_(std::move(metric_name)), writer_(pg.rank() == 0) {
+  // One line from every rank, so that a job's output says where each ran.
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  std::cout << "rank " << pg.rank() << " of " << pg.size() << " on " << host << ", pid " << ::getpid() << ", "
+            << pg.backend_name() << ", run folder " << path_ << std::endl;
   if (!writer_) return;
   std::error_code ec;
   fs::create_directories(path_, ec);

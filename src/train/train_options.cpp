@@ -62,7 +62,8 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"checkpoint_every", std::to_string(checkpoint_every())},
           {"resume", resume()},
           {"workers", std::to_string(workers())},
-          {"limit_batches", std::to_string(limit_batches())}};
+          {"limit_batches", std::to_string(limit_batches())},
+          {"preemption_check_every", std::to_string(preemption_check_every())}};
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
@@ -90,7 +91,10 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
        "continue from a checkpoint file or run folder (alone: --run-dir's checkpoint)")
     ("workers", po::value(&o.workers())->default_value(o.workers()), "data loader threads")
     ("limit-batches", po::value(&o.limit_batches())->default_value(o.limit_batches()),
-       "at most N batches per epoch, training and evaluation (-1: all), for quick runs");
+       "at most N batches per epoch, training and evaluation (-1: all), for quick runs")
+    ("preemption-check-every", po::value(&o.preemption_check_every())->default_value(o.preemption_check_every()),
+       "every N steps, ask all ranks whether SIGUSR1 (a preemption warning) arrived; if so checkpoint and exit 75 "
+       "(0: SIGUSR1 not watched)");
   // clang-format on
   po::options_description all;
   all.add(common);
@@ -120,6 +124,7 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   if (o.lr() <= 0) throw UsageError("--lr must be > 0");
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
+  if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
   // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
   o.process_group_options();

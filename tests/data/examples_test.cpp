@@ -2,10 +2,13 @@
 // --resume promise: 4 epochs in one run equal 2 epochs + resume + 2.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "../core/multiprocess.h"
+#include "ddp/errors.h"
 #include "ddp/train/state_dict.h"
 #include "idx_fixture.h"
 
@@ -94,6 +97,63 @@ TEST_F(Examples, LenetResumeEndsWithTheSameParametersAsOneRun) {
   results = run_ranks(1, LENET_FMNIST, one_rank);
   expect_ok(results);
   EXPECT_NE(results[0].output.find("was written by 2 ranks; resuming with 1"), std::string::npos) << results[0].output;
+}
+
+// The pid of the rank `rank` started by run_ranks with DDP_TEST_DIR=dir, or 0.
+pid_t rank_pid(const std::string& dir, int rank) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const pid_t pid = std::atoi(e.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::string env = ddp::testing::read_file(e.path().string() + "/environ");
+    for (char& c : env) c = c == '\0' ? '\n' : c;
+    env = "\n" + env;
+    if (env.find("\nDDP_TEST_DIR=" + dir + "\n") != std::string::npos &&
+        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return pid;
+  }
+  return 0;
+}
+
+TEST_F(Examples, LenetPreemptedInsideAnEpochResumesToTheSameParametersAsOneRun) {
+  ddp::testing::write_fashion_mnist(dir_ + "/data", 1024, 64);
+  auto args = [&](const std::string& run) {
+    return std::vector<std::string>{"--epochs", "10", "--global-batch-size", "32", "--lr", "0.1", "--data-dir",
+                                    dir_ + "/data", "--run-dir", run, "--preemption-check-every", "3"};
+  };
+  expect_ok(run_ranks(2, LENET_FMNIST, args(dir_ + "/one")));
+
+  // The warning reaches one rank only; both must stop at the same step.
+  const std::string run = dir_ + "/two", ranks_dir = dir_ + "/ranks";
+  fs::create_directories(ranks_dir);
+  std::vector<ddp::testing::RankResult> results;
+  std::thread job([&] { results = run_ranks(2, LENET_FMNIST, args(run), {{"DDP_TEST_DIR", ranks_dir}}); });
+  pid_t rank1 = 0;
+  for (int i = 0; i < 6000 && !rank1; ++i) {
+    if (ddp::testing::read_file(run + "/log.txt").find("epoch 1: train loss") != std::string::npos)
+      rank1 = rank_pid(ranks_dir, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (rank1) ::kill(rank1, SIGUSR1);
+  job.join();
+  ASSERT_GT(rank1, 0) << "the run never reached its second epoch";
+  for (auto& r : results) {
+    EXPECT_EQ(r.exit_code, ddp::kPreemptedExitCode) << describe(results);
+    EXPECT_NE(r.output.find("stopped for preemption"), std::string::npos) << r.output;
+  }
+  const std::string log = ddp::testing::read_file(run + "/log.txt");
+  EXPECT_NE(log.find("preemption warning"), std::string::npos) << log;
+
+  // Restarted by its launcher, without --resume: it continues from the checkpoint.
+  results = run_ranks(2, LENET_FMNIST, args(run), {{"TORCHELASTIC_RESTART_COUNT", "1"}});
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint.pt after epoch"), std::string::npos)
+      << results[0].output;
+  EXPECT_NE(results[0].output.find("(TORCHELASTIC_RESTART_COUNT=1"), std::string::npos) << results[0].output;
+  EXPECT_EQ(count_lines(run + "/metrics.csv"), 11) << "each epoch once in metrics.csv";
+
+  auto a = ddp::read_state_dict(dir_ + "/one/model.pt"), b = ddp::read_state_dict(run + "/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& item : a) EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key() << " differs";
 }
 
 TEST_F(Examples, ErrorsNameTheRankAndWhatToDo) {

@@ -8,7 +8,7 @@
 //
 // Contents (a dict): "model" (name -> tensor, no `module.` prefix),
 // "optimizer" (LibTorch's optimizer archive, as bytes in a uint8 tensor),
-// "epoch", "step", "sampler_epoch", "world_size", "rng_states" (every rank's
+// "epoch", "step", "sampler_epoch", "epoch_step", "world_size", "rng_states" (every rank's
 // CPU generator), "config" (name -> string), "format" and "version".
 //
 //   ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 
@@ -33,8 +34,15 @@ struct TrainState {
   int64_t epoch = 0;          // epochs completed
   int64_t step = 0;           // optimizer steps taken
   int64_t sampler_epoch = 0;  // the epoch the sampler shuffles for next
+  // Batches of epoch `epoch` already taken: above 0 only in a checkpoint
+  // written inside an epoch (preemption); train_epoch() skips them.
+  int64_t epoch_step = 0;
   int world_size = 1;         // of the run that wrote it
   std::map<std::string, std::string> config;
+  // Not saved. Set by resume_or_start() when the run watches for preemption
+  // (ddp/train/preemption.h): writes the checkpoint for this state and throws
+  // ddp::Preempted. train_epoch() calls it at the step all ranks agreed on.
+  std::function<void(const TrainState&)> checkpoint_and_stop;
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
@@ -55,8 +63,13 @@ std::string previous_checkpoint_path(const std::string& path);
 
 // Where training starts: with --resume, the checkpoint's model, optimizer,
 // epoch, step, sampler epoch and RNG state (collective; logged to the run),
-// else a fresh state. Either way the configuration is recorded and
-// metrics.csv keeps only the epochs already done.
+// else a fresh state. Without --resume, a job that Slurm requeued
+// (SLURM_RESTART_COUNT > 0) or whose workers ddprun/torchrun restarted
+// (TORCHELASTIC_RESTART_COUNT > 0) continues from the run folder's
+// checkpoint when there is one. Either way the configuration is recorded and
+// metrics.csv keeps only the epochs already done. Unless
+// --preemption-check-every is 0, SIGUSR1 is watched and
+// state.checkpoint_and_stop set (ddp/train/preemption.h).
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, ProcessGroup& pg);
 

@@ -16,6 +16,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -23,6 +24,7 @@
 #include "ddp/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/evaluation.h"
+#include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/state_dict.h"
@@ -43,16 +45,37 @@ struct TrainEpoch {
 // counted, the loss summed over ranks in one all-reduce (collective).
 // step(batch) does one optimizer step and returns the batch's mean loss; the
 // batch's size is batch.data.size(0).
+// After a checkpoint written inside this epoch (state.epoch_step > 0), the
+// batches it covers are drawn and skipped, so the epoch sees each sample
+// once; the epoch's loss then covers the batches after the resume. Every
+// opts.preemption_check_every() steps, when state.checkpoint_and_stop is
+// set, the ranks ask each other whether a preemption warning arrived, and if
+// one did, every rank calls it at the same step (it throws ddp::Preempted).
 template <typename Loader, typename Step>
 TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                        const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
   sampler.set_epoch(epoch);
   const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size);
-  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0);
+  const int64_t skip = std::min(state.epoch_step, steps);
+  const int64_t check_every = state.checkpoint_and_stop ? opts.preemption_check_every() : 0;
+  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps - skip,
+               pg.rank() == 0);
   MetricSums sums({"loss"});
   int64_t taken = 0;
   for (auto& batch : loader) {
-    if (taken++ == steps) break;
+    if (taken == steps) break;
+    if (taken < skip) {
+      ++taken;
+      continue;
+    }
+    if (check_every > 0 && (taken - skip) % check_every == 0 && preemption_requested(pg)) {
+      TrainState here = state;
+      here.epoch = epoch;
+      here.sampler_epoch = epoch;
+      here.epoch_step = taken;
+      state.checkpoint_and_stop(here);
+    }
+    ++taken;
     const int64_t n = batch.data.size(0);
     const double loss = step(batch).template item<double>();
     ++state.step;
@@ -60,6 +83,7 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
     sums.add_count(n);
     bar.update(loss, n * pg.size());
   }
+  state.epoch_step = 0;
   bar.finish();
   const auto total = sums.all_reduced(pg);
   return {total.mean("loss"), total.count(), bar.elapsed_seconds()};

@@ -37,6 +37,8 @@ class RunDir {
  public:
   // Rank 0 creates the folder (CheckpointError-free: a std::runtime_error naming
   // the folder if it cannot). metric_name heads the metrics' fifth column.
+  // Every rank prints one line saying where it runs ("rank 1 of 2 on node2,
+  // pid 4242, gloo, run folder runs/x"), so a job's output shows the layout.
   RunDir(std::string path, const ProcessGroup& pg, std::string metric_name = "test_acc");
 
   const std::string& path() const { return path_; }

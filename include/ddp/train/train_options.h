@@ -46,6 +46,10 @@ struct TrainOptions {
   TORCH_ARG(int64_t, workers) = 0;
   // At most this many batches per epoch, in training and in evaluation; -1: all.
   TORCH_ARG(int64_t, limit_batches) = -1;
+  // Every N training steps the ranks ask each other whether a preemption
+  // warning (SIGUSR1) arrived (ddp/train/preemption.h); 0: SIGUSR1 is not
+  // watched and keeps its default action.
+  TORCH_ARG(int64_t, preemption_check_every) = 10;
 
  public:
   // The per-process batch: --batch-size if given, else --global-batch-size / world.
