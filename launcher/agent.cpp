@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <set>
 
+#include "ddp/errors.h"
 #include "errors.h"
 #include "gpus.h"
 #include "net.h"
@@ -96,6 +97,8 @@ void Agent::tick() {
   for (int s : signals_.drain()) {
     if (s == SIGCHLD) {
       reap();
+    } else if (SignalChannel::is_warning(s)) {
+      say("received " + signal_name(s) + " while no worker runs; nothing to forward it to");
     } else {
       throw Interrupted(s);
     }
@@ -153,6 +156,11 @@ Agent::State Agent::start_workers() {
 }
 
 Agent::State Agent::monitor_workers(const Events& e) {
+  if (e.signo && SignalChannel::is_warning(e.signo)) {
+    say("received " + signal_name(e.signo) + "; forwarding it to the workers, which go on unless they stop");
+    signal_running(e.signo);
+    return State::Healthy;
+  }
   if (e.signo) {
     // Forward what ddprun got to every worker; no restart follows.
     say("received " + signal_name(e.signo) + "; forwarding it to the workers");
@@ -167,8 +175,12 @@ Agent::State Agent::monitor_workers(const Events& e) {
     }
   if (!local_failures_.empty()) {
     const Worker& first = workers_[local_failures_.front()];
-    FailureRecord r{exit_code_of(*first.process->exit_status()), true, failure_text(first)};
+    const int code = exit_code_of(*first.process->exit_status());
+    // 75: the worker stopped for preemption with its state saved; the job
+    // script requeues on it, and a restart here would only be killed.
+    FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
     failure_ = rdzv_->report_failure(r);
+    if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
     say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
         std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
     begin_stop(SIGTERM);
@@ -191,7 +203,9 @@ Agent::State Agent::monitor_workers(const Events& e) {
 }
 
 Agent::State Agent::stop_workers(const Events& e) {
-  if (e.signo) {
+  if (e.signo && SignalChannel::is_warning(e.signo)) {
+    signal_running(e.signo);
+  } else if (e.signo) {
     // A stop request while stopping: do not wait out the grace period.
     if (!stop_signal_) stop_signal_ = e.signo;
     kill_running();
@@ -209,6 +223,7 @@ Agent::State Agent::stop_workers(const Events& e) {
 }
 
 Agent::State Agent::exit_barrier(const Events& e) {
+  if (e.signo && SignalChannel::is_warning(e.signo)) return State::Succeeded;  // no worker left to warn
   if (e.signo) {
     record_stop_signal(e.signo);
     return State::Stopped;

@@ -31,8 +31,12 @@ class SignalChannel {
   // The mask ddprun was started with; workers get it back before exec.
   const sigset_t& original_mask() const { return original_mask_; }
 
-  // True for the signals that mean "stop" (everything handled but SIGCHLD).
-  static bool is_termination(int signo) { return signo != SIGCHLD; }
+  // SIGUSR1 and SIGUSR2: a warning for the workers (Slurm's preemption
+  // notice), forwarded to them while ddprun goes on supervising; the workers
+  // decide whether to stop (checkpoint and exit 75, say).
+  static bool is_warning(int signo) { return signo == SIGUSR1 || signo == SIGUSR2; }
+  // True for the signals that mean "stop": the others but SIGCHLD.
+  static bool is_termination(int signo) { return signo != SIGCHLD && !is_warning(signo); }
 
  private:
   sigset_t original_mask_{};

@@ -115,6 +115,7 @@ up() {
   cpus=$(nproc)
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=ddptest
+FirstJobId=$((1000 + 10#$tag % 90000))
 SlurmctldHost=node1($addr1)
 SlurmctldPort=6817
 SlurmdPort=6818

@@ -7,6 +7,7 @@
 // otherwise. The cluster is taken down on every path, and one left by a
 // killed test is swept by the next.
 #include <dirent.h>
+#include <sys/stat.h>
 
 #include "launcher_test_util.h"
 
@@ -25,14 +26,23 @@ struct ProcessInfo {
   std::map<std::string, std::string> env;
 };
 
-// Every process whose environment has SLURM_JOB_ID=job.
-std::vector<ProcessInfo> processes_of_job(const std::string& job) {
+// The network namespace a path names (/run/netns/NS, /proc/PID/ns/net), or 0.
+ino_t netns_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// Every process on the cluster's nodes (network namespaces `nodes`) whose
+// environment has SLURM_JOB_ID=job: tests running side by side have
+// clusters of their own, with job ids of their own.
+std::vector<ProcessInfo> processes_of_job(const std::string& job, const std::set<ino_t>& nodes) {
   std::vector<ProcessInfo> out;
   DIR* d = ::opendir("/proc");
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     const pid_t pid = std::atoi(e->d_name);
     if (pid <= 0) continue;
+    if (!nodes.count(netns_of("/proc/" + std::string(e->d_name) + "/ns/net"))) continue;
     const std::string env = read_file("/proc/" + std::string(e->d_name) + "/environ");
     ProcessInfo p{pid, "", {}};
     for (size_t start = 0; start < env.size();) {
@@ -72,6 +82,9 @@ class SlurmTemplates : public LauncherTest {
     if (up.code == kCannotRunHere) GTEST_SKIP() << up.err;
     ASSERT_EQ(up.code, 0) << "the cluster did not come up:\n" << up.err << up.out;
     started_ = true;
+    for (const auto& line : lines_of(up.out))
+      if (line.rfind("DDP_CLUSTER_NS", 0) == 0) nodes_.insert(netns_of("/run/netns/" + line.substr(line.find('=') + 1)));
+    ASSERT_EQ(nodes_.size(), 2u) << up.out;
     fs::create_directories(dir_ + "/out");
   }
 
@@ -125,7 +138,7 @@ class SlurmTemplates : public LauncherTest {
   // The example's processes in `job` (not ddprun's, srun's or the shell's), by rank.
   std::map<std::string, pid_t> workers_of(const std::string& job) {
     std::map<std::string, pid_t> out;
-    for (auto& p : processes_of_job(job)) {
+    for (auto& p : processes_of(job)) {
       if (p.exe != fs::path(LENET_BIN).filename().string()) continue;
       out[p.env.count("RANK") ? p.env["RANK"] : p.env["SLURM_PROCID"]] = p.pid;
     }
@@ -151,7 +164,10 @@ class SlurmTemplates : public LauncherTest {
   }
 
   static constexpr const char* kScript = DDP_SOURCE_DIR "/tests/cluster/slurm_cluster.sh";
+  std::vector<ProcessInfo> processes_of(const std::string& job) { return processes_of_job(job, nodes_); }
+
   std::string cluster_;
+  std::set<ino_t> nodes_;  // the nodes' network namespaces
   bool started_ = false;
 };
 
@@ -179,7 +195,7 @@ TEST_P(EachTemplate, AKilledRankFailsTheJobWithItsCode) {
   EXPECT_NE(info.find("ExitCode=137:0"), std::string::npos) << info;
   EXPECT_NE(info.find("JobState=FAILED"), std::string::npos) << info;
   // --kill-on-bad-exit: nothing of the job lives on, on either node.
-  EXPECT_TRUE(wait_for([&] { return processes_of_job(job).empty(); }, 60));
+  EXPECT_TRUE(wait_for([&] { return processes_of(job).empty(); }, 60));
 }
 
 TEST_P(EachTemplate, ACancelledJobLeavesNothingBehind) {
@@ -194,7 +210,7 @@ TEST_P(EachTemplate, ACancelledJobLeavesNothingBehind) {
   std::vector<ProcessInfo> left;
   EXPECT_TRUE(wait_for(
       [&] {
-        left = processes_of_job(job);
+        left = processes_of(job);
         return left.empty();
       },
       60));
@@ -210,16 +226,23 @@ TEST_P(EachTemplate, APreemptionWarningCheckpointsRequeuesAndResumes) {
   // The warning a preemption policy or --signal=USR1@T sends to the steps.
   Result warn = on_login_node({"scancel", "--signal=USR1", job})->wait(60);
   ASSERT_EQ(warn.code, 0) << warn.err;
-  // Requeued, started again and finished: Restarts=1, COMPLETED.
+  // Requeued (Restarts=1), started again and finished. Slurm holds a
+  // requeued job for about two minutes before it may start; an operator's
+  // StartTime=now lets it start at once, as here.
   std::string info;
+  bool released = false;
   EXPECT_TRUE(wait_for(
       [&] {
         info = job_info(job);
+        if (!released && info.find("Restarts=1") != std::string::npos &&
+            info.find("JobState=PENDING") != std::string::npos)
+          released = on_login_node({"scontrol", "update", "JobId=" + job, "StartTime=now"})->wait(60).code == 0;
         return info.find("JobState=COMPLETED") != std::string::npos || info.find("JobState=FAILED") != std::string::npos;
       },
       300))
       << info;
-  sbatch->wait(60);
+  Result r = sbatch->wait(60);
+  EXPECT_EQ(r.code, 0) << "sbatch --wait follows the requeue to the job's end: " << r.out << r.err;
   const std::string output = job_output(job), log = run_log("run");
   EXPECT_NE(info.find("JobState=COMPLETED"), std::string::npos) << info << output;
   EXPECT_NE(info.find("Restarts=1"), std::string::npos) << info;

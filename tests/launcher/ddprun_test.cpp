@@ -233,6 +233,40 @@ TEST_P(Forwarding, SignalToDdprunReachesEveryWorker) {
     for (pid_t q : pids_in(pids, kind)) EXPECT_FALSE(alive(q)) << kind << q;
 }
 
+// A warning (SIGUSR1/SIGUSR2) is forwarded, and ddprun goes on supervising:
+// workers that take it in their stride finish their work, and ddprun exits
+// with their status, not 128+signal, and kills nothing after --term-timeout.
+TEST_F(LauncherTest, AWarningSignalIsForwardedAndTheWorkersGoOn) {
+  std::string pids = sub("pids"), traps = sub("traps"), until = dir_ + "/until";
+  auto p = start({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--term-timeout", "1"},
+                 {"--pid-dir", pids, "--trap-dir", traps, "--on-warning", "continue", "--until-file", until});
+  ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 2; })) << p->current_err();
+  p->signal(SIGUSR1);
+  ASSERT_TRUE(wait_for([&] { return count_files(traps, "warn.") == 2; })) << p->current_err();
+  // Past --term-timeout: a stop request would have killed them by now.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  for (pid_t q : pids_in(pids, "pid.")) EXPECT_TRUE(alive(q)) << "worker " << q << " was stopped";
+  std::ofstream(until) << "go";
+  Result r = p->wait();
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("received SIGUSR1; forwarding it to the workers"), std::string::npos) << r.err;
+}
+
+// Workers that checkpoint on the warning and exit 75 (ddp::kPreemptedExitCode)
+// end the group with 75, which the job templates requeue on; --max-restarts
+// does not restart them (Slurm would stop the restart anyway).
+TEST_F(LauncherTest, WorkersStoppedForPreemptionAreNotRestartedAndGive75) {
+  std::string pids = sub("pids"), traps = sub("traps"), envs = sub("envs");
+  auto p = start({"--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--max-restarts", "2"},
+                 {"--pid-dir", pids, "--env-dir", envs, "--trap-dir", traps, "--on-warning", "75", "--sleep", "-1"});
+  ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 2; })) << p->current_err();
+  p->signal(SIGUSR1);
+  Result r = p->wait();
+  EXPECT_EQ(r.code, 75) << r.err;
+  EXPECT_NE(r.err.find("stopped for preemption (exit code 75); not restarting"), std::string::npos) << r.err;
+  EXPECT_EQ(count_files(envs, "env."), 2) << "one attempt only";
+}
+
 // SIGUSR1/SIGUSR2 as torchrun's --signals-to-handle: Slurm's preemption
 // warning (scancel --signal=USR1, sbatch --signal) must reach the workers so
 // that they can checkpoint, not kill ddprun and with it the workers.

@@ -15,6 +15,8 @@
 //   --wait-all         rank R first waits for every rank's pid file
 //   --fail-until-restart N   rank R (default 0) exits 3 while restart < N
 //   --trap-dir D       on SIGTERM/SIGINT/SIGUSR1/SIGUSR2 write D/sig.<RANK> and exit 128+sig
+//   --on-warning X     with --trap-dir: SIGUSR1/SIGUSR2 write D/warn.<RANK> instead,
+//                      then exit with code X, or go on if X is "continue"
 //   --ignore-term      ignore SIGTERM
 //   --until-file F     before exiting 0, wait for file F
 //   --sleep S          sleep S seconds before exiting 0 (-1: forever)
@@ -37,6 +39,8 @@ namespace {
 
 int g_rank = 0;
 char g_trap_path[4096];
+char g_warn_path[4096];
+int g_warning_exit = -1;  // --on-warning: exit with it, or -1 to go on
 
 void write_file(const std::string& path, const std::string& content) {
   std::string tmp = path + ".tmp";
@@ -57,6 +61,20 @@ void on_signal(int sig) {
     ::close(fd);
   }
   ::_exit(128 + sig);
+}
+
+// SIGUSR1/SIGUSR2 under --on-warning: a preemption warning, noted in
+// D/warn.<RANK>; then exit with the code given (75: checkpointed), or go on.
+void on_warning(int sig) {
+  int fd = ::open(g_warn_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    char buf[16];
+    int n = std::snprintf(buf, sizeof buf, "%d\n", sig);
+    ssize_t ignored = ::write(fd, buf, static_cast<size_t>(n));
+    (void)ignored;
+    ::close(fd);
+  }
+  if (g_warning_exit >= 0) ::_exit(g_warning_exit);
 }
 
 bool exists(const std::string& p) {
@@ -95,6 +113,7 @@ void write_raw(int fd, const std::string& s) {
 int main(int argc, char** argv) {
   std::string env_dir, pid_dir, trap_dir, until_file;
   bool grandchild = false, escapee = false, partial = false, wait_all = false, ignore_term = false;
+  bool on_warning_set = false;
   int lines = 0, width = 80, fail_rank = -1, exit_code = 1, signal_self = 0, fail_until = -1;
   double sleep = 0;
   for (int i = 1; i < argc; ++i) {
@@ -116,6 +135,11 @@ int main(int argc, char** argv) {
     else if (a == "--signal-self") signal_self = std::stoi(next());
     else if (a == "--fail-until-restart") fail_until = std::stoi(next());
     else if (a == "--sleep") sleep = std::stod(next());
+    else if (a == "--on-warning") {
+      const std::string what = next();
+      g_warning_exit = what == "continue" ? -1 : std::stoi(what);
+      on_warning_set = true;
+    }
     else {
       std::fprintf(stderr, "test_worker: unknown argument %s\n", a.c_str());
       return 64;
@@ -129,7 +153,21 @@ int main(int argc, char** argv) {
   if (ignore_term) ::signal(SIGTERM, SIG_IGN);
   if (!trap_dir.empty()) {
     std::snprintf(g_trap_path, sizeof g_trap_path, "%s/sig.%d", trap_dir.c_str(), g_rank);
-    for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) ::signal(sig, on_signal);
+    // Each handler runs with every other signal blocked: ddprun's SIGTERM to
+    // the rest of the group (after a first worker exited on SIGUSR1) must
+    // not overwrite the trap file of a worker still in its handler.
+    auto trap = [](int sig, void (*handler)(int)) {
+      struct sigaction sa {};
+      sa.sa_handler = handler;
+      sigfillset(&sa.sa_mask);
+      sa.sa_flags = SA_RESTART;
+      ::sigaction(sig, &sa, nullptr);
+    };
+    for (int sig : {SIGTERM, SIGINT, SIGUSR1, SIGUSR2}) trap(sig, on_signal);
+    if (on_warning_set) {
+      std::snprintf(g_warn_path, sizeof g_warn_path, "%s/warn.%d", trap_dir.c_str(), g_rank);
+      for (int sig : {SIGUSR1, SIGUSR2}) trap(sig, on_warning);
+    }
   }
   if (!env_dir.empty()) {
     std::string all;
