@@ -17,6 +17,9 @@ packages=(
   zlib1g-dev dataset-fashion-mnist gnuplot-nox
   # multi-node tests (network namespaces, veth, tc) and process inspection
   iproute2 procps
+  # the mpi backend (CMake finds Open MPI and builds it in) and mpirun for its
+  # tests and for launching across hosts without MASTER_ADDR
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()
