@@ -326,6 +326,7 @@ int main(int argc, char** argv) {
     const char* backend = std::getenv("DDP_TEST_BACKEND");
     auto pg = ddp::init_process_group(
         ddp::ProcessGroupOptions().backend(backend && *backend ? backend : "gloo").timeout(timeout));
+    EXPECT_OR_FAIL(!backend || !*backend || pg->backend_name() == backend, "the group is " + pg->backend_name());
     int rc = 1;
     if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
     else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);

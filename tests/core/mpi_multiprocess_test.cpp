@@ -53,7 +53,7 @@ class MpiDDPWorld : public ::testing::TestWithParam<std::tuple<int, size_t>> {};
 
 }  // namespace
 
-TEST_P(MpiDDPWorld, SameResultsAsOverGloo) {
+TEST_P(MpiDDPWorld, ScenarioPassesOverTheMpiBackend) {
   SKIP_WITHOUT_MPI();
   const auto [world, index] = GetParam();
   auto r = run_mpirun(world, DDP_WORKER, kScenarios[index].second, {{"DDP_TEST_BACKEND", "mpi"}});

@@ -31,12 +31,12 @@ std::vector<float> read_floats(const std::string& path) {
 class PyTorchParity : public ::testing::TestWithParam<int> {};
 class PyTorchParityOverMpi : public ::testing::TestWithParam<int> {};
 
-constexpr double kMpiTolerance = 1e-5;
+constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 
 // Runs PyTorch's DDP (Gloo) at `world` ranks into `dir`, where ours has
-// written its results, and compares case by case: the number of values
-// that are not bitwise equal, and the largest difference, must stay within
-// `tolerance` (0: bitwise).
+// written its results, and compares case by case: with `tolerance` 0 every
+// value must be bitwise equal, else the largest absolute difference must
+// stay within it.
 void compare_with_pytorch(int world, const std::string& dir, double tolerance) {
   auto theirs = run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
@@ -64,7 +64,7 @@ void compare_with_pytorch(int world, const std::string& dir, double tolerance) {
     if (tolerance == 0)
       EXPECT_EQ(differing, 0u) << c << " at " << world << " ranks: largest difference " << worst;
     else
-      EXPECT_LE(worst_relative, tolerance) << c << " at " << world << " ranks: " << differing << " values differ";
+      EXPECT_LE(worst, tolerance) << c << " at " << world << " ranks: " << differing << " values differ";
   }
 }
 
@@ -91,8 +91,10 @@ TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
 // a+b on both sides, so the results are bitwise equal. At 4 ranks Open MPI
 // and Gloo add the four contributions in different orders (Gloo's ring
 // against Open MPI's tree), floating-point addition is not associative, and
-// 30 steps of SGD carry the last-bit differences along: within a relative
-// 1e-5 of PyTorch, not bitwise (docs/design.md, "The mpi backend").
+// 30 steps of SGD carry the last-bit differences along. Measured: 276 to 632
+// of 1,740-1,996 values differ per case, by at most 6e-8 (parameters of
+// order 0.1 to 1), so the test allows 1e-6, not bitwise (docs/design.md,
+// "The mpi backend").
 TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
   if (!have_pytorch())
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
