@@ -20,6 +20,9 @@ packages=(
   # the Slurm job templates' tests: a real two-node Slurm (slurmctld, slurmd)
   # with MUNGE authentication, nodes entered with nsenter/unshare (util-linux)
   slurm-wlm munge util-linux
+  # the mpi backend (CMake finds Open MPI and builds it in) and mpirun for its
+  # tests and for launching across hosts without MASTER_ADDR
+  libopenmpi-dev openmpi-bin
 )
 
 missing=()

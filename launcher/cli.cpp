@@ -246,7 +246,7 @@ RdzvConf parse_rdzv_conf(const std::string& text, std::vector<std::string>& note
 
 }  // namespace
 
-std::string version_line() { return "ddprun (libddp) " DDPRUN_VERSION; }
+std::string version_line() { return "ddprun (libddp) " DDPRUN_VERSION "\nbackends: " DDPRUN_BACKENDS; }
 
 std::string documentation_path(const std::string& executable) {
   namespace fs = std::filesystem;

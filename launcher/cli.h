@@ -84,7 +84,9 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
 // "gpu" on a machine without a visible GPU.
 void resolve_nproc(Options& options);
 
-// "ddprun (libddp) X.Y.Z", the project's version (--version).
+// What --version prints: "ddprun (libddp) X.Y.Z", the project's version,
+// then "backends: gloo, mpi", the process-group backends libddp was built
+// with (ddprun itself links none of them).
 std::string version_line();
 
 // Where --help sends the reader: the docs installed with the ddprun at

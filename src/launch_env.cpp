@@ -169,6 +169,15 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     // Single-node mpirun needs no MASTER_ADDR: loopback is the only sane default.
     std::optional<std::string> master;
     if (env.local_world_size == env.world_size) master = "127.0.0.1";
+#ifdef DDP_WITH_MPI
+    // Across hosts, a build with MPI learns rank 0's address over MPI
+    // itself (init_process_group); this Torch- and MPI-free reader only
+    // says so.
+    if (!master && !r.has("MASTER_ADDR")) {
+      master = "";
+      env.master_over_mpi = true;
+    }
+#endif
     read_master(r, env, master, "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port> ...");
   } else if (r.has("PMI_RANK")) {
     // MPICH's and Intel MPI's Hydra; MPI_LOCALRANKID/MPI_LOCALNRANKS are theirs too.

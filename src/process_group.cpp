@@ -6,6 +6,7 @@
 #include "c10d_compat.h"
 #include "comm_threads.h"
 #include "parse_number.h"
+#include "process_group_mpi.h"
 
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -122,13 +123,16 @@ bool is_loopback(const std::string& host) {
 }
 
 #ifdef USE_C10D_GLOO
-std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env) {
+// `learned_interface`: this rank's interface on the subnet that joins it to
+// rank 0, when that was learned over MPI (an mpirun job without MASTER_ADDR).
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env, const std::string& learned_interface) {
   // PyTorch's variable: one interface (or a comma-separated list) to bind.
   if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
     std::string first(ifname);
     first = first.substr(0, first.find(','));
     return c10d::ProcessGroupGloo::createDeviceForInterface(first);
   }
+  if (!learned_interface.empty()) return c10d::ProcessGroupGloo::createDeviceForInterface(learned_interface);
   // Every rank on this host: loopback needs no name resolution at all.
   if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   // Else the address this host's name resolves to (loopback if it resolves to nothing).
@@ -148,7 +152,7 @@ bool has_gpu() {
 
 ProcessGroupOptions& ProcessGroupOptions::backend(std::string name) {
   if (name != "auto" && name != "gloo" && name != "nccl" && name != "mpi")
-    throw UsageError("ProcessGroupOptions: unknown backend '" + name + "'; use auto, gloo or nccl");
+    throw UsageError("ProcessGroupOptions: unknown backend '" + name + "'; use auto, gloo, nccl or mpi");
   backend_ = std::move(name);
   return *this;
 }
@@ -195,12 +199,49 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
 
   std::string backend = options.backend();
   if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
-  if (backend == "mpi")
-    throw UsageError(who + "the mpi backend is not built in this version; use gloo or nccl");
-  if (backend != "gloo" && backend != "nccl")
-    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo or nccl");
-
+  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
+    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo, nccl or mpi");
   const auto timeout = options.timeout();
+
+  if (backend == "mpi") {
+#ifdef DDP_WITH_MPI
+    if (env.source != LaunchEnv::Source::OpenMPI)
+      throw UsageError(who + "the mpi backend needs a process started by Open MPI's mpirun, and this one was not "
+                       "(no OMPI_COMM_WORLD_RANK in its environment; its launch environment is '" + env.source_name() +
+                       "'): run mpirun -np N ./program, or choose the gloo backend");
+    torch::Device device(torch::kCPU);
+#ifdef DDP_WITH_CUDA
+    // CUDA tensors are staged through host memory (process_group_mpi.cpp).
+    if (has_gpu()) {
+      const auto index = static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count());
+      c10::cuda::set_device(index);
+      device = torch::Device(torch::kCUDA, index);
+    }
+#endif
+    auto group = detail::make_mpi_process_group(env, timeout, device, who);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_default = group;
+    return group;
+#else
+    throw UsageError(who + "the mpi backend is not compiled into this libddp (CMake found no MPI when it was "
+                     "built, or it was configured with -DDDP_WITH_MPI=OFF): install Open MPI (Debian: libopenmpi-dev "
+                     "openmpi-bin) and rebuild, or choose the gloo backend");
+#endif
+  }
+
+  // An mpirun job across hosts without MASTER_ADDR (LaunchEnv left it
+  // empty): rank 0's address, and each rank's interface towards it, are
+  // learned over MPI itself.
+  std::string learned_interface;
+  if (env.master_addr.empty()) {
+#ifdef DDP_WITH_MPI
+    const auto route = detail::learn_master_route_over_mpi(timeout, who);
+    env.master_addr = route.master_addr;
+    learned_interface = route.interfaces.at(static_cast<size_t>(env.rank));
+#else
+    throw LaunchEnvError(who + "MASTER_ADDR is not set; set it to the host of rank 0 on every rank");
+#endif
+  }
   c10::intrusive_ptr<c10d::Store> store;
   try {
     store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size, timeout);
@@ -231,7 +272,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
       const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
       const auto before_device = detail::thread_ids();
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(gloo_device(env));
+      opts->devices.push_back(gloo_device(env, learned_interface));
       const auto before_group = detail::thread_ids();
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
       for (pid_t tid : detail::new_threads(before_device, before_group))
@@ -264,6 +305,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
   std::lock_guard<std::mutex> lock(g_mutex);
   g_default = group;
   return group;
+}
+
+std::string mpi_library_version() {
+#ifdef DDP_WITH_MPI
+  return detail::mpi_library_version_text();
+#else
+  return "";
+#endif
 }
 
 std::shared_ptr<ProcessGroup> default_process_group() {

@@ -28,6 +28,10 @@ struct LaunchEnv {
   // from it (default_port_for_job) and their rendezvous store refuses ranks
   // of another job, so two jobs can never meet.
   std::string job_id;
+  // An Open MPI job across hosts without MASTER_ADDR, in a build with MPI:
+  // master_addr is empty, to be learned by init_process_group over MPI
+  // (rank 0's address on the subnet every rank shares with it).
+  bool master_over_mpi = false;
 
   // Reads the process environment. Precedence (first complete set wins):
   //   1. torchrun/ddprun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
@@ -46,8 +50,10 @@ struct LaunchEnv {
   // MASTER_ADDR and MASTER_PORT override the master of sources 2 to 4
   // (without MASTER_PORT, a Slurm or Open MPI job's port comes from its job
   // id: default_port_for_job); MPI
-  // jobs on one node default to loopback, across nodes they need
-  // MASTER_ADDR (the error says how to pass it).
+  // jobs on one node default to loopback. Across nodes, Open MPI jobs in a
+  // build with MPI leave the master to be learned (master_over_mpi); other
+  // MPI jobs, and all of them in a build without MPI, need MASTER_ADDR (the
+  // error says how to pass it).
   static LaunchEnv from_environment();
 
   // The same, from any lookup (tests pass a map; nullopt means unset).

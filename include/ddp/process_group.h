@@ -60,8 +60,10 @@ class ProcessGroup {
 };
 
 struct ProcessGroupOptions {
-  // "auto" (NCCL when this worker has a GPU, else Gloo), "gloo" or "nccl".
-  // Anything else is a UsageError here.
+  // "auto" (NCCL when this worker has a GPU, else Gloo), "gloo", "nccl" or
+  // "mpi" (Open MPI, in builds where CMake found it; the process must be
+  // started by mpirun). Anything else is a UsageError here; an mpi group in
+  // a build or process without MPI is one in init_process_group.
   ProcessGroupOptions& backend(std::string name);
   const std::string& backend() const { return backend_; }
   // Every blocking call (store, collectives, barrier) honours it; > 0.
@@ -90,6 +92,11 @@ bool is_initialized();
 
 // Drops the default group. Backends shut down when the last handle goes.
 void destroy_process_group();
+
+// The MPI library the mpi backend is built on, as MPI_Get_library_version
+// names it ("Open MPI v4.1.4": its first line up to a comma), or "" in a
+// build without MPI. Needs no MPI_Init.
+std::string mpi_library_version();
 
 // "rank 3/4" for messages.
 std::string rank_tag(const ProcessGroup& pg);

@@ -71,8 +71,10 @@ std::string environment_summary(ProcessGroup& pg) {
     for (size_t i = 0; i < r.size() && i < width.size(); ++i) width[i] = std::max(width[i], r[i].size());
   std::ostringstream out;
   out << "libddp: LibTorch " << TORCH_VERSION << ", " << pg.size() << " process" << (pg.size() == 1 ? "" : "es")
-      << " (" << env.source_name() << "), backend " << pg.backend_name() << ", master " << env.master_addr << ":"
-      << env.master_port << "\n";
+      << " (" << env.source_name() << "), backend " << pg.backend_name() << ", master "
+      << (env.master_over_mpi ? std::string("learned over MPI") : env.master_addr) << ":" << env.master_port << "\n";
+  // The library under the mpi backend (and under a master learned over MPI).
+  if (const std::string mpi = mpi_library_version(); !mpi.empty()) out << "  MPI: " << mpi << "\n";
   for (auto& r : table) {
     out << "  ";
     for (size_t i = 0; i < r.size() && i < width.size(); ++i)

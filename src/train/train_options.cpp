@@ -79,7 +79,7 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
        "samples per step over all processes")
     ("lr", po::value(&o.lr())->default_value(o.lr()), "learning rate")
     ("seed", po::value(&o.seed())->default_value(o.seed()), "seed of the model's initialisation and the data order")
-    ("backend", po::value(&o.backend())->default_value(o.backend()), "auto, gloo or nccl")
+    ("backend", po::value(&o.backend())->default_value(o.backend()), "auto, gloo, nccl or mpi (mpi: started by mpirun, in builds with MPI)")
     ("bucket-cap-mb", po::value(&o.bucket_cap_mb())->default_value(o.bucket_cap_mb()), "DDP gradient bucket size")
     ("timeout", po::value(&o.timeout_s())->default_value(o.timeout_s()), "seconds any collective may wait")
     ("data-dir", po::value(&o.data_dir())->default_value(o.data_dir()), "where the data set lives")

@@ -289,6 +289,28 @@ int scenario_step_memory(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::st
   return 0;
 }
 
+// Rank 1 never joins rank 0's all-reduce: rank 0's wait must fail within
+// the group's timeout (--timeout) with an error naming the rank, the
+// operation and what to do, instead of hanging.
+int scenario_straggler(ddp::ProcessGroup& pg) {
+  if (pg.rank() != 0) {
+    std::cout << "rank " << pg.rank() << ": not joining" << std::endl;
+    return 0;
+  }
+  auto t = torch::ones({16});
+  try {
+    pg.allreduce(t).wait();
+  } catch (const ddp::CommError& e) {
+    const std::string what = e.what();
+    std::cout << "caught: " << what << std::endl;
+    EXPECT_OR_FAIL(what.find("rank 0") != std::string::npos, "names the rank");
+    EXPECT_OR_FAIL(what.find("allreduce") != std::string::npos, "names the operation");
+    EXPECT_OR_FAIL(what.find("timeout") != std::string::npos, "says what to do");
+    return 0;
+  }
+  throw Fail("an all-reduce that rank 1 never joined completed");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -300,7 +322,11 @@ int main(int argc, char** argv) {
   auto flags = parse_flags(argc, argv);
   try {
     const auto timeout = std::chrono::seconds(flags.count("--timeout") ? std::stoi(flags["--timeout"]) : 120);
-    auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(timeout));
+    // Gloo unless the test asks for another backend (the MPI tests: mpi).
+    const char* backend = std::getenv("DDP_TEST_BACKEND");
+    auto pg = ddp::init_process_group(
+        ddp::ProcessGroupOptions().backend(backend && *backend ? backend : "gloo").timeout(timeout));
+    EXPECT_OR_FAIL(!backend || !*backend || pg->backend_name() == backend, "the group is " + pg->backend_name());
     int rc = 1;
     if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
     else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);
@@ -317,6 +343,7 @@ int main(int argc, char** argv) {
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
+    else if (scenario == "straggler") rc = scenario_straggler(*pg);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();
     return rc;

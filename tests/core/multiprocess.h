@@ -1,5 +1,6 @@
 // Starts real worker processes for multi-rank tests: each rank gets the
-// torchrun variables, its own output file, and a deadline after which the
+// torchrun variables (run_ranks) or is started by a real Open MPI mpirun
+// (run_mpirun), has its own output file, and a deadline after which the
 // whole set is killed, so a test can never hang.
 #pragma once
 
@@ -9,6 +10,8 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <dirent.h>
 
 #include <chrono>
 #include <filesystem>
@@ -108,6 +111,116 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   for (int r = 0; r < world; ++r) results[r].output = read_file(dir + "/rank" + std::to_string(r) + ".log");
   if (own_dir) std::filesystem::remove_all(dir);
   return results;
+}
+
+// Where mpirun is, or "" (then MPI tests skip).
+inline std::string mpirun_path() {
+  for (const char* p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun", "/usr/bin/orterun"})
+    if (::access(p, X_OK) == 0) return p;
+  return "";
+}
+
+// Kills every process of session `sid` (mpirun's: its ranks get process
+// groups of their own but stay in its session).
+inline void kill_session(pid_t sid) {
+  DIR* proc = ::opendir("/proc");
+  if (!proc) return;
+  while (dirent* e = ::readdir(proc)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(line.substr(paren + 2));
+    std::string state;
+    long ppid = 0, pgrp = 0, session = 0;
+    fields >> state >> ppid >> pgrp >> session;
+    if (session == sid) ::kill(pid, SIGKILL);
+  }
+  ::closedir(proc);
+}
+
+struct MpirunResult {
+  int exit_code = -1;              // mpirun's: 0 iff every rank exited 0; 128+signal when killed
+  bool killed_at_deadline = false;
+  std::string output;              // mpirun's own stdout and stderr
+  std::vector<std::string> ranks;  // each rank's stdout and stderr (--output-filename)
+};
+
+// Runs `mpirun [mpirun_args] -np world program args...` as root allows,
+// oversubscribed (a 2-core machine), each rank's output in its own file, the
+// environment in `env` passed with -x. At `timeout` the whole session
+// (mpirun, its ranks, its remote agents) is killed.
+inline MpirunResult run_mpirun(int world, const std::string& program, const std::vector<std::string>& args,
+                               std::map<std::string, std::string> env = {},
+                               std::chrono::seconds timeout = std::chrono::seconds(240),
+                               std::vector<std::string> mpirun_args = {}, std::vector<std::string> prefix = {}) {
+  char dir_template[] = "/tmp/ddp_mpirun_XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+  std::vector<std::string> argv = prefix;
+  for (const std::string& a : {mpirun_path(), std::string("--allow-run-as-root"), std::string("--oversubscribe"),
+                               std::string("--output-filename"), dir + "/out"})
+    argv.push_back(a);
+  argv.insert(argv.end(), mpirun_args.begin(), mpirun_args.end());
+  for (auto& [k, v] : env) {
+    argv.push_back("-x");
+    argv.push_back(k + "=" + v);
+  }
+  argv.push_back("-np");
+  argv.push_back(std::to_string(world));
+  argv.push_back(program);
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log = dir + "/mpirun.log";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    ::execv(cargv[0], cargv.data());
+    ::_exit(127);
+  }
+  MpirunResult result;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline && !result.killed_at_deadline) {
+      result.killed_at_deadline = true;
+      kill_session(pid);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill_session(pid);  // ranks mpirun left behind, if any
+  result.output = read_file(log);
+  // Open MPI writes OUT/<job>/rank.N/{stdout,stderr}; the job is "1" for
+  // the first job of an mpirun.
+  std::string job_dir = dir + "/out/1";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir + "/out", ec))
+    if (e.is_directory()) job_dir = e.path().string();
+  for (int r = 0; r < world; ++r) {
+    const std::string rank_dir = job_dir + "/rank." + std::to_string(r);
+    result.ranks.push_back(read_file(rank_dir + "/stdout") + read_file(rank_dir + "/stderr"));
+  }
+  std::filesystem::remove_all(dir);
+  return result;
+}
+
+inline std::string describe(const MpirunResult& r) {
+  std::string s = "--- mpirun (exit " + std::to_string(r.exit_code) +
+                  (r.killed_at_deadline ? ", killed at the deadline" : "") + "):\n" + r.output + "\n";
+  for (size_t k = 0; k < r.ranks.size(); ++k) s += "--- rank " + std::to_string(k) + ":\n" + r.ranks[k] + "\n";
+  return s;
 }
 
 // "rank 1 (exit 1):\n<its output>" for every rank, for assertion messages.

@@ -2,7 +2,8 @@
 // kernels) train the same deterministic models for 30 steps, case by case
 // (options, bucket layouts, unused parameters, no_sync, BatchNorm buffers,
 // tied weights, gradients reset to none), at 2, 3 and 4 ranks, and must end
-// with bitwise-identical parameters and buffers.
+// with bitwise-identical parameters and buffers; over the mpi backend too
+// (bitwise at 2 ranks, within a tolerance at 4: see below).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <iomanip>
 
+#include "ddp/process_group.h"
 #include "multiprocess.h"
 
 using namespace ddp::testing;
@@ -27,22 +29,20 @@ std::vector<float> read_floats(const std::string& path) {
 }
 
 class PyTorchParity : public ::testing::TestWithParam<int> {};
+class PyTorchParityOverMpi : public ::testing::TestWithParam<int> {};
 
-}  // namespace
+constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 
-TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
-  if (std::system("/usr/bin/python3 -c 'import torch.distributed, torch.nn.parallel' >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
-  const int world = GetParam();
-  char tmpl[] = "/tmp/ddp_parity_XXXXXX";
-  const std::string dir = ::mkdtemp(tmpl);
-  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir}, {{"DDP_TEST_DIR", dir}});
-  for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
+// Runs PyTorch's DDP (Gloo) at `world` ranks into `dir`, where ours has
+// written its results, and compares case by case: with `tolerance` 0 every
+// value must be bitwise equal, else the largest absolute difference must
+// stay within it.
+void compare_with_pytorch(int world, const std::string& dir, double tolerance) {
   auto theirs = run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": largest |libddp - PyTorch DDP| over parameters and buffers, per case\n";
   for (const auto& c : kCases) {
-    double worst = 0;
+    double worst = 0, worst_relative = 0;
     size_t differing = 0, total = 0;
     for (int rank = 0; rank < world; ++rank) {
       const auto suffix = c + "_rank" + std::to_string(rank) + ".bin";
@@ -54,15 +54,63 @@ TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
       for (size_t i = 0; i < a.size(); ++i) {
         // Bitwise: the same float, not merely close.
         if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++differing;
-        worst = std::max(worst, std::abs(double(a[i]) - double(b[i])));
+        const double d = std::abs(double(a[i]) - double(b[i]));
+        worst = std::max(worst, d);
+        worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(double(b[i]))));
       }
     }
     std::cout << "  " << std::setw(13) << std::left << c << " values " << total << ", differing " << differing
-              << ", largest difference " << worst << std::endl;
-    EXPECT_EQ(differing, 0u) << c << " at " << world << " ranks: largest difference " << worst;
+              << ", largest difference " << worst << " (relative " << worst_relative << ")" << std::endl;
+    if (tolerance == 0)
+      EXPECT_EQ(differing, 0u) << c << " at " << world << " ranks: largest difference " << worst;
+    else
+      EXPECT_LE(worst, tolerance) << c << " at " << world << " ranks: " << differing << " values differ";
   }
+}
+
+bool have_pytorch() {
+  return std::system("/usr/bin/python3 -c 'import torch.distributed, torch.nn.parallel' >/dev/null 2>&1") == 0;
+}
+
+}  // namespace
+
+TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
+  if (!have_pytorch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+  const int world = GetParam();
+  char tmpl[] = "/tmp/ddp_parity_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir}, {{"DDP_TEST_DIR", dir}});
+  for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
+  compare_with_pytorch(world, dir, 0);
   std::filesystem::remove_all(dir);
 }
+
+// Ours over the mpi backend (started by a real mpirun) against PyTorch's
+// DDP over Gloo: PyTorch here has no MPI backend. At 2 ranks every sum is
+// a+b on both sides, so the results are bitwise equal. At 4 ranks Open MPI
+// and Gloo add the four contributions in different orders (Gloo's ring
+// against Open MPI's tree), floating-point addition is not associative, and
+// 30 steps of SGD carry the last-bit differences along. Measured: 276 to 632
+// of 1,740-1,996 values differ per case, by at most 6e-8 (parameters of
+// order 0.1 to 1), so the test allows 1e-6, not bitwise (docs/design.md,
+// "The mpi backend").
+TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
+  if (!have_pytorch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  const int world = GetParam();
+  char tmpl[] = "/tmp/ddp_parity_mpi_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto ours = run_mpirun(world, DDP_WORKER, {"parity", "--out", dir}, {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  compare_with_pytorch(world, dir, world <= 2 ? 0 : kMpiTolerance);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchParityOverMpi, ::testing::Values(2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchParity, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -1,14 +1,18 @@
 // A small end-to-end DDP run for launch tests (ddprun, network namespaces,
-// mpirun, Slurm): reads its rank from the environment, joins a Gloo group,
-// trains an MLP for a few steps and exits 0 iff every rank ends with the same
-// parameters. Prints one line per rank.
+// mpirun, Slurm): reads its rank from the environment, joins a Gloo group
+// (or --backend NAME's), trains an MLP for a few steps and exits 0 iff every
+// rank ends with the same parameters. Prints one line per rank.
 #include <iostream>
 
 #include "ddp/ddp.h"
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(120)));
+    // --backend NAME (gloo unless given): the MPI launch tests use mpi too.
+    std::string backend = "gloo";
+    for (int i = 1; i + 1 < argc; ++i)
+      if (std::string(argv[i]) == "--backend") backend = argv[i + 1];
+    auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend(backend).timeout(std::chrono::seconds(120)));
     torch::manual_seed(pg->rank());  // skewed on purpose: DDP must synchronise it
     torch::nn::Sequential net(torch::nn::Linear(16, 64), torch::nn::ReLU(), torch::nn::Linear(64, 4));
     ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(0.01));
@@ -33,7 +37,7 @@ int main() {
       }
     }
     std::cout << "rank " << pg->rank() << "/" << pg->size() << ": " << ddp::LaunchEnv::from_environment().source_name()
-              << " ok, loss " << loss.item<float>() << ", buckets " << model.stats().num_buckets << std::endl;
+              << " ok, loss " << loss.item<float>() << ", buckets " << model.stats().num_buckets << ", backend " << pg->backend_name() << std::endl;
     ddp::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {

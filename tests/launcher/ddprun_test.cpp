@@ -550,10 +550,11 @@ TEST_F(Launcher, HelpListsEveryFlag) {
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
 }
 
-TEST_F(Launcher, VersionPrintsTheProjectVersion) {
+TEST_F(Launcher, VersionPrintsTheProjectVersionAndTheBackends) {
   Result r = Process({DDPRUN_BIN, "--version"}, {}, dir_).wait();
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(r.out, "ddprun (libddp) " DDP_PROJECT_VERSION "\n");
+  // The version, then the backends libddp was built with (CMake's list).
+  EXPECT_EQ(r.out, "ddprun (libddp) " DDP_PROJECT_VERSION "\nbackends: " DDP_BACKENDS "\n");
   EXPECT_EQ(r.err, "");
   // Like --help, it needs no PROGRAM and ignores one.
   EXPECT_EQ(Process({DDPRUN_BIN, "--version", "/no/such/program"}, {}, dir_).wait().code, 0);

@@ -110,6 +110,7 @@ TEST(CommandLine, VersionAndHelpNeedNoProgram) {
   EXPECT_FALSE(parse_command_line(2, argv, out));
   EXPECT_EQ(out.str(), version_line() + "\n");
   EXPECT_EQ(version_line().rfind("ddprun (libddp) ", 0), 0u) << version_line();
+  EXPECT_NE(version_line().find("\nbackends: gloo"), std::string::npos) << version_line();
 }
 
 TEST(Documentation, InstalledDocsBesideTheExecutableWin) {
