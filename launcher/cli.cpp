@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "gpus.h"
 #include "parse_number.h"
+#include "slurm_step.h"
 
 // Set by launcher/CMakeLists.txt.
 #ifndef DDPRUN_VERSION
@@ -345,6 +346,10 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     out << version_line() << "\n";
     return std::nullopt;
   }
+  // Before anything else: several ddpruns of one step on this node must all
+  // stop now, not meet in rendezvous.
+  check_one_ddprun_per_node(ddp::LaunchEnv::process_environment);
+
   auto str = [&](const char* name) { return vm[name].as<std::string>(); };
   auto given = [&](const char* name) { return vm.count(name) && !vm[name].defaulted(); };
 

@@ -76,7 +76,8 @@ struct Options {
 // Parses argv. Reads PET_<FLAG> variables (torchrun's environment defaults),
 // SLURM_NNODES / SLURM_NODEID / SLURM_JOB_NODELIST, DDPRUN_TERM_TIMEOUT and
 // PYTHON_EXEC. Prints --help or --version to `out` and returns nullopt.
-// Throws UsageError.
+// Throws UsageError, also when srun started this ddprun more than once on
+// this node (slurm_step.h).
 // Does not count GPUs: resolve_nproc() does that.
 std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out);
 

@@ -112,6 +112,39 @@ TEST_F(Launcher, SlurmVariablesProvideDefaults) {
   EXPECT_EQ(read_env_file(env_path(envs2, 0, 0))["WORLD_SIZE"], "1");
 }
 
+// `srun -n 2 ddprun ...` on one node: both ddpruns stop at once with a usage
+// error (no workers, no rendezvous), instead of meeting on one port.
+TEST_F(Launcher, TwoDdprunsOfOneSlurmStepOnANodeBothRefuse) {
+  std::string pids = sub("pids");
+  Env task{{"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"},
+           {"SLURM_JOB_NODELIST", "localhost"}, {"SLURM_STEP_NODELIST", "localhost"},
+           {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_NTASKS", "2"}};
+  std::vector<std::unique_ptr<Process>> tasks;
+  for (int local = 0; local < 2; ++local) {
+    Env e = task;
+    e["SLURM_LOCALID"] = std::to_string(local);
+    e["SLURM_PROCID"] = std::to_string(local);
+    tasks.push_back(start({"--nproc-per-node", "2"}, {"--pid-dir", pids, "--sleep", "-1"}, e));
+  }
+  for (auto& t : tasks) {
+    Result r = t->wait(60);
+    EXPECT_EQ(r.code, 2) << r.err;
+    auto lines = lines_of(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_EQ(lines[0].rfind("ddprun: error: Slurm step 4242.0 runs 2 tasks on node 0", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("srun --ntasks-per-node=1 ddprun"), std::string::npos) << lines[0];
+  }
+  EXPECT_EQ(count_files(pids, "pid."), 0) << "a worker started";
+
+  // One task per node in the same step runs as before.
+  Env one = task;
+  one["SLURM_STEP_TASKS_PER_NODE"] = "1";
+  one["SLURM_NTASKS"] = "1";
+  one["SLURM_LOCALID"] = "0";
+  Result ok = run({"--nproc-per-node", "1", "--master-port", std::to_string(free_port())}, {}, one);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
 // --------------------------------------------------------------------- output
 
 TEST_F(Launcher, PrefixesWholeLinesWithTheRank) {

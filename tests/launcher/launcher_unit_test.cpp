@@ -1,7 +1,8 @@
 // Unit tests of the launcher's pure rules: CUDA_VISIBLE_DEVICES counting,
 // --redirects/--tee syntax, endpoints, the command-line parser, where --help
 // sends the reader, the one waiting helper, and what a rendezvous does with
-// a value in its store that ddprun did not write.
+// a value in its store that ddprun did not write, one ddprun per node under
+// Slurm.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli.h"
@@ -17,6 +19,7 @@
 #include "gpus.h"
 #include "net.h"
 #include "rendezvous.h"
+#include "slurm_step.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -177,6 +180,61 @@ TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
 }
+
+
+// ------------------------------------------------ one ddprun per Slurm node
+
+ddp::LaunchEnv::Lookup lookup_of(std::map<std::string, std::string> vars) {
+  return [vars](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+std::string refusal(std::map<std::string, std::string> vars) {
+  try {
+    check_one_ddprun_per_node(lookup_of(std::move(vars)));
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(OneDdprunPerNode, RefusesSeveralTasksOfOneStepOnThisNode) {
+  std::map<std::string, std::string> step{{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "3"}, {"SLURM_NODEID", "1"},
+                                          {"SLURMD_NODENAME", "gpu07"}, {"SLURM_LOCALID", "0"},
+                                          {"SLURM_STEP_TASKS_PER_NODE", "1,2(x3)"}};
+  std::string what = refusal(step);
+  ASSERT_FALSE(what.empty());
+  for (const char* part : {"Slurm step 77.3", "2 tasks on node 1 (gpu07)", "SLURM_STEP_TASKS_PER_NODE=1,2(x3)",
+                           "srun --ntasks-per-node=1 ddprun", "without ddprun"})
+    EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+
+  // The same step on node 0 has one task there: fine.
+  step["SLURM_NODEID"] = "0";
+  EXPECT_EQ(refusal(step), "");
+  // SLURM_STEPID (older Slurm) marks a step as well.
+  EXPECT_NE(refusal({{"SLURM_JOB_ID", "77"}, {"SLURM_STEPID", "0"}, {"SLURM_NTASKS_PER_NODE", "4"}}), "");
+  // The second task of a node knows it is one, whatever the counts say.
+  std::string second = refusal({{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_LOCALID", "1"}});
+  EXPECT_NE(second.find("2 tasks on node 0"), std::string::npos) << second;
+  EXPECT_NE(second.find("SLURM_LOCALID=1"), std::string::npos) << second;
+}
+
+TEST(OneDdprunPerNode, AllowsOneTaskPerNodeAndLifeOutsideAStep) {
+  EXPECT_EQ(refusal({}), "");
+  EXPECT_EQ(refusal({{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "3"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "1(x4)"}, {"SLURM_NTASKS_PER_NODE", "8"}}),
+            "");  // the step's count wins over the job's --ntasks-per-node
+  // A batch script (no step) may see 8 tasks per node: it is not srun's task.
+  EXPECT_EQ(refusal({{"SLURM_JOB_ID", "77"}, {"SLURM_NTASKS_PER_NODE", "8"}, {"SLURM_TASKS_PER_NODE", "8(x2)"}}), "");
+  // A malformed count is a usage error naming the variable.
+  std::string bad = refusal({{"SLURM_JOB_ID", "77"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x"}});
+  EXPECT_NE(bad.find("SLURM_STEP_TASKS_PER_NODE"), std::string::npos) << bad;
+}
+
 
 }  // namespace
 }  // namespace ddprun
