@@ -2,13 +2,14 @@
 // --redirects/--tee syntax, endpoints, the command-line parser, where --help
 // sends the reader, the one waiting helper, and what a rendezvous does with
 // a value in its store that ddprun did not write, one ddprun per node under
-// Slurm.
+// Slurm, and the choice of a Python with torch.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "errors.h"
 #include "gpus.h"
 #include "net.h"
+#include "python.h"
 #include "rendezvous.h"
 #include "slurm_step.h"
 #include "wait.h"
@@ -235,6 +237,68 @@ TEST(OneDdprunPerNode, AllowsOneTaskPerNodeAndLifeOutsideAStep) {
   EXPECT_NE(bad.find("SLURM_STEP_TASKS_PER_NODE"), std::string::npos) << bad;
 }
 
+
+// ------------------------------------------------------ a Python with torch
+
+class PythonChoiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() / ("ddprun_python_" + std::to_string(::getpid()))).string();
+    std::filesystem::create_directories(dir_ + "/bin");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // A fake interpreter: `-c "import torch"` runs `import_torch` (shell).
+  std::string fake(const std::string& name, const std::string& import_torch) {
+    std::string path = dir_ + "/bin/" + name;
+    std::ofstream(path) << "#!/bin/sh\nif [ \"$1\" = -c ]; then\n" << import_torch << "\nfi\necho fake \"$@\"\n";
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+    return path;
+  }
+  std::string dir_;
+};
+
+const char* const kNoTorch =
+    "echo 'Traceback (most recent call last):' >&2; echo \"ModuleNotFoundError: No module named 'torch'\" >&2; exit 1";
+
+TEST_F(PythonChoiceTest, TakesTheFirstThatImportsTorchAndSaysWhenItIsNotTheFirst) {
+  std::string without = fake("python3", kNoTorch);
+  std::string with = fake("python3-torch", "exit 0");
+  auto first = choose_python(dir_ + "/bin", 30, {"python3-torch", "python3"});
+  EXPECT_EQ(first.path, with);
+  EXPECT_EQ(first.note, "");
+  auto second = choose_python(dir_ + "/bin", 30, {"python3", "/no/such/python3", with});
+  EXPECT_EQ(second.path, with);
+  EXPECT_NE(second.note.find(with), std::string::npos) << second.note;
+  EXPECT_NE(second.note.find("python3 on PATH (" + without + "): exit code 1: ModuleNotFoundError"),
+            std::string::npos)
+      << second.note;
+}
+
+TEST_F(PythonChoiceTest, NoneWithTorchNamesEveryOneTried) {
+  std::string without = fake("python3", kNoTorch);
+  std::string slow = fake("python-slow", "exec sleep 60");
+  try {
+    choose_python(dir_ + "/bin", 0.5, {"python3", "/no/such/python3", "python-slow", "python"});
+    ADD_FAILURE() << "an interpreter without torch was chosen";
+  } catch (const LaunchError& e) {
+    std::string what = e.what();
+    for (const std::string part :
+         {"python3 on PATH (" + without + "): exit code 1: ModuleNotFoundError: No module named 'torch'",
+          std::string("/no/such/python3: not found"), "python-slow on PATH (" + slow + "): did not finish",
+          std::string("python on PATH: not found"), std::string("PYTHON_EXEC=/path/to/python3")})
+      EXPECT_NE(what.find(part), std::string::npos) << part << " in: " << what;
+  }
+}
+
+TEST_F(PythonChoiceTest, TheDefaultCandidatesEndAtTheSystemPython) {
+  // Only a torch-less python3 on PATH: /usr/bin/python3 is asked next.
+  fake("python3", kNoTorch);
+  int status = std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1");
+  if (status != 0) GTEST_SKIP() << "/usr/bin/python3 cannot import torch on this machine";
+  auto choice = choose_python(dir_ + "/bin", kPythonCheckTimeout);
+  EXPECT_EQ(choice.path, "/usr/bin/python3");
+  EXPECT_NE(choice.note.find("ModuleNotFoundError"), std::string::npos) << choice.note;
+}
 
 }  // namespace
 }  // namespace ddprun
