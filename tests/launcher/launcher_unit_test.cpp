@@ -2,8 +2,9 @@
 // --redirects/--tee syntax, endpoints, the command-line parser, where --help
 // sends the reader, the one waiting helper, and what a rendezvous does with
 // a value in its store that ddprun did not write, one ddprun per node under
-// Slurm, and the choice of a Python with torch.
+// Slurm, the workers' error files, and the choice of a Python with torch.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -13,9 +14,11 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 
 #include "cli.h"
+#include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
 #include "net.h"
@@ -237,6 +240,136 @@ TEST(OneDdprunPerNode, AllowsOneTaskPerNodeAndLifeOutsideAStep) {
   EXPECT_NE(bad.find("SLURM_STEP_TASKS_PER_NODE"), std::string::npos) << bad;
 }
 
+
+// ------------------------------------------------------- workers' error files
+
+const char* const kRecord =
+    R"({"message": {"message": "ddp::CommError: rank 3: \"allreduce\" timed out\n(after 30 s) caf\u00e9 \ud83d\ude00",)"
+    R"( "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File \"t.py\"\nRuntimeError: x",)"
+    R"( "timestamp": "1700000000"}}})";
+
+TEST(ErrorFile, ReadsTorchrunsShape) {
+  auto e = parse_error_json(kRecord);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->message, "ddp::CommError: rank 3: \"allreduce\" timed out\n(after 30 s) caf\xc3\xa9 \xf0\x9f\x98\x80");
+  EXPECT_EQ(e->traceback, "Traceback (most recent call last):\n  File \"t.py\"\nRuntimeError: x");
+  EXPECT_EQ(e->timestamp, 1700000000);
+  // No py_callstack: the message is the traceback (torchrun's rule); keys in any order, extra keys ignored.
+  auto bare = parse_error_json(R"({"other": [1, {"a": null}], "message": {"extraInfo": {"timestamp": 12.5},)"
+                               R"( "message": "std::runtime_error: boom"}})");
+  ASSERT_TRUE(bare);
+  EXPECT_EQ(bare->traceback, "std::runtime_error: boom");
+  EXPECT_EQ(bare->timestamp, 12);
+  // torchrun's older shape: the message is a string, the timestamp beside it.
+  auto old = parse_error_json(R"({"message": "Signal 6 (SIGABRT) received by PID 7", "timestamp": 1700000001})");
+  ASSERT_TRUE(old);
+  EXPECT_EQ(old->message, "Signal 6 (SIGABRT) received by PID 7");
+  EXPECT_EQ(old->timestamp, 1700000001);
+}
+
+TEST(ErrorFile, ShowsNothingForOtherShapesAndDefusesTheText) {
+  for (const char* bad : {"", "null", "{}", "[]", R"({"message": 3})", R"({"message": {"extraInfo": {}}})",
+                          R"({"message": {"message": ""}})", R"({"message": "x"} trailing)", R"({"message": "x",})",
+                          R"({"message": "\x"})", R"({"message": "a)"
+                          "\n"
+                          R"(b"})"})
+    EXPECT_FALSE(parse_error_json(bad)) << bad;
+  // A lone surrogate is U+FFFD, the rest of the text is kept.
+  auto lone = parse_error_json(R"({"message": "\ud800x\udc00"})");
+  ASSERT_TRUE(lone);
+  EXPECT_EQ(lone->message, "\xef\xbf\xbdx\xef\xbf\xbd");
+  // Escape sequences a terminal would obey become '?'; newlines and tabs stay.
+  auto ansi = parse_error_json(R"({"message": "\u001b[2Jred\u0007\ttab\nline\r"})");
+  ASSERT_TRUE(ansi);
+  EXPECT_EQ(ansi->message, "?[2Jred?\ttab\nline?");
+  // Timestamps that are not Unix seconds are dropped, the message kept.
+  auto when = parse_error_json(R"({"message": {"message": "m", "extraInfo": {"timestamp": "soon"}}})");
+  ASSERT_TRUE(when);
+  EXPECT_FALSE(when->timestamp);
+}
+
+// The launcher reads what a worker left: no input may crash it, hang it or
+// make it allocate far beyond the input's size.
+TEST(ErrorFile, SurvivesRandomTruncatedDeepAndHugeInput) {
+  const std::string record = kRecord;
+  for (size_t n = 0; n < record.size(); ++n) EXPECT_FALSE(parse_error_json(record.substr(0, n))) << n;
+  std::mt19937 rng(12345);
+  const std::string alphabet = "{}[]\":,\\u0123456789abcdefEnrtl.-+ \n\x01\xff\xc3";
+  for (int i = 0; i < 20000; ++i) {
+    std::string text;
+    if (i % 2) {
+      // Mutations of a valid record: flip, drop or insert a few bytes.
+      text = record;
+      for (int k = 0; k < 1 + static_cast<int>(rng() % 4); ++k) {
+        size_t at = rng() % text.size();
+        switch (rng() % 3) {
+          case 0: text[at] = alphabet[rng() % alphabet.size()]; break;
+          case 1: text.erase(at, 1); break;
+          default: text.insert(at, 1, alphabet[rng() % alphabet.size()]);
+        }
+      }
+    } else {
+      for (size_t n = rng() % 200; n > 0; --n) text += alphabet[rng() % alphabet.size()];
+    }
+    auto e = parse_error_json(text);
+    if (e) EXPECT_FALSE(e->message.empty());
+  }
+  EXPECT_FALSE(parse_error_json(std::string(1000000, '[') + std::string(1000000, ']')));
+  EXPECT_FALSE(parse_error_json(std::string(1000000, '{')));
+  std::string nested = R"({"message": )";
+  for (int i = 0; i < 100; ++i) nested += R"({"message": )";
+  EXPECT_FALSE(parse_error_json(nested + "\"x\"" + std::string(101, '}')));
+  std::string many = "[";
+  for (int i = 0; i < 500000; ++i) many += "{\"k\":0},";
+  EXPECT_FALSE(parse_error_json(many + "0]"));
+  auto huge = parse_error_json(R"({"message": ")" + std::string(4 << 20, 'x') + "\"}");
+  ASSERT_TRUE(huge);
+  EXPECT_LT(huge->message.size(), kMaxErrorTextBytes + 100);
+  EXPECT_NE(huge->message.find("bytes cut)"), std::string::npos);
+}
+
+TEST(ErrorFile, ReadingIsBoundedAndNeverBlocks) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("ddprun_errfile_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string problem = "unset";
+  EXPECT_FALSE(read_error_file((dir / "missing.json").string(), &problem));
+  EXPECT_EQ(problem, "");  // no file is not a problem
+
+  std::ofstream((dir / "good.json").string()) << kRecord;
+  auto good = read_error_file((dir / "good.json").string(), &problem);
+  ASSERT_TRUE(good) << problem;
+  EXPECT_EQ(good->timestamp, 1700000000);
+
+  std::ofstream((dir / "garbage.json").string()) << "\x7f" "ELF\x01\x02 not json";
+  EXPECT_FALSE(read_error_file((dir / "garbage.json").string(), &problem));
+  EXPECT_NE(problem.find("torchrun's JSON shape"), std::string::npos) << problem;
+
+  std::ofstream((dir / "big.json").string()) << R"({"message": ")" << std::string(kMaxErrorFileBytes, 'x') << "\"}";
+  EXPECT_FALSE(read_error_file((dir / "big.json").string(), &problem));
+  EXPECT_NE(problem.find("larger than"), std::string::npos) << problem;
+
+  ASSERT_EQ(::mkfifo((dir / "fifo.json").c_str(), 0600), 0);  // nobody will ever write to it
+  EXPECT_FALSE(read_error_file((dir / "fifo.json").string(), &problem));
+  EXPECT_EQ(problem, "not a regular file");
+  fs::create_directories(dir / "a_dir.json");
+  EXPECT_FALSE(read_error_file((dir / "a_dir.json").string(), &problem));
+  EXPECT_FALSE(problem.empty());
+  fs::remove_all(dir);
+}
+
+TEST(FailureRecord, CarriesTheWorkersMessageBetweenNodes) {
+  FailureRecord r{7, true, "rank 3 (local rank 1) on host h: exit code 7", "ddp::CommError: rank 3: lost\npeer"};
+  FailureRecord back = FailureRecord::parse(r.serialize());
+  EXPECT_EQ(back.exit_code, 7);
+  EXPECT_TRUE(back.restartable);
+  EXPECT_EQ(back.text, r.text);
+  EXPECT_EQ(back.message, r.message);
+  // A record from a ddprun that sends no message.
+  FailureRecord old = FailureRecord::parse("4\n0\nnode 1 is gone");
+  EXPECT_EQ(old.text, "node 1 is gone");
+  EXPECT_EQ(old.message, "");
+}
 
 // ------------------------------------------------------ a Python with torch
 
