@@ -200,6 +200,20 @@ TEST_F(PythonLauncher, ScriptRunsWithAnInterpreterThatHasTorch) {
   EXPECT_EQ(exec.err.find("running the Python script with"), std::string::npos) << exec.err;
 }
 
+// torchrun's own writer (@record) and ddprun's reader agree on the shape.
+TEST_F(PythonLauncher, ARecordedPythonErrorShowsItsTracebackInTheSummary) {
+  if (!system_python_has_torch(dir_)) GTEST_SKIP() << "/usr/bin/python3 cannot import torch on this machine";
+  std::string script = dir_ + "/recorded.py";
+  std::ofstream(script) << "from torch.distributed.elastic.multiprocessing.errors import record\n"
+                           "@record\ndef main():\n    raise ValueError('bad batch size')\nmain()\n";
+  Result r = Process({DDPRUN_BIN, "--master-port", std::to_string(free_port()), script},
+                     {{"PYTHON_EXEC", "/usr/bin/python3"}}, dir_)
+                 .wait();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("  traceback : Traceback (most recent call last):\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\n    ValueError: bad batch size\n"), std::string::npos) << r.err;
+}
+
 TEST_F(PythonLauncher, NoInterpreterWithTorchIsAnErrorNamingEachOneTried) {
   if (system_python_has_torch(dir_))
     GTEST_SKIP() << "/usr/bin/python3 has torch here (ddprun_unit_tests' PythonChoiceTest covers this case)";
