@@ -12,6 +12,7 @@
 #include <set>
 
 #include "ddp/errors.h"
+#include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
 #include "net.h"
@@ -56,7 +57,8 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
   static const std::set<std::string> ours = {
       "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"};
+      "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
+      "TORCHELASTIC_ERROR_FILE"};
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
@@ -84,6 +86,21 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
       if (c == '/') c = '_';
     run_log_dir_ = make_unique_dir(base, id + "_");
   }
+  // Every worker gets a TORCHELASTIC_ERROR_FILE of its own, log files or not
+  // (torchrun keeps a temporary log directory for them; ddprun removes its
+  // own when it exits).
+  run_dir_ = run_log_dir_;
+  if (run_dir_.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    try {
+      run_dir_ = make_unique_dir(tmp && *tmp ? tmp : "/tmp", "ddprun_errors_");
+      private_run_dir_ = true;
+    } catch (const LaunchError& e) {
+      say(std::string("cannot keep the workers' error files: ") + e.what() + "; set TMPDIR to a writable directory");
+    }
+  }
+  if (const char* given = std::getenv("TORCHELASTIC_ERROR_FILE"); given && *given && !run_dir_.empty())
+    say(std::string("TORCHELASTIC_ERROR_FILE=") + given + " is replaced by a file per worker, as torchrun does");
 }
 
 Agent::~Agent() {
@@ -91,6 +108,10 @@ Agent::~Agent() {
   // WorkerProcess's destructor SIGKILLs each group; orphans follow.
   workers_.clear();
   kill_adopted_orphans(watchdog_.pid());
+  if (private_run_dir_) {
+    std::error_code ec;
+    fs::remove_all(run_dir_, ec);
+  }
 }
 
 void Agent::tick() {
@@ -149,7 +170,7 @@ Agent::State Agent::start_workers() {
   workers_.clear();
   workers_.resize(static_cast<size_t>(o_.nproc));
   std::string attempt_dir;
-  if (!run_log_dir_.empty()) attempt_dir = run_log_dir_ + "/attempt_" + std::to_string(round_);
+  if (!run_dir_.empty()) attempt_dir = run_dir_ + "/attempt_" + std::to_string(round_);
   for (int lr = 0; lr < o_.nproc; ++lr) start_worker(lr, attempt_dir);
   next_poll_ = Clock::now() + seconds(o_.monitor_interval);
   return State::Healthy;
@@ -179,6 +200,7 @@ Agent::State Agent::monitor_workers(const Events& e) {
     // 75: the worker stopped for preemption with its state saved; the job
     // script requeues on it, and a restart here would only be killed.
     FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
+    if (auto error = read_error_file(first.error_file)) r.message = error->message;
     failure_ = rdzv_->report_failure(r);
     if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
     say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
@@ -255,7 +277,11 @@ Agent::State Agent::restart_or_give_up() {
 }
 
 Agent::State Agent::stopped() {
-  exit_code_ = 128 + stop_signal_;
+  // The first failure across all nodes, as for a failure: a node that srun
+  // (--kill-on-bad-exit) or scancel stops after another node's worker failed
+  // or stopped for preemption exits with that worker's code, so the job's
+  // status is the rank's own and not 128+SIGTERM.
+  exit_code_ = failure_ ? failure_->exit_code : 128 + stop_signal_;
   return State::Exited;
 }
 
@@ -286,10 +312,19 @@ void Agent::start_worker(int lr, const std::string& attempt_dir) {
   int redirected = o_.redirects.of(lr);
   int teed = o_.tee.of(lr);
   UniqueFd out_file, err_file;
+  w.stdout_log.clear();
+  w.stderr_log.clear();
+  w.error_file.clear();
   if (!attempt_dir.empty()) {
     std::string dir = attempt_dir + "/" + std::to_string(lr);
     std::error_code ec;
     fs::create_directories(dir, ec);
+    // A file left by an earlier run must not pass for this worker's error.
+    w.error_file = dir + "/error.json";
+    fs::remove(w.error_file, ec);
+  }
+  if (!attempt_dir.empty() && !run_log_dir_.empty()) {
+    std::string dir = attempt_dir + "/" + std::to_string(lr);
     // --log-dir keeps every stream; --tee/--redirects alone keep theirs.
     bool keep_all = !o_.log_dir.empty();
     if (keep_all || ((redirected | teed) & StdSpec::kOut)) {
@@ -423,6 +458,7 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   // (several nodes) lives elsewhere.
   put("TORCHELASTIC_USE_AGENT_STORE", "False");
   if (!omp_threads_.empty()) put("OMP_NUM_THREADS", omp_threads_);
+  if (!w.error_file.empty()) put("TORCHELASTIC_ERROR_FILE", w.error_file);
   return env;
 }
 
@@ -435,18 +471,42 @@ void Agent::print_summary() const {
   std::string program = o_.program;
   std::string bar(60, '=');
   std::string out = bar + "\n" + program + " FAILED\n" + std::string(60, '-') + "\n";
+  // torchrun's layout; the traceback lines are indented under their field.
+  auto indented = [](const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
+    return out;
+  };
   auto block = [&](const Worker& w) {
     int st = *w.process->exit_status();
     std::string code = std::to_string(exit_code_of(st));
     if (WIFSIGNALED(st)) code += " (" + signal_name(WTERMSIG(st)) + ")";
+    std::string problem;
+    auto error = read_error_file(w.error_file, &problem);
+    auto when = w.exit_time;
+    if (error && error->timestamp)  // torchrun's time is the error's when there is one
+      when = std::chrono::system_clock::from_time_t(static_cast<std::time_t>(*error->timestamp));
     std::string s;
-    s += "  time      : " + timestamp(w.exit_time) + "\n";
+    s += "  time      : " + timestamp(when) + "\n";
     s += "  host      : " + host_ + "\n";
     s += "  rank      : " + std::to_string(w.rank) + " (local_rank: " + std::to_string(w.local_rank) + ")\n";
     s += "  exitcode  : " + code + " (pid: " + std::to_string(w.process->pid()) + ")\n";
     std::string logs = w.stdout_log;
     if (!w.stderr_log.empty()) logs += (logs.empty() ? "" : ", ") + w.stderr_log;
     s += "  log files : " + (logs.empty() ? std::string("<none: use --log-dir to keep them>") : logs) + "\n";
+    if (error) {
+      s += "  error_file: " + w.error_file + (private_run_dir_ ? " (removed when ddprun exits)" : "") + "\n";
+      s += "  traceback : " + indented(error->traceback) + "\n";
+    } else {
+      if (problem.empty()) {
+        s += "  error_file: <N/A>\n";
+        s += "  traceback : <N/A> (the worker wrote no error file; ddp::guarded_main or ddp::record_error in C++, "
+             "@record in Python, write one)\n";
+      } else {
+        s += "  error_file: <N/A> (" + w.error_file + ": " + problem + ")\n";
+        s += "  traceback : <N/A>\n";
+      }
+    }
     return s;
   };
   bool root_here = false;
@@ -460,6 +520,7 @@ void Agent::print_summary() const {
   } else if (failure_) {
     out += "  " + failure_->text + "\n";
     out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
+    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
   }
   size_t shown = 0;
   std::string others;

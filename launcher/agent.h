@@ -58,6 +58,7 @@ class Agent {
     int rank = 0;
     std::unique_ptr<WorkerProcess> process;
     std::string stdout_log, stderr_log;
+    std::string error_file;  // its TORCHELASTIC_ERROR_FILE
     std::chrono::system_clock::time_point exit_time;
     bool reported = false;  // counted as a failure already
   };
@@ -113,6 +114,10 @@ class Agent {
   std::vector<std::string> base_env_;
   std::string omp_threads_;
   std::string run_log_dir_;
+  // Where attempt_N/LOCAL_RANK/error.json go: run_log_dir_, or without log
+  // files a private temporary directory that the destructor removes.
+  std::string run_dir_;
+  bool private_run_dir_ = false;
   std::string host_;
 };
 

@@ -17,6 +17,8 @@
 #include "errors.h"
 #include "gpus.h"
 #include "parse_number.h"
+#include "python.h"
+#include "slurm_step.h"
 
 // Set by launcher/CMakeLists.txt.
 #ifndef DDPRUN_VERSION
@@ -112,7 +114,7 @@ po::options_description make_description() {
     ("tee,t", str("0"), "copy streams to the log files as well as the console (same syntax as --redirects)")
     ("local-ranks-filter", str(""), "show only these local ranks on the console, e.g. 0 or 0,2 (files keep everything)")
     ("no-python", po::bool_switch(), "run PROGRAM directly even if it ends in .py")
-    ("module,m", po::bool_switch(), "PROGRAM is a Python module: run $PYTHON_EXEC -u -m PROGRAM")
+    ("module,m", po::bool_switch(), "PROGRAM is a Python module: run PYTHON -u -m PROGRAM (PYTHON_EXEC, else the first of python3, /usr/bin/python3, python that imports torch)")
     ("run-path", po::bool_switch(), "(torchrun only; rejected)")
     ("start-method", str("spawn"), "(accepted for torchrun compatibility; workers are always fork+exec'd)");
   // clang-format on
@@ -195,14 +197,7 @@ std::string resolve_program(const std::string& name) {
     if (executable_file(name, why)) return name;
     usage("cannot run PROGRAM '" + name + "': " + why);
   }
-  const char* path = std::getenv("PATH");
-  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  for (auto dir : split(p + ":", ':')) {
-    if (dir.empty()) dir = ".";
-    std::string candidate = dir + "/" + name;
-    std::string ignored;
-    if (executable_file(candidate, ignored)) return candidate;
-  }
+  if (auto found = find_program(name, search_path())) return *found;
   usage("PROGRAM '" + name + "' not found in PATH; give its path (./" + name + ") or install it");
 }
 
@@ -245,6 +240,23 @@ RdzvConf parse_rdzv_conf(const std::string& text, std::vector<std::string>& note
 }
 
 }  // namespace
+
+std::string search_path() {
+  const char* path = std::getenv("PATH");
+  return path ? path : "/usr/local/bin:/usr/bin:/bin";
+}
+
+std::optional<std::string> find_program(const std::string& name, const std::string& path) {
+  std::string ignored;
+  if (name.find('/') != std::string::npos)
+    return executable_file(name, ignored) ? std::optional<std::string>(name) : std::nullopt;
+  for (auto dir : split(path + ":", ':')) {
+    if (dir.empty()) dir = ".";
+    std::string candidate = dir + "/" + name;
+    if (executable_file(candidate, ignored)) return candidate;
+  }
+  return std::nullopt;
+}
 
 std::string version_line() { return "ddprun (libddp) " DDPRUN_VERSION "\nbackends: " DDPRUN_BACKENDS; }
 
@@ -345,6 +357,10 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     out << version_line() << "\n";
     return std::nullopt;
   }
+  // Before anything else: several ddpruns of one step on this node must all
+  // stop now, not meet in rendezvous.
+  check_one_ddprun_per_node(ddp::LaunchEnv::process_environment);
+
   auto str = [&](const char* name) { return vm[name].as<std::string>(); };
   auto given = [&](const char* name) { return vm.count(name) && !vm[name].defaulted(); };
 
@@ -495,10 +511,17 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   bool no_python = vm["no-python"].as<bool>();
   if (module && no_python) usage("--module and --no-python contradict each other");
   if (module || (!no_python && ends_with(o.program, ".py"))) {
-    const char* py = std::getenv("PYTHON_EXEC");
-    std::string interpreter = resolve_program(py && *py ? py : "python3");
     if (!module && ::access(o.program.c_str(), R_OK) != 0)
       usage("cannot read script '" + o.program + "': " + std::strerror(errno));
+    const char* py = std::getenv("PYTHON_EXEC");
+    std::string interpreter;
+    if (py && *py) {
+      interpreter = resolve_program(py);  // the user's choice, as torchrun: not second-guessed
+    } else {
+      PythonChoice choice = choose_python(search_path(), kPythonCheckTimeout);
+      interpreter = choice.path;
+      if (!choice.note.empty()) o.notes.push_back(choice.note);
+    }
     o.command = {interpreter, "-u"};
     if (module) o.command.push_back("-m");
     o.command.insert(o.command.end(), args.command.begin(), args.command.end());

@@ -76,7 +76,9 @@ struct Options {
 // Parses argv. Reads PET_<FLAG> variables (torchrun's environment defaults),
 // SLURM_NNODES / SLURM_NODEID / SLURM_JOB_NODELIST, DDPRUN_TERM_TIMEOUT and
 // PYTHON_EXEC. Prints --help or --version to `out` and returns nullopt.
-// Throws UsageError.
+// Throws UsageError, also when srun started this ddprun more than once on
+// this node (slurm_step.h); LaunchError when a .py PROGRAM has no Python
+// with torch to run it (python.h).
 // Does not count GPUs: resolve_nproc() does that.
 std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out);
 
@@ -94,6 +96,12 @@ std::string version_line();
 // relocated installation finds its own), else the source tree's
 // docs/launcher.md that this ddprun was built from.
 std::string documentation_path(const std::string& executable);
+
+// PATH, or the default search path where PATH is unset.
+std::string search_path();
+// `name` looked up in the ':'-separated `path` (an empty entry is "."), or
+// `name` itself if it contains '/': the first executable regular file.
+std::optional<std::string> find_program(const std::string& name, const std::string& path);
 
 // "host:port", "[v6]:port" or "host" (then `default_port`). Throws UsageError.
 std::pair<std::string, int> parse_endpoint(const std::string& text, int default_port, const std::string& flag);

@@ -393,7 +393,11 @@ class StoreRendezvous : public Rendezvous {
 }  // namespace
 
 std::string FailureRecord::serialize() const {
-  return std::to_string(exit_code) + "\n" + (restartable ? "1" : "0") + "\n" + text;
+  std::string one_line = text;
+  for (char& c : one_line)
+    if (c == '\n') c = ' ';
+  return std::to_string(exit_code) + "\n" + (restartable ? "1" : "0") + "\n" + one_line +
+         (message.empty() ? "" : "\n" + message.substr(0, kMaxMessage));
 }
 
 FailureRecord FailureRecord::parse(const std::string& s) {
@@ -407,7 +411,9 @@ FailureRecord FailureRecord::parse(const std::string& s) {
   // A record is only read to report it: an unreadable exit code becomes 1.
   r.exit_code = static_cast<int>(ddp::parse_integer(s.substr(0, a), INT_MIN, INT_MAX).value_or(1));
   r.restartable = s.substr(a + 1, b - a - 1) == "1";
-  r.text = s.substr(b + 1);
+  size_t c = s.find('\n', b + 1);
+  r.text = s.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1);
+  if (c != std::string::npos) r.message = s.substr(c + 1, kMaxMessage);
   return r;
 }
 

@@ -39,6 +39,8 @@ struct FailureRecord {
   int exit_code = 1;
   bool restartable = true;  // false when ddprun itself was told to stop
   std::string text;         // "rank 3 (local rank 1) on host h: exit code 7"
+  std::string message;      // the worker's error file's message ("ddp::CommError: ..."), if any
+  static constexpr size_t kMaxMessage = 4096;  // what travels through the store
   std::string serialize() const;
   static FailureRecord parse(const std::string& text);
 };

@@ -129,21 +129,9 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
            "unset), as in a batch script that runs the program itself. Launch it with srun (srun ./train ...), "
            "or one ddprun per node (srun --ntasks-per-node 1 ddprun ...)");
     env.local_rank = r.required("SLURM_LOCALID", "SLURM_PROCID is set");
-    const int node = r.integer("SLURM_NODEID").value_or(0);
-    std::optional<int> here;
-    const char* here_from = "SLURM_NTASKS";
-    if (auto step = r.str("SLURM_STEP_TASKS_PER_NODE")) {
-      here = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *step, node);
-      here_from = "SLURM_STEP_TASKS_PER_NODE";
-    }
-    if (!here && (here = r.integer("SLURM_NTASKS_PER_NODE", 1))) here_from = "SLURM_NTASKS_PER_NODE";
-    if (!here)
-      if (auto tasks = r.str("SLURM_TASKS_PER_NODE")) {
-        here = tasks_on_node("SLURM_TASKS_PER_NODE", *tasks, node);
-        here_from = "SLURM_TASKS_PER_NODE";
-      }
-    env.local_world_size = here.value_or(env.world_size);
-    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here_from);
+    const auto here = slurm_tasks_on_node(lookup);
+    env.local_world_size = here ? here->count : env.world_size;
+    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here ? here->from.c_str() : "SLURM_NTASKS");
     env.job_id = slurm_job_id(lookup);
     std::optional<std::string> master;
     for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
@@ -205,6 +193,19 @@ std::optional<std::string> LaunchEnv::process_environment(const std::string& nam
 }
 
 LaunchEnv LaunchEnv::from_environment() { return from_lookup(process_environment); }
+
+std::optional<SlurmTaskCount> slurm_tasks_on_node(const LaunchEnv::Lookup& lookup) {
+  const Reader r(lookup);
+  const int node = r.integer("SLURM_NODEID").value_or(0);
+  if (auto step = r.str("SLURM_STEP_TASKS_PER_NODE"))
+    if (auto here = tasks_on_node("SLURM_STEP_TASKS_PER_NODE", *step, node))
+      return SlurmTaskCount{*here, "SLURM_STEP_TASKS_PER_NODE"};
+  if (auto here = r.integer("SLURM_NTASKS_PER_NODE", 1)) return SlurmTaskCount{*here, "SLURM_NTASKS_PER_NODE"};
+  if (auto tasks = r.str("SLURM_TASKS_PER_NODE"))
+    if (auto here = tasks_on_node("SLURM_TASKS_PER_NODE", *tasks, node))
+      return SlurmTaskCount{*here, "SLURM_TASKS_PER_NODE"};
+  return std::nullopt;
+}
 
 std::string slurm_job_id(const LaunchEnv::Lookup& lookup) {
   const auto job = lookup("SLURM_JOB_ID");

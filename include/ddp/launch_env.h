@@ -66,6 +66,19 @@ struct LaunchEnv {
   std::string source_name() const;
 };
 
+// How many tasks of the Slurm step run on this node, and the variable that
+// said so: the step's SLURM_STEP_TASKS_PER_NODE (Slurm's compressed list,
+// "4(x2),3") at SLURM_NODEID, else SLURM_NTASKS_PER_NODE, else the job's
+// SLURM_TASKS_PER_NODE at SLURM_NODEID; nullopt when none is set (or the
+// node is past the lists). LaunchEnv's local world size under Slurm, and
+// how ddprun sees that srun started it more than once on a node. Throws
+// LaunchEnvError for a malformed value.
+struct SlurmTaskCount {
+  int count = 1;
+  std::string from;
+};
+std::optional<SlurmTaskCount> slurm_tasks_on_node(const LaunchEnv::Lookup& lookup);
+
 // "slurm:JOB.STEP" from SLURM_JOB_ID and SLURM_STEP_ID (or SLURM_STEPID;
 // "batch" outside a step), or "" outside a Slurm job: LaunchEnv::job_id
 // under Slurm, and what ddprun derives its default port from.

@@ -225,3 +225,25 @@ TEST(LaunchEnv, JobIdAndTheDefaultPortComeFromTheJob) {
   EXPECT_EQ(mpi.master_port, ddp::default_port_for_job(mpi.job_id));
   EXPECT_EQ(parse(torchrun).job_id, "");
 }
+
+// What ddprun asks to check that srun started it once per node: the same
+// reading LaunchEnv's Slurm source uses, with the variable it came from.
+TEST(LaunchEnv, SlurmTasksOnNodeNamesItsVariable) {
+  auto tasks = [](const Env& env) {
+    return ddp::slurm_tasks_on_node([&](const std::string& k) -> std::optional<std::string> {
+      auto it = env.find(k);
+      if (it == env.end()) return std::nullopt;
+      return it->second;
+    });
+  };
+  EXPECT_FALSE(tasks({}));
+  auto step = tasks({{"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "1,2(x2)"}, {"SLURM_NTASKS_PER_NODE", "8"}});
+  ASSERT_TRUE(step);
+  EXPECT_EQ(step->count, 2);
+  EXPECT_EQ(step->from, "SLURM_STEP_TASKS_PER_NODE");
+  auto job = tasks({{"SLURM_NODEID", "1"}, {"SLURM_TASKS_PER_NODE", "4,3"}});
+  ASSERT_TRUE(job);
+  EXPECT_EQ(job->count, 3);
+  EXPECT_EQ(job->from, "SLURM_TASKS_PER_NODE");
+  EXPECT_THROW(tasks({{"SLURM_STEP_TASKS_PER_NODE", "x"}}), ddp::LaunchEnvError);
+}

@@ -10,6 +10,8 @@ namespace {
 
 using Launcher = LauncherTest;
 
+void expect_one_error_line(const Result& r, int code, const std::string& needle);
+
 std::string env_path(const std::string& dir, int rank, int restart) {
   return dir + "/env." + std::to_string(rank) + "." + std::to_string(restart);
 }
@@ -110,6 +112,202 @@ TEST_F(Launcher, SlurmVariablesProvideDefaults) {
                       {"--env-dir", envs2}, slurm1);
   ASSERT_EQ(single.code, 0) << single.err;
   EXPECT_EQ(read_env_file(env_path(envs2, 0, 0))["WORLD_SIZE"], "1");
+}
+
+// `srun -n 2 ddprun ...` on one node: both ddpruns stop at once with a usage
+// error (no workers, no rendezvous), instead of meeting on one port.
+TEST_F(Launcher, TwoDdprunsOfOneSlurmStepOnANodeBothRefuse) {
+  std::string pids = sub("pids");
+  Env task{{"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "0"}, {"SLURM_NNODES", "1"},
+           {"SLURM_JOB_NODELIST", "localhost"}, {"SLURM_STEP_NODELIST", "localhost"},
+           {"SLURM_STEP_TASKS_PER_NODE", "2"}, {"SLURM_NTASKS", "2"}};
+  std::vector<std::unique_ptr<Process>> tasks;
+  for (int local = 0; local < 2; ++local) {
+    Env e = task;
+    e["SLURM_LOCALID"] = std::to_string(local);
+    e["SLURM_PROCID"] = std::to_string(local);
+    tasks.push_back(start({"--nproc-per-node", "2"}, {"--pid-dir", pids, "--sleep", "-1"}, e));
+  }
+  for (auto& t : tasks) {
+    Result r = t->wait(60);
+    EXPECT_EQ(r.code, 2) << r.err;
+    auto lines = lines_of(r.err);
+    ASSERT_EQ(lines.size(), 1u) << r.err;
+    EXPECT_EQ(lines[0].rfind("ddprun: error: Slurm step 4242.0 runs 2 tasks on node 0", 0), 0u) << lines[0];
+    EXPECT_NE(lines[0].find("srun --ntasks-per-node=1 ddprun"), std::string::npos) << lines[0];
+  }
+  EXPECT_EQ(count_files(pids, "pid."), 0) << "a worker started";
+
+  // One task per node in the same step runs as before.
+  Env one = task;
+  one["SLURM_STEP_TASKS_PER_NODE"] = "1";
+  one["SLURM_NTASKS"] = "1";
+  one["SLURM_LOCALID"] = "0";
+  Result ok = run({"--nproc-per-node", "1", "--master-port", std::to_string(free_port())}, {}, one);
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+// ----------------------------------------------------------- Python programs
+
+bool system_python_has_torch(const std::string& dir) {
+  if (::access("/usr/bin/python3", X_OK) != 0) return false;
+  return Process({"/usr/bin/python3", "-c", "import torch"}, {}, dir).wait(120).code == 0;
+}
+
+// A python3 without torch first on PATH (a pyenv shim, a virtual
+// environment): the script runs with the next candidate that has torch.
+class PythonLauncher : public LauncherTest {
+ protected:
+  void SetUp() override {
+    LauncherTest::SetUp();
+    bin_ = sub("bin");
+    fake_ = bin_ + "/python3";
+    std::ofstream(fake_) << "#!/bin/sh\nif [ \"$1\" = -c ]; then\n  echo \"ModuleNotFoundError: No module named "
+                            "'torch'\" >&2\n  exit 1\nfi\necho fake python \"$@\"\n";
+    fs::permissions(fake_, fs::perms::owner_all);
+    script_ = dir_ + "/which_python.py";
+    std::ofstream(script_) << "import os, sys, torch\nprint('interpreter', sys.executable, 'rank', os.environ['RANK'])\n";
+    const char* path = std::getenv("PATH");
+    path_ = bin_ + ":" + (path ? path : "/usr/bin:/bin");
+  }
+  std::string bin_, fake_, script_, path_;
+};
+
+TEST_F(PythonLauncher, ScriptRunsWithAnInterpreterThatHasTorch) {
+  if (!system_python_has_torch(dir_)) GTEST_SKIP() << "/usr/bin/python3 cannot import torch on this machine";
+  std::string port = std::to_string(free_port());
+  Result r = Process({DDPRUN_BIN, "--nproc-per-node", "2", "--master-port", port, script_}, {{"PATH", path_}}, dir_)
+                 .wait();
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(count_of(r.out, "interpreter /usr/bin/python3 rank"), 2) << r.out;
+  EXPECT_NE(r.err.find("running the Python script with /usr/bin/python3"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("python3 on PATH (" + fake_ + "): exit code 1: ModuleNotFoundError"), std::string::npos)
+      << r.err;
+
+  // --module looks the same way.
+  std::ofstream(dir_ + "/which_module.py") << "import sys, torch\nprint('module under', sys.executable)\n";
+  Result m = Process({DDPRUN_BIN, "--master-port", port, "-m", "which_module"},
+                     {{"PATH", path_}, {"PYTHONPATH", dir_}}, dir_)
+                 .wait();
+  ASSERT_EQ(m.code, 0) << m.err;
+  EXPECT_NE(m.out.find("module under /usr/bin/python3"), std::string::npos) << m.out;
+
+  // PYTHON_EXEC wins unasked, as in torchrun; --no-python runs the script itself.
+  Result exec = Process({DDPRUN_BIN, "--master-port", port, script_}, {{"PATH", path_}, {"PYTHON_EXEC", fake_}}, dir_)
+                    .wait();
+  ASSERT_EQ(exec.code, 0) << exec.err;
+  EXPECT_NE(exec.out.find("fake python -u " + script_), std::string::npos) << exec.out;
+  EXPECT_EQ(exec.err.find("running the Python script with"), std::string::npos) << exec.err;
+}
+
+// torchrun's own writer (@record) and ddprun's reader agree on the shape.
+TEST_F(PythonLauncher, ARecordedPythonErrorShowsItsTracebackInTheSummary) {
+  if (!system_python_has_torch(dir_)) GTEST_SKIP() << "/usr/bin/python3 cannot import torch on this machine";
+  std::string script = dir_ + "/recorded.py";
+  std::ofstream(script) << "from torch.distributed.elastic.multiprocessing.errors import record\n"
+                           "@record\ndef main():\n    raise ValueError('bad batch size')\nmain()\n";
+  Result r = Process({DDPRUN_BIN, "--master-port", std::to_string(free_port()), script},
+                     {{"PYTHON_EXEC", "/usr/bin/python3"}}, dir_)
+                 .wait();
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("  traceback : Traceback (most recent call last):\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\n    ValueError: bad batch size\n"), std::string::npos) << r.err;
+}
+
+TEST_F(PythonLauncher, NoInterpreterWithTorchIsAnErrorNamingEachOneTried) {
+  if (system_python_has_torch(dir_))
+    GTEST_SKIP() << "/usr/bin/python3 has torch here (ddprun_unit_tests' PythonChoiceTest covers this case)";
+  Result r = Process({DDPRUN_BIN, script_}, {{"PATH", bin_ + ":/nonexistent"}}, dir_).wait();
+  expect_one_error_line(r, 1, "python3 on PATH (" + fake_ + "): exit code 1: ModuleNotFoundError");
+  EXPECT_NE(r.err.find("PYTHON_EXEC=/path/to/python3"), std::string::npos) << r.err;
+}
+
+// ------------------------------------------------------------- error files
+
+// The fields of an error file as Python's json module (torchrun's reader)
+// reads them; empty without /usr/bin/python3.
+std::string json_fields(const std::string& file, const std::string& dir) {
+  if (::access("/usr/bin/python3", X_OK) != 0) return "";
+  return Process({"/usr/bin/python3", "-c",
+                  "import json, sys; m = json.load(open(sys.argv[1]))['message']; print(m['message']); "
+                  "print(sorted(m['extraInfo']), int(m['extraInfo']['timestamp']) > 1600000000)",
+                  file},
+                 {}, dir)
+      .wait(60)
+      .out;
+}
+
+TEST_F(Launcher, EveryWorkerGetsAnErrorFileOfItsOwn) {
+  std::string envs = sub("env"), tmp = sub("tmp");
+  Result r = run({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())}, {"--env-dir", envs},
+                 {{"TMPDIR", tmp}, {"TORCHELASTIC_ERROR_FILE", dir_ + "/mine.json"}});
+  ASSERT_EQ(r.code, 0) << r.err;
+  // torchrun replaces the variable per worker; so does ddprun, and says so.
+  EXPECT_NE(r.err.find("TORCHELASTIC_ERROR_FILE=" + dir_ + "/mine.json is replaced"), std::string::npos) << r.err;
+  std::set<std::string> files;
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string f = read_env_file(env_path(envs, rank, 0))["TORCHELASTIC_ERROR_FILE"];
+    EXPECT_EQ(f.rfind(tmp + "/ddprun_errors_", 0), 0u) << f;
+    std::string tail = "/attempt_0/" + std::to_string(rank) + "/error.json";
+    EXPECT_EQ(f.substr(f.size() - std::min(f.size(), tail.size())), tail) << f;
+    files.insert(f);
+  }
+  EXPECT_EQ(files.size(), 2u);
+  EXPECT_TRUE(fs::is_empty(tmp)) << "ddprun left its private error directory behind";
+
+  // With log files, the error files sit beside them.
+  std::string logs = dir_ + "/logs";
+  Result l = run({"--master-port", std::to_string(free_port()), "--log-dir", logs}, {"--env-dir", envs});
+  ASSERT_EQ(l.code, 0) << l.err;
+  std::string f = read_env_file(env_path(envs, 0, 0))["TORCHELASTIC_ERROR_FILE"];
+  EXPECT_EQ(f.rfind(logs + "/none_", 0), 0u) << f;
+  EXPECT_TRUE(fs::exists(fs::path(f).parent_path() / "stdout.log")) << f;
+}
+
+TEST_F(Launcher, SummaryShowsTheErrorAGuardedWorkerRecorded) {
+  std::string logs = dir_ + "/logs";
+  Result r = Process({DDPRUN_BIN, "--nproc-per-node", "2", "--master-port", std::to_string(free_port()), "--log-dir",
+                      logs, "--term-timeout", "5", GUARDED_WORKER_BIN, "1"},
+                     {}, dir_)
+                 .wait();
+  EXPECT_EQ(r.code, 1) << r.err;
+  const std::string message =
+      "ddp::CommError: rank 1: allreduce of bucket 0 timed out after 30 s (\"gloo\", peer rank 0); check the network";
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.err, m, std::regex("Root Cause[^\n]*\n([\\s\\S]*)Other Failures"))) << r.err;
+  std::string root = m[1];
+  EXPECT_NE(root.find("rank      : 1 (local_rank: 1)"), std::string::npos) << root;
+  EXPECT_NE(root.find("traceback : " + message + "\n"), std::string::npos) << root;
+  ASSERT_TRUE(std::regex_search(root, m, std::regex("error_file: (\\S+/attempt_0/1/error.json)\n"))) << root;
+  std::string file = m[1];
+  EXPECT_EQ(file.rfind(logs + "/", 0), 0u) << file;
+  std::string fields = json_fields(file, dir_);
+  if (fields.empty()) GTEST_SKIP() << "no /usr/bin/python3 to read the error file with json.load";
+  EXPECT_EQ(fields, message + "\n['py_callstack', 'timestamp'] True\n");
+}
+
+TEST_F(Launcher, GarbageOrHostileErrorFilesLeaveTheSummaryAsItWas) {
+  struct Case {
+    std::vector<std::string> worker;
+    std::string shown;
+  };
+  const std::vector<Case> cases{
+      {{"--error-json", "{\"message\": {\"message\": \"cut short"}, "not an error record in torchrun's JSON shape"},
+      {{"--error-bytes", std::to_string(2 << 20)}, "larger than"},
+      {{"--error-fifo"}, "not a regular file"},
+      {{"--error-json", R"({"message": {"message": "RuntimeError: \u001b[31mred\u001b[0m"}})"},
+       "traceback : RuntimeError: ?[31mred?[0m\n"}};
+  for (const auto& c : cases) {
+    std::vector<std::string> worker{"--fail-rank", "0", "--exit", "5"};
+    worker.insert(worker.end(), c.worker.begin(), c.worker.end());
+    Result r = run({"--master-port", std::to_string(free_port())}, worker);
+    SCOPED_TRACE(c.worker[0]);
+    EXPECT_EQ(r.code, 5) << r.err;
+    EXPECT_NE(r.err.find("Root Cause"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("exitcode  : 5"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(c.shown), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << "an escape sequence reached the console";
+  }
 }
 
 // --------------------------------------------------------------------- output
@@ -419,13 +617,17 @@ TEST_F(Launcher, AFailureOnOneNodeStopsTheOtherWithTheSameExitCode) {
   std::string pids = sub("pids");
   std::string port = std::to_string(free_port());
   std::vector<std::string> worker{"--pid-dir", pids, "--fail-rank", "1", "--exit", "9", "--wait-all", "--sleep",
-                                  "-1"};
+                                  "-1", "--error-json",
+                                  R"({"message": {"message": "RuntimeError: node one broke", "extraInfo": {}}})"};
   auto n0 = start({"--nnodes", "2", "--node-rank", "0", "--master-port", port, "--term-timeout", "5"}, worker);
   auto n1 = start({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--term-timeout", "5"}, worker);
   Result r0 = n0->wait(), r1 = n1->wait();
   EXPECT_EQ(r1.code, 9) << r1.err;
   EXPECT_EQ(r0.code, 9) << r0.err;
   EXPECT_NE(r0.err.find("rank 1 (local rank 0)"), std::string::npos) << r0.err;
+  // The failing worker's message travels with the failure record.
+  EXPECT_NE(r0.err.find("message   : RuntimeError: node one broke"), std::string::npos) << r0.err;
+  EXPECT_NE(r1.err.find("traceback : RuntimeError: node one broke"), std::string::npos) << r1.err;
   for (pid_t p : pids_in(pids, "pid.")) EXPECT_FALSE(alive(p));
 }
 

@@ -13,6 +13,9 @@
 //   --fail-rank R --exit C   rank R exits with C (after --wait-all)
 //   --signal-self S    rank R kills itself with signal S instead
 //   --wait-all         rank R first waits for every rank's pid file
+//   --error-json T     rank R writes T to $TORCHELASTIC_ERROR_FILE before failing
+//   --error-bytes N    rank R writes N bytes of '[' there instead
+//   --error-fifo       rank R makes $TORCHELASTIC_ERROR_FILE a FIFO before failing
 //   --fail-until-restart N   rank R (default 0) exits 3 while restart < N
 //   --trap-dir D       on SIGTERM/SIGINT/SIGUSR1/SIGUSR2 write D/sig.<RANK> and exit 128+sig
 //   --on-warning X     with --trap-dir: SIGUSR1/SIGUSR2 write D/warn.<RANK> instead,
@@ -111,7 +114,9 @@ void write_raw(int fd, const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string env_dir, pid_dir, trap_dir, until_file;
+  std::string env_dir, pid_dir, trap_dir, until_file, error_json;
+  bool error_fifo = false;
+  long error_bytes = 0;
   bool grandchild = false, escapee = false, partial = false, wait_all = false, ignore_term = false;
   bool on_warning_set = false;
   int lines = 0, width = 80, fail_rank = -1, exit_code = 1, signal_self = 0, fail_until = -1;
@@ -123,6 +128,9 @@ int main(int argc, char** argv) {
     else if (a == "--pid-dir") pid_dir = next();
     else if (a == "--trap-dir") trap_dir = next();
     else if (a == "--until-file") until_file = next();
+    else if (a == "--error-json") error_json = next();
+    else if (a == "--error-fifo") error_fifo = true;
+    else if (a == "--error-bytes") error_bytes = std::stol(next());
     else if (a == "--grandchild") grandchild = true;
     else if (a == "--escapee") escapee = true;
     else if (a == "--partial") partial = true;
@@ -225,6 +233,10 @@ int main(int argc, char** argv) {
     if (restart < fail_until) return 3;
   } else if (fail_rank >= 0 && g_rank == fail_rank) {
     wait_for_all();
+    const char* error_file = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (error_file && !error_json.empty()) write_file(error_file, error_json);
+    if (error_file && error_bytes > 0) write_file(error_file, std::string(static_cast<size_t>(error_bytes), '['));
+    if (error_file && error_fifo) ::mkfifo(error_file, 0600);
     if (signal_self) ::kill(::getpid(), signal_self);
     return exit_code;
   }
