@@ -289,7 +289,14 @@ int Agent::leave() {
   // This node knows the outcome; the store's host waits for every node to
   // know it before the store goes away.
   rdzv_->acknowledge_end();
-  rdzv_->finish([this] { tick(); });
+  try {
+    rdzv_->finish([this] { tick(); });
+  } catch (const Interrupted& e) {
+    // Every worker has exited and the outcome is known: a stop now (srun
+    // ending the step after another node failed) only cuts the wait short.
+    say("received " + signal_name(e.signo()) + " while waiting for the other nodes to leave; exiting with " +
+        std::to_string(exit_code_));
+  }
   if (stop_signal_) say("stopped by " + signal_name(stop_signal_) + "; every worker has exited");
   return exit_code_;
 }

@@ -16,7 +16,11 @@ int main(int argc, char** argv) {
   try {
     // Order matters: signals blocked before any thread exists, the watchdog
     // forked before any thread exists (GPU discovery and TCPStore start some).
-    SignalChannel signals;
+    // Never destroyed: its destructor would unblock the signals, and one
+    // arriving during the exit (srun ending the step as another node's ddprun
+    // exits) would then kill ddprun with SIGTERM while LibTorch's static
+    // objects are torn down, replacing the exit status it chose.
+    SignalChannel& signals = *new SignalChannel;
     // Orphaned grandchildren come to ddprun instead of init, so it can end them.
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
     Watchdog watchdog;
