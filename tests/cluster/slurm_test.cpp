@@ -9,6 +9,8 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include <optional>
+
 #include "launcher_test_util.h"
 
 namespace ddprun_test {
@@ -145,6 +147,23 @@ class SlurmTemplates : public LauncherTest {
     return out;
   }
 
+  // The slurmstepd processes of `job` on the cluster's nodes.
+  std::vector<pid_t> stepds_of(const std::string& job) {
+    std::vector<pid_t> out;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const pid_t pid = std::atoi(e.path().filename().c_str());
+      if (pid <= 0 || !nodes_.count(netns_of(e.path().string() + "/ns/net"))) continue;
+      if (read_file(e.path().string() + "/cmdline").rfind("slurmstepd: [" + job + ".", 0) == 0) out.push_back(pid);
+    }
+    return out;
+  }
+
+  // Both nodes idle: no job on them, none still completing.
+  bool nodes_idle() {
+    const std::string states = on_login_node({"sinfo", "-h", "-N", "-o", "%N %t"})->wait(60).out;
+    return states.find("node1 idle\n") != std::string::npos && states.find("node2 idle\n") != std::string::npos;
+  }
+
   // Both workers running, and rank 0 past its start-up.
   bool training(const std::string& job, const std::string& run) {
     return workers_of(job).size() == 2 && run_log(run).find("samples per step") != std::string::npos;
@@ -227,15 +246,22 @@ TEST_P(EachTemplate, APreemptionWarningCheckpointsRequeuesAndResumes) {
   Result warn = on_login_node({"scancel", "--signal=USR1", job})->wait(60);
   ASSERT_EQ(warn.code, 0) << warn.err;
   // Requeued (Restarts=1), started again and finished. Slurm holds a
-  // requeued job for about two minutes before it may start; an operator's
-  // StartTime=now lets it start at once, as here.
+  // requeued job for about two minutes before it may start, time for the
+  // nodes to end the first run; an operator's StartTime=now lets it start as
+  // soon as they have, as here. Released earlier, the launch is refused: the
+  // first run's slurmstepd still runs, and its credential was revoked in the
+  // same second (Slurm compares whole seconds).
   std::string info;
   bool released = false;
+  std::optional<std::chrono::steady_clock::time_point> requeued;
   EXPECT_TRUE(wait_for(
       [&] {
         info = job_info(job);
-        if (!released && info.find("Restarts=1") != std::string::npos &&
-            info.find("JobState=PENDING") != std::string::npos)
+        const bool pending = info.find("Restarts=1") != std::string::npos &&
+                             info.find("JobState=PENDING") != std::string::npos;
+        if (pending && !requeued) requeued = std::chrono::steady_clock::now();
+        if (!released && pending && std::chrono::steady_clock::now() - *requeued > std::chrono::seconds(2) &&
+            processes_of(job).empty() && stepds_of(job).empty() && nodes_idle())
           released = on_login_node({"scontrol", "update", "JobId=" + job, "StartTime=now"})->wait(60).code == 0;
         return info.find("JobState=COMPLETED") != std::string::npos || info.find("JobState=FAILED") != std::string::npos;
       },

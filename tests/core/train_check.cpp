@@ -36,8 +36,10 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
-    std::cout << "rank " << pg->rank() << "/" << pg->size() << ": " << ddp::LaunchEnv::from_environment().source_name()
-              << " ok, loss " << loss.item<float>() << ", buckets " << model.stats().num_buckets << ", backend " << pg->backend_name() << std::endl;
+    const auto env = ddp::LaunchEnv::from_environment();
+    std::cout << "rank " << pg->rank() << "/" << pg->size() << ": " << env.source_name() << " ok, loss "
+              << loss.item<float>() << ", buckets " << model.stats().num_buckets << ", backend " << pg->backend_name()
+              << ", local " << env.local_rank << "/" << env.local_world_size << std::endl;
     ddp::destroy_process_group();
     return 0;
   } catch (const std::exception& e) {

@@ -54,8 +54,9 @@ void write_file(const std::string& path, const std::string& content) {
   std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
 }
 
-void on_signal(int sig) {
-  int fd = ::open(g_trap_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+// Writes the signal's number to `path`, from a signal handler.
+void note_signal(const char* path, int sig) {
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd >= 0) {
     char buf[16];
     int n = std::snprintf(buf, sizeof buf, "%d\n", sig);
@@ -63,20 +64,17 @@ void on_signal(int sig) {
     (void)ignored;
     ::close(fd);
   }
+}
+
+void on_signal(int sig) {
+  note_signal(g_trap_path, sig);
   ::_exit(128 + sig);
 }
 
 // SIGUSR1/SIGUSR2 under --on-warning: a preemption warning, noted in
 // D/warn.<RANK>; then exit with the code given (75: checkpointed), or go on.
 void on_warning(int sig) {
-  int fd = ::open(g_warn_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd >= 0) {
-    char buf[16];
-    int n = std::snprintf(buf, sizeof buf, "%d\n", sig);
-    ssize_t ignored = ::write(fd, buf, static_cast<size_t>(n));
-    (void)ignored;
-    ::close(fd);
-  }
+  note_signal(g_warn_path, sig);
   if (g_warning_exit >= 0) ::_exit(g_warning_exit);
 }
 
