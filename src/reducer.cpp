@@ -96,6 +96,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::vector<at::Tensor> views;  // aliases of contents laid out like each parameter
     size_t pending = 0;             // gradients not yet ready this iteration
     Work work;
+    CommFuture future;  // with a comm hook, instead of work
   };
 
   std::vector<at::Tensor> params;
@@ -104,6 +105,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   DDPOptions options;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
+  CommHook comm_hook;        // empty: the built-in all-reduce
 
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
@@ -315,6 +317,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
                 "sparse(false))");
     check_usage(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
                 grad.scalar_type(), " gradient, expected ", view.scalar_type());
+    if (comm_hook) {
+      // As PyTorch: with a hook the gradients go in as they are; dividing
+      // by the world size is the hook's business.
+      if (!is_alias(grad, view)) {
+        view.copy_(grad.detach());
+        if (options.gradient_as_bucket_view()) grad = view;
+      }
+      return;
+    }
     if (!is_alias(grad, view)) {
       if (grad.requires_grad())
         view.copy_(grad.detach().div(pg->size()));
@@ -328,8 +339,19 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
   void launch_ready_buckets() {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
-      auto& b = buckets[next_bucket++];
-      if (pg->size() > 1) b.work = pg->allreduce(b.contents);
+      const size_t index = next_bucket++;
+      auto& b = buckets[index];
+      if (comm_hook) {
+        // As PyTorch, the hook runs at every world size, one included.
+        std::vector<at::Tensor> members;
+        for (size_t i : b.vars) members.push_back(params[i]);
+        GradBucket bucket(index, buckets.size(), b.contents, std::move(members));
+        b.future = comm_hook(bucket);
+        check_usage(b.future.valid(), who(), "the communication hook returned an empty CommFuture for bucket ",
+                    index, "; return the future of the reduced bucket (CommFuture::ready(tensor) if it is done)");
+      } else if (pg->size() > 1) {
+        b.work = pg->allreduce(b.contents);
+      }
     }
     // After the last bucket, which parameters were used anywhere.
     if (next_bucket == buckets.size() && options.find_unused_parameters() && pg->size() > 1 && !used_work.valid()) {
@@ -349,6 +371,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       ++launched;
       try {
         buckets[b].work.wait();
+        if (buckets[b].future.valid()) buckets[b].future.wait();
       } catch (const std::exception& e) {
         if (failure.empty()) failure = e.what();
       }
@@ -372,6 +395,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     for (auto& b : buckets) {
       b.pending = b.vars.size();
       b.work = Work();
+      b.future = CommFuture();
     }
     used_work = Work();
     next_bucket = 0;
@@ -400,6 +424,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       for (size_t b = 0; b < next_bucket; ++b) {
         try {
           buckets[b].work.wait();
+          if (buckets[b].future.valid()) buckets[b].future.wait();
         } catch (const std::exception&) {
         }
       }
@@ -412,7 +437,11 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     }
 
     const auto wait_start = Clock::now();
-    for (auto& b : buckets) b.work.wait();
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      auto& b = buckets[k];
+      b.work.wait();
+      if (b.future.valid()) take_hook_result(k, b.future.wait());
+    }
     used_work.wait();
     const auto wait_end = Clock::now();
     const int32_t* used_anywhere = nullptr;
@@ -452,6 +481,19 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     // before its next forward, so all take part in the broadcast.
     if (should_rebuild()) rebuild_pending = true;
     reset_iteration();
+  }
+
+  // The hook's reduced bucket goes where the built-in all-reduce leaves its
+  // result, the bucket's own tensor (PyTorch points its output views at the
+  // result instead; the values the gradients get are the same, a float16
+  // result included: widening to float32 is exact).
+  void take_hook_result(size_t index, const at::Tensor& result) {
+    auto& b = buckets[index];
+    check_usage(result.defined() && result.numel() == b.contents.numel(), who(), "the communication hook's result for bucket ",
+                index, " has ", result.defined() ? result.numel() : 0, " elements, the bucket ", b.contents.numel(),
+                "; return a tensor of the bucket's size (the reduced bucket.buffer())");
+    if (result.data_ptr() == b.contents.data_ptr() && result.scalar_type() == b.contents.scalar_type()) return;
+    b.contents.copy_(result.reshape({-1}));
   }
 
   void rebuild_buckets() {
@@ -563,6 +605,24 @@ void Reducer::set_sync(bool sync) {
 bool Reducer::sync() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return impl_->sync;
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto& s = *impl_;
+  check_usage(static_cast<bool>(hook), s.who(), "register_comm_hook was given an empty hook");
+  // PyTorch's own words for the first; the second keeps a bucket from being
+  // reduced half one way, half the other.
+  check_usage(!s.comm_hook, s.who(), "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  check_usage(s.generation == 0 && s.stats.iterations == 0, s.who(),
+              "register_comm_hook must be called before the first forward and backward that synchronise gradients; "
+              "register the hook right after constructing DistributedDataParallel.");
+  s.comm_hook = std::move(hook);
+}
+
+bool Reducer::has_comm_hook() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return static_cast<bool>(impl_->comm_hook);
 }
 
 const ReducerStats& Reducer::stats() const { return impl_->stats; }

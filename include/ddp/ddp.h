@@ -4,7 +4,9 @@
 // (datasets, checkpoints, run folders, options) is <ddp/train.h>.
 #pragma once
 
+#include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
+#include "ddp/default_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
 #include "ddp/errors.h"

@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
@@ -78,6 +79,19 @@ class DistributedDataParallelBase {
     bool previous_;
   };
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*this); }
+
+  // As PyTorch's register_comm_hook(state, hook): every bucket is reduced by
+  // hook(state, bucket), which returns a CommFuture of the reduced bucket
+  // (ddp/comm_hook.h; built-in hooks in ddp/default_hooks.h). The state is
+  // kept for the model's lifetime and passed by reference. Once, before the
+  // first backward; else a UsageError.
+  //   model.register_comm_hook(pg, ddp::hooks::fp16_compress_hook);
+  template <typename State, typename Hook>
+  void register_comm_hook(State state, Hook hook) {
+    auto shared = std::make_shared<State>(std::move(state));
+    reducer_->register_comm_hook(
+        [shared, hook = std::move(hook)](GradBucket& bucket) -> CommFuture { return hook(*shared, bucket); });
+  }
 
  protected:
   void pre_forward();

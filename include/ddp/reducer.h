@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
 #include "ddp/process_group.h"
 
@@ -49,6 +50,11 @@ class Reducer {
   // Whether the next backward synchronises (no_sync turns it off).
   void set_sync(bool sync);
   bool sync() const;
+
+  // Reduces each bucket with `hook` instead of the built-in all-reduce
+  // (ddp/comm_hook.h). Once, before the first synchronised backward.
+  void register_comm_hook(CommHook hook);
+  bool has_comm_hook() const;
 
   const ReducerStats& stats() const;
   // Bucket membership as parameter indices, in launch order (for tests and docs).

@@ -57,6 +57,20 @@ TEST_P(DDPWorld, UnusedParameterWithoutFindUnusedIsAClearError) {
   expect_all_pass(GetParam(), {"unused", "--mode", "error"});
 }
 
+TEST_P(DDPWorld, CommHookTwiceOrAfterTheFirstBackwardIsAUsageError) {
+  expect_all_pass(GetParam(), {"comm_hook_usage"});
+}
+
+TEST_P(DDPWorld, CommHookSeesEveryBucketUndividedAndItsResultIsTheGradient) {
+  expect_all_pass(GetParam(), {"comm_hook_semantics"});
+}
+
+// LibTorch 1.13's Gloo has no bfloat16 sum: the hook's error says so.
+TEST_P(DDPWorld, Bf16CompressHookOverGlooWorksOrSaysWhyNot) {
+  expect_all_pass(GetParam(), {"comm_hook_bf16"});
+  expect_all_pass(GetParam(), {"comm_hook_bf16", "--hook", "wrapper"});
+}
+
 TEST_P(DDPWorld, NoSyncAccumulatesLocallyThenReducesTheSum) { expect_all_pass(GetParam(), {"no_sync"}); }
 
 TEST_P(DDPWorld, DifferentModelsFailOnEveryRankWithinTheTimeout) {

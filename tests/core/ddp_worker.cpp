@@ -340,6 +340,9 @@ int main(int argc, char** argv) {
     else if (scenario == "buffers_once") rc = scenario_buffers_once(*pg, pg);
     else if (scenario == "channels_last") rc = scenario_channels_last(*pg, pg);
     else if (scenario == "sparse") rc = scenario_sparse(pg);
+    else if (scenario == "comm_hook_usage") rc = scenario_comm_hook_usage(pg);
+    else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
+    else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);

@@ -1,5 +1,6 @@
 // The parity scenario of ddp_worker: the models, data and optimizer of
 // pytorch_ddp_parity.py, case by case, trained by libddp.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -13,14 +14,22 @@ struct ParityCase {
   std::string variant;
   bool as_view;
   bool small_buckets;
+  std::string hook;  // a communication hook of ddp::hooks, or none
 };
 const std::map<std::string, ParityCase>& parity_cases() {
   static const std::map<std::string, ParityCase> cases = {
-      {"defaults", {"plain", false, false}},      {"bucket_view", {"plain", true, false}},
-      {"buckets", {"plain", false, true}},        {"buckets_view", {"plain", true, true}},
-      {"find_unused", {"extra", false, true}},    {"no_sync", {"plain", true, true}},
-      {"batchnorm", {"batchnorm", false, true}},  {"tied", {"tied", true, true}},
-      {"set_to_none", {"plain", true, true}},
+      {"defaults", {"plain", false, false, ""}},      {"bucket_view", {"plain", true, false, ""}},
+      {"buckets", {"plain", false, true, ""}},        {"buckets_view", {"plain", true, true, ""}},
+      {"find_unused", {"extra", false, true, ""}},    {"no_sync", {"plain", true, true, ""}},
+      {"batchnorm", {"batchnorm", false, true, ""}},  {"tied", {"tied", true, true, ""}},
+      {"set_to_none", {"plain", true, true, ""}},
+      // Communication hooks (pytorch_parity_test.cpp's kHookCases).
+      {"hook_allreduce", {"plain", false, true, "allreduce"}},
+      {"hook_allreduce_view", {"plain", true, true, "allreduce"}},
+      {"hook_fp16", {"plain", false, true, "fp16"}},
+      {"hook_fp16_view", {"plain", true, true, "fp16"}},
+      {"hook_fp16_wrapper", {"plain", true, false, "fp16_wrapper"}},
+      {"hook_fp16_no_sync", {"plain", true, true, "fp16"}},
   };
   return cases;
 }
@@ -73,6 +82,10 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
   auto options = ddp::DDPOptions().gradient_as_bucket_view(c.as_view).find_unused_parameters(name == "find_unused");
   if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
   ddp::DistributedDataParallel model(net, pg, options);
+  if (c.hook == "allreduce") model.register_comm_hook(pg, ddp::hooks::allreduce_hook);
+  if (c.hook == "fp16") model.register_comm_hook(pg, ddp::hooks::fp16_compress_hook);
+  if (c.hook == "fp16_wrapper")
+    model.register_comm_hook(pg, ddp::hooks::fp16_compress_wrapper(ddp::hooks::allreduce_hook));
   // LibTorch's parameters() lists a tied weight twice, and SGD would step it twice.
   std::vector<torch::Tensor> unique;
   for (auto& [key, p] : unique_parameters(*net)) unique.push_back(p);
@@ -84,7 +97,7 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
     } else {
       opt.zero_grad();
     }
-    if (name == "no_sync") {
+    if (name == "no_sync" || name == "hook_fp16_no_sync") {
       for (int micro = 0; micro < 3; ++micro) {
         auto [x, y] = parity_batch(step * 3 + micro, per_rank * world);
         if (micro < 2) {
@@ -120,6 +133,12 @@ int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
     for (std::string c; std::getline(list, c, ',');) cases.push_back(c);
   } else {
     for (const auto& [name, c] : parity_cases()) cases.push_back(name);
+  }
+  if (flags.count("--cases") == 0) {
+    // The hook cases run in their own test (at 2 and 3 ranks, and never
+    // over mpi, which has no float16 sum).
+    cases.erase(std::remove_if(cases.begin(), cases.end(), [](const std::string& c) { return c.rfind("hook_", 0) == 0; }),
+                cases.end());
   }
   for (const auto& name : cases) {
     const auto bytes = run_parity_case(name, pg);

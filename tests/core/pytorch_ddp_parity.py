@@ -9,6 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 STEPS = 30
@@ -26,6 +27,22 @@ CASES = {
     "batchnorm": ("batchnorm", False, SMALL),
     "tied": ("tied", True, SMALL),
     "set_to_none": ("plain", True, SMALL),
+    # Communication hooks; run only when named (pytorch_parity_test.cpp's kHookCases).
+    "hook_allreduce": ("plain", False, SMALL),
+    "hook_allreduce_view": ("plain", True, SMALL),
+    "hook_fp16": ("plain", False, SMALL),
+    "hook_fp16_view": ("plain", True, SMALL),
+    "hook_fp16_wrapper": ("plain", True, None),
+    "hook_fp16_no_sync": ("plain", True, SMALL),
+}
+
+HOOKS = {
+    "hook_allreduce": default_hooks.allreduce_hook,
+    "hook_allreduce_view": default_hooks.allreduce_hook,
+    "hook_fp16": default_hooks.fp16_compress_hook,
+    "hook_fp16_view": default_hooks.fp16_compress_hook,
+    "hook_fp16_wrapper": default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook),
+    "hook_fp16_no_sync": default_hooks.fp16_compress_hook,
 }
 
 
@@ -82,12 +99,14 @@ def run_case(case, rank, world):
         kwargs["bucket_cap_mb"] = sizes["cap"] / float(1 << 20)
     model = DistributedDataParallel(net, **kwargs)
     dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
+    if case in HOOKS:
+        model.register_comm_hook(None, HOOKS[case])
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     lo, hi = rank * PER_RANK, (rank + 1) * PER_RANK
     mse = nn.functional.mse_loss
     for step in range(STEPS):
         opt.zero_grad(set_to_none=case == "set_to_none")
-        if case == "no_sync":
+        if case in ("no_sync", "hook_fp16_no_sync"):
             for micro in range(3):
                 x, y = batch(step * 3 + micro, world)
                 if micro < 2:
@@ -116,4 +135,4 @@ def main(out_dir, cases):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else list(CASES))
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else [c for c in CASES if not c.startswith("hook_")])

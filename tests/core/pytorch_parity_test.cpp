@@ -3,7 +3,9 @@
 // (options, bucket layouts, unused parameters, no_sync, BatchNorm buffers,
 // tied weights, gradients reset to none), at 2, 3 and 4 ranks, and must end
 // with bitwise-identical parameters and buffers; over the mpi backend too
-// (bitwise at 2 ranks, within a tolerance at 4: see below).
+// (bitwise at 2 ranks, within a tolerance at 4: see below). And with each
+// communication hook of ddp::hooks against PyTorch's of the same name, at 2
+// and 3 ranks, bitwise.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +23,17 @@ namespace {
 const std::vector<std::string> kCases = {"defaults",    "bucket_view", "buckets", "buckets_view", "find_unused",
                                          "no_sync",     "batchnorm",   "tied",    "set_to_none"};
 
+// Communication hooks of ddp::hooks against PyTorch's of the same name
+// (torch.distributed.algorithms.ddp_comm_hooks.default_hooks).
+const std::vector<std::string> kHookCases = {"hook_allreduce", "hook_allreduce_view", "hook_fp16",
+                                             "hook_fp16_view", "hook_fp16_wrapper",   "hook_fp16_no_sync"};
+
+std::string join_cases(const std::vector<std::string>& cases) {
+  std::string out;
+  for (const auto& c : cases) out += (out.empty() ? "" : ",") + c;
+  return out;
+}
+
 std::vector<float> read_floats(const std::string& path) {
   auto bytes = read_file(path);
   std::vector<float> v(bytes.size() / sizeof(float));
@@ -30,6 +43,7 @@ std::vector<float> read_floats(const std::string& path) {
 
 class PyTorchParity : public ::testing::TestWithParam<int> {};
 class PyTorchParityOverMpi : public ::testing::TestWithParam<int> {};
+class PyTorchHookParity : public ::testing::TestWithParam<int> {};
 
 constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 
@@ -37,11 +51,13 @@ constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 // written its results, and compares case by case: with `tolerance` 0 every
 // value must be bitwise equal, else the largest absolute difference must
 // stay within it.
-void compare_with_pytorch(int world, const std::string& dir, double tolerance) {
-  auto theirs = run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir}, {{"DDP_TEST_DIR", dir}});
+void compare_with_pytorch(int world, const std::string& dir, double tolerance,
+                          const std::vector<std::string>& cases = kCases) {
+  auto theirs =
+      run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir, join_cases(cases)}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": largest |libddp - PyTorch DDP| over parameters and buffers, per case\n";
-  for (const auto& c : kCases) {
+  for (const auto& c : cases) {
     double worst = 0, worst_relative = 0;
     size_t differing = 0, total = 0;
     for (int rank = 0; rank < world; ++rank) {
@@ -108,6 +124,26 @@ TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
   compare_with_pytorch(world, dir, world <= 2 ? 0 : kMpiTolerance);
   std::filesystem::remove_all(dir);
 }
+
+// The same arithmetic as PyTorch's hooks, on the same Gloo: allreduce_hook
+// divides the bucket in place and all-reduces it, fp16_compress_hook (and
+// fp16_compress_wrapper(allreduce_hook)) casts to float16, divides, sums in
+// float16 over Gloo and widens back; so bitwise equal, float16 included.
+TEST_P(PyTorchHookParity, BitwiseEqualToPyTorchDDPWithTheSameHookAfter30Steps) {
+  if (!have_pytorch())
+    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+  const int world = GetParam();
+  char tmpl[] = "/tmp/ddp_parity_hooks_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir, "--cases", join_cases(kHookCases)},
+                        {{"DDP_TEST_DIR", dir}});
+  for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
+  compare_with_pytorch(world, dir, 0, kHookCases);
+  std::filesystem::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchHookParity, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchParityOverMpi, ::testing::Values(2, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -129,6 +129,11 @@ int scenario_buffers_once(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
 int scenario_channels_last(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
 int scenario_sparse(std::shared_ptr<ProcessGroup> pg);
 
+// comm_hook_scenarios.cpp: register_comm_hook and the built-in hooks.
+int scenario_comm_hook_usage(std::shared_ptr<ProcessGroup> pg);
+int scenario_comm_hook_semantics(std::shared_ptr<ProcessGroup> pg);
+int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 // parity_scenario.cpp: the models of pytorch_ddp_parity.py.
 int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
