@@ -9,7 +9,10 @@
 //   local           no communication while training: every process trains its
 //                   own model (a barrier before and after the timed loop only,
 //                   so that all processes load the cores at the same time)
-//   ddp             ddp::DistributedDataParallel
+//   ddp             ddp::DistributedDataParallel (--hook allreduce|fp16: with
+//                   ddp::hooks::allreduce_hook or fp16_compress_hook registered;
+//                   hook_bytes in the RESULT line: the bytes the hook asked the
+//                   process group to all-reduce in one step)
 //   allreduce_each  after backward, for each parameter: allreduce(grad).wait()
 //                   and divide by the world size (pytorch/examples
 //                   cpp/distributed/dist-mnist.cpp's approach)
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include "ddp/ddp.h"
+#include "ddp/default_hooks.h"
 
 namespace {
 
@@ -134,6 +138,7 @@ struct Args {
   int threads = 1;
   int rounds = 10;  // interleaved: alternations
   int chunk = 10;   // interleaved: steps per mode per alternation
+  std::string hook = "none";  // ddp: none | allreduce | fp16 (a comm hook)
   std::string tag;  // echoed in the result line, for the driver
   bool trace_rss = false;  // current and peak RSS after every step, on stderr
   // DDPOptions::malloc_mmap_threshold_mb for ddp (unset: the library's
@@ -154,7 +159,7 @@ struct Args {
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
-               "         [--retain-step-memory 0|1]\n"
+               "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16 (ddp)]\n"
                "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
   std::exit(2);
 }
@@ -179,6 +184,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--rounds") a.rounds = std::stoi(v);
     else if (k == "--chunk") a.chunk = std::stoi(v);
     else if (k == "--tag") a.tag = v;
+    else if (k == "--hook") a.hook = v;
     else if (k == "--trace-rss") a.trace_rss = v != "0";
     else if (k == "--flush-denormal") a.flush_denormal = v != "0";
     else if (k == "--malloc-mmap-mb") a.malloc_mmap_mb = std::stod(v);
@@ -188,6 +194,8 @@ Args parse(int argc, char** argv) {
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "sync_only" &&
       a.mode != "interleaved")
     usage("unknown mode " + a.mode);
+  if (a.hook != "none" && a.hook != "allreduce" && a.hook != "fp16") usage("unknown hook " + a.hook);
+  if (a.hook != "none" && a.mode != "ddp") usage("--hook needs --mode ddp");
   if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100") usage("unknown model " + a.model);
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
     usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
@@ -232,6 +240,9 @@ struct Trainer {
   std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, chunk_it_s;
   double elapsed_ms = 0, proc_cpu_ms = 0, main_cpu_ms = 0;
   long minor_faults = 0;  // page faults of the whole process during timed steps
+  // --hook: bytes the hook handed to all-reduce since the last step began.
+  std::shared_ptr<int64_t> hook_bytes = std::make_shared<int64_t>(0);
+  int64_t hook_bytes_last = 0;
   int timed = 0;
   torch::Tensor last_loss;
 
@@ -244,6 +255,17 @@ struct Trainer {
       if (a.malloc_mmap_mb) options.malloc_mmap_threshold_mb(*a.malloc_mmap_mb);
       if (a.retain_step_memory) options.retain_step_memory(*a.retain_step_memory);
       model = std::make_unique<DDP>(net, pg, options);
+      if (a.hook != "none") {
+        // Counts what each bucket sends: the bucket's size for allreduce_hook,
+        // its float16 copy (2 bytes an element) for fp16_compress_hook.
+        const bool fp16 = a.hook == "fp16";
+        model->register_comm_hook(pg, [fp16, counter = hook_bytes](const std::shared_ptr<ddp::ProcessGroup>& g,
+                                                                    ddp::GradBucket& bucket) {
+          const auto& buf = bucket.buffer();
+          *counter += buf.numel() * (fp16 ? 2 : buf.element_size());
+          return fp16 ? ddp::hooks::fp16_compress_hook(g, bucket) : ddp::hooks::allreduce_hook(g, bucket);
+        });
+      }
     } else if (a.malloc_mmap_mb.value_or(0) > 0) {
       ddp::fix_malloc_thresholds(*a.malloc_mmap_mb);
     }
@@ -255,6 +277,7 @@ struct Trainer {
     const int world = pg.size();
     auto t0 = Clock::now();
     opt->zero_grad();
+    *hook_bytes = 0;
     auto out = model ? (*model)(x) : net->forward(x);
     auto loss = torch::cross_entropy_loss(out, y);
     auto t1 = Clock::now();
@@ -279,6 +302,7 @@ struct Trainer {
     opt->step();
     auto t4 = Clock::now();
     last_loss = loss.detach();
+    hook_bytes_last = *hook_bytes;
     if (record) {
       auto d = [](auto s, auto e) { return std::chrono::duration<double, std::milli>(e - s).count(); };
       fwd.push_back(d(t0, t1));
@@ -405,6 +429,7 @@ int run(const Args& a) {
          << " param_mb=" << param_bytes / 1048576.0 << " peak_rss_mb=" << peak / 1024.0
          << " base_rss_mb=" << rss_before_model / 1024.0 << " checksum=" << t.checksum()
          << " loss=" << t.last_loss.template item<double>()
+         << " hook=" << (is_ddp ? a.hook : "none") << " hook_bytes=" << t.hook_bytes_last
          << " flush_denormal=" << static_cast<int>(a.flush_denormal) << " tag=" << t.name;
     std::cout << line.str() << std::endl;
   }

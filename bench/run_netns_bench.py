@@ -16,7 +16,18 @@ Ctrl-C. Model and step: bench/lenet_bench.cpp (default: --model mlp100
 Modes (see MODES): local (no communication), ddp (the library's defaults),
 ddp_malloc_auto (DDPOptions::malloc_mmap_threshold_mb(-1): glibc's
 thresholds fixed at the largest gradient), ddp_no_retain
-(retain_step_memory(false)), pytorch_ddp (python3-torch's DDP, same model).
+(retain_step_memory(false)), ddp_hook_allreduce and ddp_hook_fp16 (ddp with
+ddp::hooks::allreduce_hook or fp16_compress_hook registered; bf16_compress_hook
+is left out: Gloo in LibTorch 1.13 cannot sum bfloat16), pytorch_ddp
+(python3-torch's DDP, same model).
+
+Bytes per step: "asked" is what the reducer or the hook handed to all-reduce
+in one step (bytes_reduced, or hook_bytes with a hook); "veth" is what rank 1's
+end of the link sent during the run (tx_bytes of its veth, read in its
+namespace before and after), divided by the steps (warm-up included). Rank 1's
+end, because the parameter broadcast at construction goes from rank 0 to rank
+1; with two ranks Gloo's ring all-reduce sends about the buffer's size from
+each end, plus TCP/IP headers and the barriers.
 """
 import argparse
 import os
@@ -33,6 +44,8 @@ MODES = {
     "ddp": ("cpp", ["--mode", "ddp"]),
     "ddp_malloc_auto": ("cpp", ["--mode", "ddp", "--malloc-mmap-mb", "-1"]),
     "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
+    "ddp_hook_allreduce": ("cpp", ["--mode", "ddp", "--hook", "allreduce"]),
+    "ddp_hook_fp16": ("cpp", ["--mode", "ddp", "--hook", "fp16"]),
     "pytorch_ddp": ("py", ["--mode", "ddp"]),
 }
 
@@ -74,6 +87,10 @@ class Link:
             raise
         return self
 
+    def tx_bytes(self, i):
+        r = sh("ip", "netns", "exec", self.ns[i], "cat", f"/sys/class/net/{self.veth[i]}/statistics/tx_bytes")
+        return int(r.stdout.strip())
+
     def __exit__(self, *exc):
         for ns in self.ns:
             sh("ip", "netns", "del", ns, check=False)  # takes its veth end with it
@@ -95,6 +112,7 @@ def run_pair(link, impl, flags, args, binary):
         procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[rank]] + cmd, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results = []
+    tx0 = link.tx_bytes(1)
     for rank, p in enumerate(procs):
         try:
             out, err = p.communicate(timeout=args.timeout)
@@ -106,6 +124,10 @@ def run_pair(link, impl, flags, args, binary):
         if p.returncode != 0 or not lines:
             raise RuntimeError(f"rank {rank} exited {p.returncode}: {err.strip()[-2000:]}")
         results.append(lines[-1])
+    veth_per_step = (link.tx_bytes(1) - tx0) / (args.iters + args.warmup)
+    for x in results:
+        x["veth_bytes_per_step"] = veth_per_step
+        x["asked_bytes_per_step"] = x.get("hook_bytes") or x.get("bytes_reduced", 0)
     return results
 
 
@@ -147,17 +169,21 @@ def main():
                 cells = "; ".join(f"rank {x['rank']:.0f}: {x['ms_per_iter']:.0f} ms/step, main CPU "
                                   f"{x['main_cpu_ms_per_iter']:.0f}, CPU {x['cpu_ms_per_iter']:.0f} ms/step, "
                                   f"{x.get('faults_per_iter', float('nan')):.0f} faults/step" for x in res)
+                cells += (f"; asked {res[0]['asked_bytes_per_step'] / 1e6:.2f} MB/step, "
+                          f"veth (rank 1) {res[0]['veth_bytes_per_step'] / 1e6:.2f} MB/step")
                 print(f"  round {r + 1}/{args.rounds} {m:16s} {cells}", flush=True)
     print(f"\n| run | ms per step (rank 0, every round) | main-thread CPU ms per step (rank 0) | "
-          f"page faults per step (rank 0) |")
-    print("|---|---|---|---|")
+          f"page faults per step (rank 0) | MB asked to all-reduce per step | MB sent per step on the veth (rank 1) |")
+    print("|---|---|---|---|---|---|")
     for m in modes:
         ms = [x[0]["ms_per_iter"] for x in runs[m]]
         cpu = [x[0]["main_cpu_ms_per_iter"] for x in runs[m]]
         pf = [x[0].get("faults_per_iter", float("nan")) for x in runs[m]]
         print(f"| {m} | {' '.join('%.0f' % v for v in ms)} (median {statistics.median(ms):.0f}) | "
               f"{' '.join('%.0f' % v for v in cpu)} (median {statistics.median(cpu):.0f}) | "
-              f"{' '.join('%.0f' % v for v in pf)} |")
+              f"{' '.join('%.0f' % v for v in pf)} | "
+              f"{statistics.median(x[0]['asked_bytes_per_step'] for x in runs[m]) / 1e6:.2f} | "
+              f"{' '.join('%.2f' % (x[0]['veth_bytes_per_step'] / 1e6) for x in runs[m])} |")
 
 
 if __name__ == "__main__":
