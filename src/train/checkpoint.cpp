@@ -5,6 +5,7 @@
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
+#include "parse_number.h"
 #include "state_dict_io.h"
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <climits>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -229,7 +231,8 @@ namespace {
 std::string restart_reason() {
   for (const char* name : {"SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
     const char* v = std::getenv(name);
-    if (v && *v && std::strtol(v, nullptr, 10) > 0) return std::string(name) + "=" + v;
+    const auto count = v ? parse_integer(v, 0, INT32_MAX) : std::nullopt;
+    if (count && *count > 0) return std::string(name) + "=" + v;
   }
   return "";
 }

@@ -24,7 +24,8 @@ const std::string kPerTask = "srun-per-task.sbatch";
 
 struct ProcessInfo {
   pid_t pid;
-  std::string exe;  // the executable's file name
+  std::string exe;      // the executable's file name
+  std::string cmdline;  // as /proc shows it: NUL-separated, a process title as set
   std::map<std::string, std::string> env;
 };
 
@@ -34,19 +35,19 @@ ino_t netns_of(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
 }
 
-// Every process on the cluster's nodes (network namespaces `nodes`) whose
-// environment has SLURM_JOB_ID=job: tests running side by side have
-// clusters of their own, with job ids of their own.
-std::vector<ProcessInfo> processes_of_job(const std::string& job, const std::set<ino_t>& nodes) {
+// Every process on the cluster's nodes (network namespaces `nodes`): tests
+// running side by side have clusters of their own, with job ids of their own.
+std::vector<ProcessInfo> processes_on(const std::set<ino_t>& nodes) {
   std::vector<ProcessInfo> out;
   DIR* d = ::opendir("/proc");
   if (!d) return out;
   while (dirent* e = ::readdir(d)) {
     const pid_t pid = std::atoi(e->d_name);
     if (pid <= 0) continue;
-    if (!nodes.count(netns_of("/proc/" + std::string(e->d_name) + "/ns/net"))) continue;
-    const std::string env = read_file("/proc/" + std::string(e->d_name) + "/environ");
-    ProcessInfo p{pid, "", {}};
+    const std::string proc = "/proc/" + std::string(e->d_name);
+    if (!nodes.count(netns_of(proc + "/ns/net"))) continue;
+    ProcessInfo p{pid, "", read_file(proc + "/cmdline"), {}};
+    const std::string env = read_file(proc + "/environ");
     for (size_t start = 0; start < env.size();) {
       size_t end = env.find('\0', start);
       if (end == std::string::npos) end = env.size();
@@ -55,9 +56,8 @@ std::vector<ProcessInfo> processes_of_job(const std::string& job, const std::set
       if (eq != std::string::npos) p.env[kv.substr(0, eq)] = kv.substr(eq + 1);
       start = end + 1;
     }
-    if (p.env["SLURM_JOB_ID"] != job) continue;
     std::error_code ec;
-    p.exe = fs::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).filename().string();
+    p.exe = fs::read_symlink(proc + "/exe", ec).filename().string();
     out.push_back(std::move(p));
   }
   ::closedir(d);
@@ -147,14 +147,12 @@ class SlurmTemplates : public LauncherTest {
     return out;
   }
 
-  // The slurmstepd processes of `job` on the cluster's nodes.
+  // The slurmstepd processes of `job` on the cluster's nodes (their title
+  // is "slurmstepd: [JOB.STEP]").
   std::vector<pid_t> stepds_of(const std::string& job) {
     std::vector<pid_t> out;
-    for (const auto& e : fs::directory_iterator("/proc")) {
-      const pid_t pid = std::atoi(e.path().filename().c_str());
-      if (pid <= 0 || !nodes_.count(netns_of(e.path().string() + "/ns/net"))) continue;
-      if (read_file(e.path().string() + "/cmdline").rfind("slurmstepd: [" + job + ".", 0) == 0) out.push_back(pid);
-    }
+    for (const auto& p : processes_on(nodes_))
+      if (p.cmdline.rfind("slurmstepd: [" + job + ".", 0) == 0) out.push_back(p.pid);
     return out;
   }
 
@@ -183,7 +181,13 @@ class SlurmTemplates : public LauncherTest {
   }
 
   static constexpr const char* kScript = DDP_SOURCE_DIR "/tests/cluster/slurm_cluster.sh";
-  std::vector<ProcessInfo> processes_of(const std::string& job) { return processes_of_job(job, nodes_); }
+  // The processes of `job` on the cluster's nodes: SLURM_JOB_ID=job in their environment.
+  std::vector<ProcessInfo> processes_of(const std::string& job) {
+    std::vector<ProcessInfo> out;
+    for (auto& p : processes_on(nodes_))
+      if (p.env["SLURM_JOB_ID"] == job) out.push_back(std::move(p));
+    return out;
+  }
 
   std::string cluster_;
   std::set<ino_t> nodes_;  // the nodes' network namespaces

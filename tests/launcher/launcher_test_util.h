@@ -296,6 +296,20 @@ class LauncherTest : public ::testing::Test {
   std::string dir_;
 };
 
+// Where test_worker --env-dir writes rank `rank`'s environment in attempt `restart`.
+inline std::string env_path(const std::string& dir, int rank, int restart) {
+  return dir + "/env." + std::to_string(rank) + "." + std::to_string(restart);
+}
+
+// ddprun failed with `code` and said why in one "ddprun: error: " line holding `needle`.
+inline void expect_one_error_line(const Result& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.err;
+  auto lines = lines_of(r.err);
+  ASSERT_EQ(lines.size(), 1u) << r.err;
+  EXPECT_EQ(lines[0].rfind("ddprun: error: ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find(needle), std::string::npos) << lines[0];
+}
+
 inline std::vector<pid_t> pids_in(const std::string& dir, const std::string& prefix) {
   std::vector<pid_t> out;
   for (const auto& e : fs::directory_iterator(dir)) {
