@@ -65,6 +65,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::map<const void*, bool> armed_tasks;
   std::unordered_set<const torch::autograd::Node*> output_fns;
 
+  // static_graph: the first synchronised iteration counts each parameter's
+  // hooks and reduces after backward; later ones mark a parameter ready at
+  // its last hook, and the parameters no hook reached then at the first hook.
+  int64_t sync_forwards = 0;         // forwards that prepared a synchronised backward
+  std::vector<int> hook_counts;      // hooks per parameter in the first iteration
+  std::vector<int> hooks_left;       // this iteration's, counting down
+  std::vector<size_t> static_unused;  // no hook in the first iteration, on this rank
+  std::vector<char> used_globally;   // got a gradient on some rank in the first iteration
+
   bool rebuilt = false;          // buckets follow a recorded ready order
   bool rebuild_pending = false;  // the first synchronised backward finished: rebuild before the next forward
   std::vector<size_t> ready_order;
@@ -75,7 +84,14 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   mutable std::mutex mutex;
 
   std::string who() const { return "rank " + std::to_string(pg->rank()) + ": DistributedDataParallel: "; }
-  bool should_rebuild() const { return !rebuilt && !options.find_unused_parameters(); }
+  // As PyTorch 1.13: a static graph rebuilds after its second iteration
+  // (the first records no ready order), whatever find_unused_parameters says.
+  bool should_rebuild() const {
+    return !rebuilt && (options.static_graph() || !options.find_unused_parameters());
+  }
+  bool dynamic_find_unused() const { return options.find_unused_parameters() && !options.static_graph(); }
+  bool static_first_iteration() const { return options.static_graph() && sync_forwards == 1; }
+  bool static_after_first_iteration() const { return options.static_graph() && sync_forwards > 1; }
 
   void register_hooks() {
     std::weak_ptr<Impl> weak = shared_from_this();
@@ -152,16 +168,31 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::lock_guard<std::mutex> lock(mutex);
     // Usage counts in no_sync backwards too (as PyTorch), so that a parameter
     // used only while accumulating is reduced at the synchronised step.
-    if (options.find_unused_parameters() && params[i].grad().defined()) locally_used[i] = 1;
+    if (dynamic_find_unused() && params[i].grad().defined()) locally_used[i] = 1;
     if (!expect_hooks) return;  // no_sync, or a backward not prepared by a DDP forward
     if (!timing) {
       timing = true;
       first_ready = Clock::now();
     }
     arm_end_of_graph_task();
+    if (static_first_iteration()) {
+      // Only counted: everything is reduced once backward has ended.
+      if (params[i].grad().defined()) locally_used[i] = 1;
+      ++hook_counts[i];
+      return;
+    }
     if (!unused_marked) {
       unused_marked = true;
-      for (size_t u : unused_from_graph) mark_ready(u);
+      for (size_t u : options.static_graph() ? static_unused : unused_from_graph) mark_ready(u);
+    }
+    if (static_after_first_iteration()) {
+      check_usage(hooks_left[i] > 0, who(), "parameter '", names[i], "' received ",
+                  hook_counts[i] == 0 ? "a gradient, but it received none"
+                                      : "more gradients than the " + std::to_string(hook_counts[i]),
+                  " in the first iteration. The training graph changed, which static_graph(true) does not allow; "
+                  "construct DistributedDataParallel without static_graph (with find_unused_parameters(true) if "
+                  "some parameters go unused in some iterations).");
+      if (--hooks_left[i] > 0) return;  // its last gradient of this backward is still to come
     }
     // Every hook counts, whatever its gradient: every rank then sees a
     // complete order.
@@ -292,11 +323,31 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       }
     }
     // After the last bucket, which parameters were used anywhere.
-    if (next_bucket == buckets.size() && options.find_unused_parameters() && pg->size() > 1 && !used_work.valid()) {
-      used_map = torch::from_blob(locally_used.data(), {static_cast<int64_t>(locally_used.size())}, torch::kInt8)
-                     .to(torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
-      used_work = pg->allreduce(used_map);
+    if (next_bucket == buckets.size() && dynamic_find_unused()) launch_used_map();
+  }
+
+  void launch_used_map() {
+    if (pg->size() == 1 || used_work.valid()) return;
+    used_map = torch::from_blob(locally_used.data(), {static_cast<int64_t>(locally_used.size())}, torch::kInt8)
+                   .to(torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
+    used_work = pg->allreduce(used_map);
+  }
+
+  // The end of a static graph's first backward, as PyTorch's
+  // delay_all_reduce: the parameters no hook reached are this rank's unused
+  // ones from now on; which ones any rank used is all-reduced once; every
+  // gradient goes into its bucket and every bucket is reduced, in order.
+  void reduce_after_first_static_backward() {
+    static_unused.clear();
+    for (size_t i = 0; i < params.size(); ++i)
+      if (hook_counts[i] == 0) static_unused.push_back(i);
+    launch_used_map();
+    for (size_t i = 0; i < params.size(); ++i) {
+      marked[i] = 1;
+      copy_grad_to_bucket(i, buckets[slots[i].bucket].views[slots[i].index]);
     }
+    for (auto& b : buckets) b.pending = 0;
+    launch_ready_buckets();
   }
 
   // Collectives this rank launched in an iteration that did not finish
@@ -347,7 +398,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void finalize_backward() {
     const auto backward_end = Clock::now();
     torch::NoGradGuard no_grad;
-    if (options.find_unused_parameters()) {
+    if (static_first_iteration()) {
+      reduce_after_first_static_backward();
+    } else if (dynamic_find_unused()) {
       // Parameters in the graph whose hook never fired count as unused too.
       unused_marked = true;
       for (size_t i = 0; i < params.size(); ++i)
@@ -367,6 +420,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
         }
       }
       reset_iteration();
+      if (options.static_graph())
+        check_usage(false, who(), "backward finished, but ", count, " parameter(s) received fewer gradients than in the "
+                    "first iteration, so the gradient reduction could not finish: ", missing.str(),
+                    ".\n  The training graph changed, which static_graph(true) does not allow; construct "
+                    "DistributedDataParallel without static_graph (with find_unused_parameters(true) if some "
+                    "parameters go unused in some iterations).");
       check_usage(false, who(), "backward finished, but ", count,
                   " parameter(s) received no gradient, so the gradient reduction could not finish: ",
                   missing.str(),
@@ -389,13 +448,20 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       used_anywhere = used_cpu.data_ptr<int32_t>();
     }
 
+    if (static_first_iteration()) {
+      used_globally.assign(params.size(), 1);
+      for (size_t i = 0; i < params.size(); ++i)
+        used_globally[i] = locally_used[i] || (used_anywhere ? used_anywhere[i] > 0 : false);
+    }
     const bool as_view = options.gradient_as_bucket_view();
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& view = buckets[slots[i].bucket].views[slots[i].index];
       auto& grad = params[i].mutable_grad();
-      if (options.find_unused_parameters()) {
-        // A parameter no rank used keeps its gradient untouched (undefined
-        // stays undefined, so optimizers skip it), as PyTorch.
+      // A parameter no rank used keeps its gradient untouched (undefined
+      // stays undefined, so optimizers skip it), as PyTorch; a static graph's
+      // usage is the first iteration's.
+      if (options.static_graph() && !used_globally[i]) continue;
+      if (dynamic_find_unused()) {
         const bool used = locally_used[i] || (used_anywhere ? used_anywhere[i] > 0 : false);
         if (!used) continue;
       }
@@ -415,9 +481,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     stats.backward_ms = std::chrono::duration<double, std::milli>(backward_end - first_ready).count();
     stats.exposed_comm_ms = std::chrono::duration<double, std::milli>(wait_end - wait_start).count();
 
-    // Every rank that finishes its first synchronised backward rebuilds
-    // before its next forward, so all take part in the broadcast.
-    if (should_rebuild()) rebuild_pending = true;
+    // Every rank that finishes its first synchronised backward (a static
+    // graph's second) rebuilds before its next forward, so all take part in
+    // the broadcast.
+    if (should_rebuild() && !static_first_iteration()) rebuild_pending = true;
+    if (static_after_first_iteration() && should_rebuild())
+      ready_order.insert(ready_order.end(), static_unused.begin(), static_unused.end());
     reset_iteration();
   }
 
@@ -504,9 +573,14 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.inverse_world = at::native::wrapped_scalar_tensor(1.0 / s.pg->size());
   s.marked.assign(s.params.size(), 0);
   s.locally_used.assign(s.params.size(), 0);
+  s.hook_counts.assign(s.params.size(), 0);
   s.register_hooks();
+  // As PyTorch 1.13, a static graph starts with one bucket per dtype, as
+  // when find_unused_parameters is off: its first iteration reduces after
+  // backward anyway.
   s.initialize_buckets(initial_bucket_assignment(s.params, s.bytes(options.first_bucket_mb()),
-                                                 s.bytes(options.bucket_cap_mb()), options.find_unused_parameters()));
+                                                 s.bytes(options.bucket_cap_mb()),
+                                                 options.find_unused_parameters() && !options.static_graph()));
 }
 
 Reducer::~Reducer() = default;
@@ -515,6 +589,7 @@ void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
   s.settle_unfinished();
+  if (s.sync) ++s.sync_forwards;
   if (s.rebuild_pending) {
     s.rebuild_pending = false;
     s.rebuild_buckets();
@@ -529,10 +604,11 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   s.expect_hooks = true;
   ++s.generation;
   if (s.should_rebuild()) s.ready_order.clear();
+  s.hooks_left = s.hook_counts;
   s.output_fns.clear();
   for (const auto& t : outputs)
     if (t.defined() && t.grad_fn()) s.output_fns.insert(t.grad_fn().get());
-  if (s.options.find_unused_parameters()) s.find_unused(outputs);
+  if (s.dynamic_find_unused()) s.find_unused(outputs);
 }
 
 void Reducer::set_sync(bool sync) {

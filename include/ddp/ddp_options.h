@@ -40,6 +40,16 @@ struct DistributedDataParallelOptions {
   // Parameters outside this iteration's autograd graph count as ready with a
   // zero gradient; costs a graph traversal and one small all-reduce a step.
   TORCH_ARG(bool, find_unused_parameters) = false;
+  // The graph is the same every iteration (the same parameters get
+  // gradients, each as many times): as PyTorch's static_graph. The first
+  // synchronised iteration records which parameters get gradients and how
+  // often (a reentrant backward, as activation checkpointing runs, may
+  // deliver one parameter's gradient twice) and reduces everything after its
+  // backward; later iterations overlap as usual, find unused parameters
+  // without a graph search or a per-step collective, and may reuse a
+  // parameter in several reentrant backward passes. A graph that changes
+  // afterwards is a UsageError naming the parameter.
+  TORCH_ARG(bool, static_graph) = false;
   // .grad aliases the bucket storage: no copy in or out, and no second copy
   // of every gradient in memory. On by default here (off in PyTorch) because
   // it is faster and smaller; see docs/design.md.

@@ -15,6 +15,7 @@ struct ParityCase {
   bool as_view;
   bool small_buckets;
   std::string hook;  // a communication hook of ddp::hooks, or none
+  bool static_graph = false;
 };
 const std::map<std::string, ParityCase>& parity_cases() {
   static const std::map<std::string, ParityCase> cases = {
@@ -30,9 +31,44 @@ const std::map<std::string, ParityCase>& parity_cases() {
       {"hook_fp16_view", {"plain", true, true, "fp16"}},
       {"hook_fp16_wrapper", {"plain", true, false, "fp16_wrapper"}},
       {"hook_fp16_no_sync", {"plain", true, true, "fp16"}},
+      // static_graph (pytorch_parity_test.cpp's kStaticCases).
+      {"static", {"plain", false, true, "", true}},
+      {"static_view", {"plain", true, true, "", true}},
+      {"static_rank_unused", {"extra", true, true, "", true}},
+      {"static_never_used", {"extra", false, true, "", true}},
+      {"static_tied", {"tied", true, true, "", true}},
+      {"static_checkpoint", {"checkpoint", false, true, "", true}},
+      {"static_checkpoint_view", {"checkpoint", true, true, "", true}},
+      {"static_hook_allreduce", {"plain", false, true, "allreduce", true}},
   };
   return cases;
 }
+
+// torch.utils.checkpoint.checkpoint(layer, x) of PyTorch 1.13 (reentrant):
+// the forward runs without a graph, the backward runs it again with one and
+// a backward of its own through it, so the layer's parameters get their
+// gradients from a nested backward pass.
+struct ParityCheckpoint : torch::autograd::Function<ParityCheckpoint> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, int64_t layer) {
+    ctx->save_for_backward({x});
+    ctx->saved_data["layer"] = layer;
+    torch::NoGradGuard no_grad;
+    return (*reinterpret_cast<torch::nn::Linear*>(layer))(x);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    auto saved = ctx->get_saved_variables()[0];
+    auto x = saved.detach().requires_grad_(saved.requires_grad());
+    auto& layer = *reinterpret_cast<torch::nn::Linear*>(ctx->saved_data["layer"].toInt());
+    torch::Tensor out;
+    {
+      torch::AutoGradMode enable(true);
+      out = layer(x);
+    }
+    torch::autograd::backward({out}, {grad[0]});
+    return {x.grad(), torch::Tensor()};
+  }
+};
 
 struct ParityNetImpl : torch::nn::Module {
   explicit ParityNetImpl(const std::string& variant) : variant(variant) {
@@ -46,7 +82,13 @@ struct ParityNetImpl : torch::nn::Module {
   torch::Tensor forward(torch::Tensor x, bool use_extra = false) {
     auto h = l1(x);
     if (bn) h = bn(h);
-    h = torch::tanh(l2(torch::tanh(h)));
+    if (variant == "checkpoint") {
+      const auto layer = reinterpret_cast<int64_t>(&l2);
+      h = torch::tanh(ParityCheckpoint::apply(torch::tanh(h), layer));
+      h = torch::tanh(ParityCheckpoint::apply(h, layer));
+    } else {
+      h = torch::tanh(l2(torch::tanh(h)));
+    }
     if (variant == "tied") h = torch::tanh(l2(h));
     auto y = l3(h);
     if (use_extra) y = y + extra(x);
@@ -79,7 +121,10 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
       ++layer;
     }
   }
-  auto options = ddp::DDPOptions().gradient_as_bucket_view(c.as_view).find_unused_parameters(name == "find_unused");
+  auto options = ddp::DDPOptions()
+                     .gradient_as_bucket_view(c.as_view)
+                     .find_unused_parameters(name == "find_unused" || name == "static_never_used")
+                     .static_graph(c.static_graph);
   if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
   ddp::DistributedDataParallel model(net, pg, options);
   if (c.hook == "allreduce") model.register_comm_hook(pg, ddp::hooks::allreduce_hook);
@@ -109,7 +154,8 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
       }
     } else {
       auto [x, y] = parity_batch(step, per_rank * world);
-      const bool use_extra = name == "find_unused" && (step % 3 == 0 || (rank == 0 && step % 2 == 0));
+      const bool use_extra = (name == "find_unused" && (step % 3 == 0 || (rank == 0 && step % 2 == 0))) ||
+                             (name == "static_rank_unused" && rank == 0);
       torch::mse_loss(model(x.narrow(0, lo, per_rank), use_extra), y.narrow(0, lo, per_rank)).backward();
     }
     opt.step();
@@ -135,9 +181,10 @@ int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
     for (const auto& [name, c] : parity_cases()) cases.push_back(name);
   }
   if (flags.count("--cases") == 0) {
-    // The hook cases run in their own test (at 2 and 3 ranks, and never
-    // over mpi, which has no float16 sum).
-    cases.erase(std::remove_if(cases.begin(), cases.end(), [](const std::string& c) { return c.rfind("hook_", 0) == 0; }),
+    // The hook and static_graph cases run in their own tests (at 2 and 3
+    // ranks, and never over mpi, which has no float16 sum).
+    cases.erase(std::remove_if(cases.begin(), cases.end(),
+                               [](const std::string& c) { return c.rfind("hook_", 0) == 0 || c.rfind("static", 0) == 0; }),
                 cases.end());
   }
   for (const auto& name : cases) {

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
+from torch.utils.checkpoint import checkpoint
 
 STEPS = 30
 PER_RANK = 16
@@ -34,6 +35,15 @@ CASES = {
     "hook_fp16_view": ("plain", True, SMALL),
     "hook_fp16_wrapper": ("plain", True, None),
     "hook_fp16_no_sync": ("plain", True, SMALL),
+    # static_graph=True; run only when named (pytorch_parity_test.cpp's kStaticCases).
+    "static": ("plain", False, SMALL),
+    "static_view": ("plain", True, SMALL),
+    "static_rank_unused": ("extra", True, SMALL),  # extra: used by rank 0 only, every step
+    "static_never_used": ("extra", False, SMALL),  # extra: never used; find_unused_parameters too
+    "static_tied": ("tied", True, SMALL),
+    "static_checkpoint": ("checkpoint", False, SMALL),  # l2 in two reentrant backwards
+    "static_checkpoint_view": ("checkpoint", True, SMALL),
+    "static_hook_allreduce": ("plain", False, SMALL),
 }
 
 HOOKS = {
@@ -43,6 +53,7 @@ HOOKS = {
     "hook_fp16_view": default_hooks.fp16_compress_hook,
     "hook_fp16_wrapper": default_hooks.fp16_compress_wrapper(default_hooks.allreduce_hook),
     "hook_fp16_no_sync": default_hooks.fp16_compress_hook,
+    "static_hook_allreduce": default_hooks.allreduce_hook,
 }
 
 
@@ -64,7 +75,13 @@ class Net(nn.Module):
         h = self.l1(x)
         if self.variant == "batchnorm":
             h = self.bn(h)
-        h = torch.tanh(self.l2(torch.tanh(h)))
+        if self.variant == "checkpoint":
+            # The same layer in two reentrant backward passes: its gradient
+            # arrives twice per backward.
+            h = torch.tanh(checkpoint(self.l2, torch.tanh(h)))
+            h = torch.tanh(checkpoint(self.l2, h))
+        else:
+            h = torch.tanh(self.l2(torch.tanh(h)))
         if self.variant == "tied":
             h = torch.tanh(self.l2b(h))
         y = self.l3(h)
@@ -92,7 +109,8 @@ def run_case(case, rank, world):
     variant, as_view, sizes = CASES[case]
     net = Net(variant)
     init(net)
-    kwargs = dict(gradient_as_bucket_view=as_view, find_unused_parameters=case == "find_unused")
+    kwargs = dict(gradient_as_bucket_view=as_view, find_unused_parameters=case in ("find_unused", "static_never_used"),
+                  static_graph=case.startswith("static"))
     saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
     if sizes:
         dist._DEFAULT_FIRST_BUCKET_BYTES = sizes["first"]
@@ -117,6 +135,7 @@ def run_case(case, rank, world):
         else:
             x, y = batch(step, world)
             use_extra = case == "find_unused" and (step % 3 == 0 or (rank == 0 and step % 2 == 0))
+            use_extra = use_extra or (case == "static_rank_unused" and rank == 0)
             mse(model(x[lo:hi], use_extra), y[lo:hi]).backward()
         opt.step()
     tensors = [p for p in net.parameters()] + [b for b in net.buffers() if b.is_floating_point()]
@@ -135,4 +154,4 @@ def main(out_dir, cases):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else [c for c in CASES if not c.startswith("hook_")])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else [c for c in CASES if not c.startswith(("hook_", "static"))])
