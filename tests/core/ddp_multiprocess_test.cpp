@@ -57,6 +57,23 @@ TEST_P(DDPWorld, UnusedParameterWithoutFindUnusedIsAClearError) {
   expect_all_pass(GetParam(), {"unused", "--mode", "error"});
 }
 
+TEST_P(DDPWorld, StaticGraphAllReducesTheUsageMapOnceWhereFindUnusedDoesEveryStep) {
+  expect_all_pass(GetParam(), {"static_graph", "--mode", "collectives"});
+}
+
+// PyTorch 1.13 fails an internal assert here; ours matches one process.
+TEST_P(DDPWorld, StaticGraphWithNoSyncAccumulatesAsOneProcess) {
+  expect_all_pass(GetParam(), {"static_graph", "--mode", "no_sync"});
+}
+
+TEST_P(DDPWorld, StaticGraphParameterUsedAfterTheFirstIterationIsAUsageError) {
+  expect_all_pass(GetParam(), {"static_graph", "--mode", "used_later"});
+}
+
+TEST_P(DDPWorld, StaticGraphParameterUnusedAfterTheFirstIterationIsAUsageError) {
+  expect_all_pass(GetParam(), {"static_graph", "--mode", "unused_later"});
+}
+
 TEST_P(DDPWorld, CommHookTwiceOrAfterTheFirstBackwardIsAUsageError) {
   expect_all_pass(GetParam(), {"comm_hook_usage"});
 }

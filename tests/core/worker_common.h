@@ -137,4 +137,7 @@ int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // parity_scenario.cpp: the models of pytorch_ddp_parity.py.
 int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// static_graph_scenarios.cpp: static_graph's collectives, no_sync and errors.
+int scenario_static_graph(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 }  // namespace ddp::testing
