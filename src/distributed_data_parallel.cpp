@@ -6,6 +6,8 @@
 #include "usage_check.h"
 
 #include <algorithm>
+#include <exception>
+#include <iostream>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -200,14 +202,32 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu &&
                          largest_megabytes(params) < kLargeGradientMb;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+  timeline_ = timeline_from_env(pg_);
+  if (timeline_) reducer_->set_timeline(timeline_);
 }
 
-DistributedDataParallelBase::~DistributedDataParallelBase() = default;
+DistributedDataParallelBase::~DistributedDataParallelBase() {
+  if (!timeline_) return;
+  reducer_->set_timeline(nullptr);
+  // Gathering is collective: while an exception unwinds, the other ranks may
+  // not come, so this rank keeps its own part instead.
+  if (std::uncaught_exceptions() > 0) {
+    timeline_->write_own_part();
+    return;
+  }
+  try {
+    timeline_->write();
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << pg_->rank() << ": writing the DDP timeline failed: " << e.what() << std::endl;
+    timeline_->write_own_part();
+  }
+}
 
 void DistributedDataParallelBase::pre_forward() {
   // Forward passes that build no graph (evaluation under NoGradGuard) do no
   // communication at all, so rank-0-only evaluation through the wrapper works.
   if (!torch::GradMode::is_enabled()) return;
+  if (timeline_) forward_start_us_ = timeline_->now_us();
   reducer_->prepare_for_forward();
   // As PyTorch: buffers follow rank 0 before a forward that follows a
   // synchronised one, so once per gradient-accumulation cycle.
@@ -218,6 +238,7 @@ void DistributedDataParallelBase::pre_forward() {
 
 void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;
+  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", forward_start_us_, timeline_->now_us());
   require_forward_param_sync_ = reducer_->sync();
   if (step_memory_pending_) {
     // The forward's activations are all alive now: what they take tells

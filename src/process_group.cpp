@@ -35,6 +35,19 @@ void Work::wait() {
   }
 }
 
+bool Work::on_complete(std::function<void()> fn) {
+  if (!work_) return false;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work_->getFuture();
+  } catch (const std::exception&) {
+    return false;  // c10d::Work's default: this backend has no future
+  }
+  if (!future) return false;
+  future->addCallback([fn = std::move(fn)](c10::ivalue::Future&) { fn(); });
+  return true;
+}
+
 // ---- c10d-backed process group -----------------------------------------------
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include "usage_check.h"
 
+#include "ddp/timeline.h"
+
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -35,6 +37,11 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     size_t pending = 0;             // gradients not yet ready this iteration
     Work work;
     CommFuture future;  // with a comm hook, instead of work
+    // Timeline only: when its last gradient arrived and it was launched
+    // (microseconds on the timeline's clock), and whether the backend will
+    // say when it ends (else finalize notes the end of its wait).
+    int64_t ready_us = 0, launch_us = 0;
+    bool end_reported = false;
   };
 
   std::vector<at::Tensor> params;
@@ -44,6 +51,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   CommHook comm_hook;        // empty: the built-in all-reduce
+  std::shared_ptr<Timeline> timeline;  // null: none (DDP_TIMELINE unset)
+  int64_t backward_start_us = 0;
 
   std::vector<Slot> slots;
   std::vector<Bucket> buckets;
@@ -173,6 +182,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     if (!timing) {
       timing = true;
       first_ready = Clock::now();
+      if (timeline) backward_start_us = timeline->now_us();
     }
     arm_end_of_graph_task();
     if (static_first_iteration()) {
@@ -268,7 +278,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     const auto& slot = slots[i];
     auto& bucket = buckets[slot.bucket];
     copy_grad_to_bucket(i, bucket.views[slot.index]);
-    if (--bucket.pending == 0) launch_ready_buckets();
+    if (--bucket.pending == 0) {
+      if (timeline) note_ready(slot.bucket);
+      launch_ready_buckets();
+    }
   }
 
   // As PyTorch's mark_variable_ready_dense: a gradient that is not already
@@ -321,9 +334,39 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       } else if (pg->size() > 1) {
         b.work = pg->allreduce(b.contents);
       }
+      if (timeline) note_launch(index);
     }
     // After the last bucket, which parameters were used anywhere.
     if (next_bucket == buckets.size() && dynamic_find_unused()) launch_used_map();
+  }
+
+  // The timeline's view of a bucket (ddp/timeline.h): ready on the compute
+  // row, launched and done on the communication row.
+  std::string bucket_args(size_t k) const {
+    const auto& b = buckets[k];
+    return "\"bucket\": " + std::to_string(k) + ", \"bytes\": " +
+           std::to_string(b.contents.numel() * b.contents.element_size()) + ", \"parameters\": " +
+           std::to_string(b.vars.size()) + ", \"ready_us\": " + std::to_string(b.ready_us) +
+           ", \"launch_us\": " + std::to_string(b.launch_us);
+  }
+
+  void note_ready(size_t k) {
+    buckets[k].ready_us = timeline->now_us();
+    timeline->instant(Timeline::Row::compute, "bucket " + std::to_string(k) + " ready", buckets[k].ready_us,
+                      "\"bucket\": " + std::to_string(k));
+  }
+
+  void note_launch(size_t k) {
+    auto& b = buckets[k];
+    b.launch_us = timeline->now_us();
+    const std::string args = bucket_args(k);
+    timeline->instant(Timeline::Row::communication, "bucket " + std::to_string(k) + " launched", b.launch_us, args);
+    // The backend's thread reports the end; it must not take this reducer's
+    // lock, which the thread waiting for that end may hold.
+    std::weak_ptr<Timeline> weak = timeline;
+    b.end_reported = b.work.valid() && b.work.on_complete([weak, k, launch = b.launch_us, args] {
+      if (auto t = weak.lock()) t->communication_done("bucket " + std::to_string(k), launch, args);
+    });
   }
 
   void launch_used_map() {
@@ -346,7 +389,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       marked[i] = 1;
       copy_grad_to_bucket(i, buckets[slots[i].bucket].views[slots[i].index]);
     }
-    for (auto& b : buckets) b.pending = 0;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      buckets[k].pending = 0;
+      if (timeline) note_ready(k);
+    }
     launch_ready_buckets();
   }
 
@@ -434,13 +480,20 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     }
 
     const auto wait_start = Clock::now();
+    const int64_t wait_start_us = timeline ? timeline->now_us() : 0;
     for (size_t k = 0; k < buckets.size(); ++k) {
       auto& b = buckets[k];
       b.work.wait();
       if (b.future.valid()) take_hook_result(k, b.future.wait());
+      if (timeline && !b.end_reported)
+        timeline->communication_done("bucket " + std::to_string(k), b.launch_us, bucket_args(k));
     }
     used_work.wait();
     const auto wait_end = Clock::now();
+    if (timeline) {
+      timeline->span(Timeline::Row::compute, "backward", backward_start_us, wait_start_us);
+      timeline->span(Timeline::Row::compute, "wait for communication", wait_start_us, timeline->now_us());
+    }
     const int32_t* used_anywhere = nullptr;
     at::Tensor used_cpu;
     if (used_map.defined() && used_work.valid()) {
@@ -476,6 +529,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::fill(locally_used.begin(), locally_used.end(), 0);
 
     stats.iterations++;
+    if (timeline) timeline->set_step(stats.iterations);
     stats.bytes_reduced = 0;
     for (const auto& b : buckets) stats.bytes_reduced += b.contents.numel() * b.contents.element_size();
     stats.backward_ms = std::chrono::duration<double, std::milli>(backward_end - first_ready).count();
@@ -632,6 +686,11 @@ void Reducer::register_comm_hook(CommHook hook) {
               "register_comm_hook must be called before the first forward and backward that synchronise gradients; "
               "register the hook right after constructing DistributedDataParallel.");
   s.comm_hook = std::move(hook);
+}
+
+void Reducer::set_timeline(std::shared_ptr<Timeline> timeline) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->timeline = std::move(timeline);
 }
 
 bool Reducer::has_comm_hook() const {

@@ -17,3 +17,4 @@
 #include "ddp/object_collectives.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
+#include "ddp/timeline.h"

@@ -20,6 +20,7 @@
 #include "ddp/ddp_options.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
+#include "ddp/timeline.h"
 
 namespace ddp {
 
@@ -60,6 +61,9 @@ class DistributedDataParallelBase {
   ProcessGroup& process_group() const { return *pg_; }
   const ReducerStats& stats() const { return reducer_->stats(); }
   Reducer& reducer() { return *reducer_; }
+  // The job's timeline when DDP_TIMELINE is set (ddp/timeline.h), else null.
+  // The training kit records its optimizer steps on it.
+  const std::shared_ptr<Timeline>& timeline() const { return timeline_; }
 
   // RAII: backward passes inside it accumulate gradients locally; the next
   // synchronised backward reduces the accumulated sum. As PyTorch's no_sync().
@@ -103,6 +107,8 @@ class DistributedDataParallelBase {
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
   std::unique_ptr<Reducer> reducer_;
+  std::shared_ptr<Timeline> timeline_;
+  int64_t forward_start_us_ = 0;
   bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
   // Bytes malloc had handed out before the first forward that builds a graph,
   // and whether that forward is still to tell retain_step_memory() its size.

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,10 @@ class Work {
 
   void wait();
   bool valid() const { return static_cast<bool>(work_); }
+  // Runs `fn` on the backend's thread the moment the collective ends (at
+  // once if it has), where the backend can tell (Gloo, NCCL); false where it
+  // cannot (then the end is known only to wait()).
+  bool on_complete(std::function<void()> fn);
   const std::string& op() const { return op_; }
 
  private:

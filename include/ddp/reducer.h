@@ -17,6 +17,8 @@
 
 namespace ddp {
 
+class Timeline;
+
 // What the last synchronised step cost, readable after backward.
 struct ReducerStats {
   int64_t iterations = 0;          // synchronised backward passes so far
@@ -55,6 +57,9 @@ class Reducer {
   // (ddp/comm_hook.h). Once, before the first synchronised backward.
   void register_comm_hook(CommHook hook);
   bool has_comm_hook() const;
+
+  // Records each backward's buckets on `timeline` (null: stop).
+  void set_timeline(std::shared_ptr<Timeline> timeline);
 
   const ReducerStats& stats() const;
   // Bucket membership as parameter indices, in launch order (for tests and docs).

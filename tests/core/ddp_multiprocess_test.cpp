@@ -1,6 +1,9 @@
 // DistributedDataParallel across real processes over real Gloo on loopback.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "multiprocess.h"
 
 using ddp::testing::describe;
@@ -72,6 +75,23 @@ TEST_P(DDPWorld, StaticGraphParameterUsedAfterTheFirstIterationIsAUsageError) {
 
 TEST_P(DDPWorld, StaticGraphParameterUnusedAfterTheFirstIterationIsAUsageError) {
   expect_all_pass(GetParam(), {"static_graph", "--mode", "unused_later"});
+}
+
+// DDP_TIMELINE: rank 0 writes one trace for the job; check_timeline.py checks
+// a process row per rank, compute and communication rows, every bucket
+// ready <= launched <= done in launch order, and one time base: no rank sees
+// an all-reduce end before every rank launched it.
+TEST_P(DDPWorld, TimelineTraceHasEveryBucketInOrderOnOneTimeBase) {
+  char tmpl[] = "/tmp/ddp_timeline_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string trace = dir + "/trace.json";
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"timeline", "--steps", "4"},
+                           {{"DDP_TEST_DIR", dir}, {"DDP_TIMELINE", trace}});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  const std::string check = std::string("python3 ") + CHECK_TIMELINE + " " + trace + " " +
+                            std::to_string(GetParam()) + " 4";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  std::filesystem::remove_all(dir);
 }
 
 TEST_P(DDPWorld, CommHookTwiceOrAfterTheFirstBackwardIsAUsageError) {

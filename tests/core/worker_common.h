@@ -140,4 +140,7 @@ int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // static_graph_scenarios.cpp: static_graph's collectives, no_sync and errors.
 int scenario_static_graph(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// timeline_scenario.cpp: steps under DDP_TIMELINE.
+int scenario_timeline(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 }  // namespace ddp::testing

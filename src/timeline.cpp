@@ -1,0 +1,211 @@
+#include "ddp/timeline.h"
+
+#include "usage_check.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <algorithm>
+#include <limits>
+#include <sstream>
+
+#include "ddp/object_collectives.h"
+
+namespace ddp {
+
+namespace {
+
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// Microseconds with a fraction, as the trace format counts them.
+std::string micros(int64_t us) { return std::to_string(us); }
+
+int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
+  auto t = torch::tensor({value}, torch::kInt64).to(pg.device());
+  pg.broadcast(t, root).wait();
+  return t.cpu().item<int64_t>();
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw UsageError("cannot write the timeline to '" + tmp + "'; check that its folder exists and is writable");
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw UsageError("cannot move the timeline into place at '" + path + "'");
+  }
+}
+
+}  // namespace
+
+Timeline::Timeline(std::shared_ptr<ProcessGroup> pg, std::string path) : pg_(std::move(pg)), path_(std::move(path)) {
+  char host[256] = {0};
+  if (::gethostname(host, sizeof host - 1) == 0) host_ = host;
+  const int rank = pg_->rank(), world = pg_->size();
+  // Offsets to rank 0, one rank at a time: rank 0 sends its time a, rank r
+  // answers with the time b it received it, rank 0 notes the time c the
+  // answer came. b - (a + c) / 2 is r's offset, exact when both legs take as
+  // long; the round with the shortest round trip bounds the error best.
+  constexpr int kRounds = 5;
+  std::vector<int64_t> offsets(world, 0), rtts(world, 0);
+  for (int r = 1; r < world; ++r) {
+    int64_t best_rtt = std::numeric_limits<int64_t>::max(), best_offset = 0;
+    for (int round = 0; round < kRounds; ++round) {
+      const int64_t a = steady_ns();
+      exchange(*pg_, a, 0);
+      const int64_t b = steady_ns();
+      const int64_t answer = exchange(*pg_, b, r);
+      const int64_t c = steady_ns();
+      if (rank == 0 && c - a < best_rtt) {
+        best_rtt = c - a;
+        best_offset = answer - (a + c) / 2;
+      }
+    }
+    offsets[r] = best_offset;
+    rtts[r] = best_rtt;
+  }
+  // Every rank learns its offset, and rank 0's clock at the start.
+  auto table = torch::tensor(offsets, torch::kInt64);
+  auto rtt_table = torch::tensor(rtts, torch::kInt64);
+  table = torch::cat({table, rtt_table, torch::tensor({steady_ns()}, torch::kInt64)}).to(pg_->device());
+  if (world > 1) pg_->broadcast(table, 0).wait();
+  auto cpu = table.cpu();
+  const int64_t* v = cpu.data_ptr<int64_t>();
+  const int64_t offset_ns = v[rank];
+  offset_rtt_us_ = v[world + rank] / 1000;
+  offset_us_ = offset_ns / 1000;
+  origin_ns_ = v[2 * world] + offset_ns;  // rank 0's start, on this rank's clock
+}
+
+Timeline::~Timeline() = default;
+
+int64_t Timeline::now_us() const { return (steady_ns() - origin_ns_) / 1000; }
+
+void Timeline::span(Row row, std::string name, int64_t start_us, int64_t end_us, std::string args) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({'X', row, start_us, std::max<int64_t>(0, end_us - start_us), step_, std::move(name), std::move(args)});
+}
+
+void Timeline::instant(Row row, std::string name, int64_t at_us, std::string args) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({'i', row, at_us, 0, step_, std::move(name), std::move(args)});
+}
+
+void Timeline::communication_done(std::string name, int64_t launch_us, std::string args) {
+  const int64_t end = now_us();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int64_t start = std::min(end, std::max(launch_us, last_communication_end_us_));
+  last_communication_end_us_ = std::max(last_communication_end_us_, end);
+  if (!args.empty()) args += ", ";
+  args += "\"done_us\": " + std::to_string(end);
+  events_.push_back({'X', Row::communication, start, end - start, step_, std::move(name), std::move(args)});
+}
+
+std::string Timeline::events_json() const {
+  const int pid = pg_->rank();
+  std::ostringstream out;
+  out << "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"name\": "
+      << json_string("rank " + std::to_string(pid) + (host_.empty() ? "" : " on " + host_)) << "}},\n"
+      << "{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"sort_index\": " << pid
+      << "}},\n"
+      << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid
+      << ", \"tid\": 0, \"args\": {\"name\": \"compute\"}},\n"
+      << "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": " << pid
+      << ", \"tid\": 1, \"args\": {\"name\": \"communication\"}},\n"
+      << "{\"name\": \"clock offset to rank 0\", \"ph\": \"M\", \"pid\": " << pid << ", \"args\": {\"offset_us\": "
+      << offset_us_ << ", \"round_trip_us\": " << offset_rtt_us_ << "}}";
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& e : events_) {
+    out << ",\n{\"name\": " << json_string(e.name) << ", \"cat\": \""
+        << (e.row == Row::compute ? "compute" : "communication") << "\", \"ph\": \"" << e.phase
+        << "\", \"pid\": " << pid << ", \"tid\": " << static_cast<int>(e.row) << ", \"ts\": " << micros(e.ts);
+    if (e.phase == 'X') out << ", \"dur\": " << micros(e.dur);
+    if (e.phase == 'i') out << ", \"s\": \"t\"";
+    out << ", \"args\": {\"step\": " << e.step << (e.args.empty() ? "" : ", ") << e.args << "}}";
+  }
+  return out.str();
+}
+
+void Timeline::write() {
+  if (written_) return;
+  written_ = true;
+  const auto parts = all_gather_object(*pg_, events_json());
+  if (pg_->rank() != 0) return;
+  std::string text = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  for (size_t r = 0; r < parts.size(); ++r) text += (r ? ",\n" : "") + parts[r];
+  text += "\n]}\n";
+  write_file_atomically(path_, text);
+  std::cerr << "rank 0: DDP timeline of " << parts.size() << " rank(s) written to " << path_
+            << " (open it in chrome://tracing or https://ui.perfetto.dev)" << std::endl;
+}
+
+void Timeline::write_own_part() noexcept {
+  if (written_) return;
+  written_ = true;
+  const std::string own = path_ + ".rank" + std::to_string(pg_->rank()) + ".json";
+  try {
+    write_file_atomically(own, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n" + events_json() + "\n]}\n");
+    std::cerr << "rank " << pg_->rank() << ": the job's DDP timeline could not be gathered; this rank's part is in "
+              << own << std::endl;
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << pg_->rank() << ": could not write the DDP timeline: " << e.what() << std::endl;
+  }
+}
+
+std::shared_ptr<Timeline> timeline_from_env(const std::shared_ptr<ProcessGroup>& pg) {
+  const char* env = std::getenv("DDP_TIMELINE");
+  const bool mine = env != nullptr && *env != '\0';
+  // Every rank must agree, or the offsets' broadcasts would meet other
+  // collectives: one small all-gather tells.
+  auto flags = pg->allgather(torch::tensor({mine ? 1 : 0}, torch::kInt64).to(pg->device()));
+  std::string without;
+  int with = 0;
+  for (int r = 0; r < pg->size(); ++r) {
+    if (flags[r].cpu().item<int64_t>() != 0)
+      ++with;
+    else
+      without += (without.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (with == pg->size()) return std::make_shared<Timeline>(pg, env);
+  check_usage(with == 0, "rank ", pg->rank(), ": DDP_TIMELINE is set on some ranks but not on rank(s) ", without,
+              "; set it for the whole job (ddprun passes its environment to every worker; with srun or mpirun, "
+              "export it or pass it with -x)");
+  return nullptr;
+}
+
+}  // namespace ddp
