@@ -89,6 +89,7 @@ class C10dProcessGroup final : public ProcessGroup {
   }
 
   void barrier() override { wrap(backend_->barrier(), "barrier").wait(); }
+  c10::intrusive_ptr<c10d::Store> store() const override { return store_; }
 
  private:
   Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {

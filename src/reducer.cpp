@@ -1,5 +1,6 @@
 #include "ddp/reducer.h"
 
+#include "stall_inspector.h"
 #include "usage_check.h"
 
 #include "ddp/timeline.h"
@@ -13,6 +14,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <iostream>
 #include <limits>
@@ -52,6 +54,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   CommHook comm_hook;        // empty: the built-in all-reduce
   std::shared_ptr<Timeline> timeline;  // null: none (DDP_TIMELINE unset)
+  std::unique_ptr<StallInspector> stall;  // null: off
   int64_t backward_start_us = 0;
 
   std::vector<Slot> slots;
@@ -165,6 +168,19 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       }
       b.pending = vars.size();
       buckets.push_back(std::move(b));
+    }
+    if (stall) {
+      // What each bucket holds, for the stall report; the usage map last.
+      std::vector<std::string> holds;
+      for (const auto& b : buckets) {
+        std::string s = std::to_string(b.vars.size()) + " parameter(s), " +
+                        std::to_string(b.contents.numel() * b.contents.element_size()) + " bytes: ";
+        for (size_t k = 0; k < b.vars.size() && k < 8; ++k) s += (k ? ", " : "") + names[b.vars[k]];
+        if (b.vars.size() > 8) s += ", ...";
+        holds.push_back(std::move(s));
+      }
+      holds.push_back("the map of parameters used on each rank");
+      stall->set_buckets(std::move(holds));
     }
     stats.num_buckets = buckets.size();
     stats.bucket_bytes.clear();
@@ -323,6 +339,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       const size_t index = next_bucket++;
       auto& b = buckets[index];
+      // Before the collective starts: its end can then never precede it.
+      if (timeline) b.launch_us = timeline->now_us();
       if (comm_hook) {
         // As PyTorch, the hook runs at every world size, one included.
         std::vector<at::Tensor> members;
@@ -358,7 +376,6 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
   void note_launch(size_t k) {
     auto& b = buckets[k];
-    b.launch_us = timeline->now_us();
     const std::string args = bucket_args(k);
     timeline->instant(Timeline::Row::communication, "bucket " + std::to_string(k) + " launched", b.launch_us, args);
     // The backend's thread reports the end; it must not take this reducer's
@@ -481,13 +498,21 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
 
     const auto wait_start = Clock::now();
     const int64_t wait_start_us = timeline ? timeline->now_us() : 0;
+    struct DoneWaiting {  // also when a wait throws
+      StallInspector* stall;
+      ~DoneWaiting() {
+        if (stall) stall->done_waiting();
+      }
+    } done_waiting{stall.get()};
     for (size_t k = 0; k < buckets.size(); ++k) {
       auto& b = buckets[k];
+      if (stall) stall->waiting(stats.iterations, static_cast<int>(k), static_cast<int>(next_bucket));
       b.work.wait();
       if (b.future.valid()) take_hook_result(k, b.future.wait());
       if (timeline && !b.end_reported)
         timeline->communication_done("bucket " + std::to_string(k), b.launch_us, bucket_args(k));
     }
+    if (stall) stall->waiting(stats.iterations, static_cast<int>(buckets.size()), static_cast<int>(next_bucket));
     used_work.wait();
     const auto wait_end = Clock::now();
     if (timeline) {
@@ -628,6 +653,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.marked.assign(s.params.size(), 0);
   s.locally_used.assign(s.params.size(), 0);
   s.hook_counts.assign(s.params.size(), 0);
+  if (const auto threshold = StallInspector::threshold_for(options.stall_check_seconds(), *s.pg);
+      threshold.count() > 0 && s.pg->size() > 1) {
+    static std::atomic<int> models{0};
+    s.stall = std::make_unique<StallInspector>(s.pg, threshold, models++);
+  }
   s.register_hooks();
   // As PyTorch 1.13, a static graph starts with one bucket per dtype, as
   // when find_unused_parameters is off: its first iteration reduces after

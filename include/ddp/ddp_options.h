@@ -50,6 +50,12 @@ struct DistributedDataParallelOptions {
   // parameter in several reentrant backward passes. A graph that changes
   // afterwards is a UsageError naming the parameter.
   TORCH_ARG(bool, static_graph) = false;
+  // When this rank has waited this many seconds for a bucket's all-reduce,
+  // it prints which ranks have not launched the bucket and which parameters
+  // the bucket holds (Horovod's stall inspector); the process group's
+  // timeout still ends the job. 0 turns it off; kept below that timeout;
+  // DDP_STALL_CHECK_TIME_SECONDS overrides. Not in PyTorch.
+  TORCH_ARG(double, stall_check_seconds) = 60.0;
   // .grad aliases the bucket storage: no copy in or out, and no second copy
   // of every gradient in memory. On by default here (off in PyTorch) because
   // it is faster and smaller; see docs/design.md.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
@@ -62,6 +63,9 @@ class ProcessGroup {
   // Blocking: every rank's tensor (same shape on all ranks), in rank order.
   virtual std::vector<at::Tensor> allgather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
+  // The rendezvous store the group was made with, for notes that must not
+  // wait for a collective (the stall inspector); null where there is none.
+  virtual c10::intrusive_ptr<c10d::Store> store() const { return {}; }
 };
 
 struct ProcessGroupOptions {

@@ -26,6 +26,7 @@ class CountingProcessGroup : public ProcessGroup {
   }
   std::vector<at::Tensor> allgather(const at::Tensor& t) override { return inner_->allgather(t); }
   void barrier() override { inner_->barrier(); }
+  c10::intrusive_ptr<c10d::Store> store() const override { return inner_->store(); }
 
   std::atomic<int64_t> allreduces{0}, broadcasts{0}, allreduced_bytes{0};
 

@@ -94,6 +94,27 @@ TEST_P(DDPWorld, TimelineTraceHasEveryBucketInOrderOnOneTimeBase) {
   std::filesystem::remove_all(dir);
 }
 
+// Rank 1 stops (SIGSTOP) for 4 s before a backward; with a 1 s stall check
+// every other rank names it, and the bucket it waits for, long before the
+// group's timeout; then rank 1 goes on and the job ends normally.
+TEST_P(DDPWorld, StallInspectorNamesTheRankThatHasNotLaunchedTheBucket) {
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"stall", "--stop-seconds", "4"},
+                           {{"DDP_STALL_CHECK_TIME_SECONDS", "1"}});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  for (size_t rank = 0; rank < results.size(); ++rank) {
+    const auto& out = results[rank].output;
+    if (rank == 1) {
+      EXPECT_EQ(out.find("DDP stall"), std::string::npos) << describe(results);
+      continue;
+    }
+    EXPECT_NE(out.find("rank " + std::to_string(rank) + ": DDP stall: the all-reduce of bucket 0 of step 2"),
+              std::string::npos)
+        << describe(results);
+    EXPECT_NE(out.find("rank(s) 1 have not launched it"), std::string::npos) << describe(results);
+    EXPECT_NE(out.find("parameter(s)"), std::string::npos) << describe(results);
+  }
+}
+
 TEST_P(DDPWorld, CommHookTwiceOrAfterTheFirstBackwardIsAUsageError) {
   expect_all_pass(GetParam(), {"comm_hook_usage"});
 }

@@ -346,6 +346,7 @@ int main(int argc, char** argv) {
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
     else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
     else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
+    else if (scenario == "stall") rc = scenario_stall(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

@@ -143,4 +143,7 @@ int scenario_static_graph(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // timeline_scenario.cpp: steps under DDP_TIMELINE.
 int scenario_timeline(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// stall_scenario.cpp: rank 1 stops (SIGSTOP) for a while in step 2.
+int scenario_stall(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 }  // namespace ddp::testing
