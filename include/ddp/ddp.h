@@ -15,5 +15,6 @@
 #include "ddp/main_guard.h"
 #include "ddp/malloc_tuning.h"
 #include "ddp/object_collectives.h"
+#include "ddp/powersgd_hook.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"

@@ -344,6 +344,9 @@ int main(int argc, char** argv) {
     else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
     else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
+    else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
+    else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
+    else if (scenario == "powersgd_half") rc = scenario_powersgd_half(pg);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

@@ -137,4 +137,9 @@ int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // parity_scenario.cpp: the models of pytorch_ddp_parity.py.
 int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// powersgd_scenarios.cpp: the models of pytorch_powersgd_parity.py, and the hook's contract.
+int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg);
+int scenario_powersgd_half(std::shared_ptr<ProcessGroup> pg);
+
 }  // namespace ddp::testing
