@@ -48,10 +48,11 @@ class PowerSGDHook : public ::testing::TestWithParam<int> {};
 }  // namespace
 
 // Bitwise: the same float operations in the same order on the same kernels
-// (bmm, linalg_qr, frobenius_norm, randn from the same seed on a CPU
-// generator), and Gloo's sums of the same tensors. The model's updates stay
-// within floating-point noise of each other only if every step is exact, so
-// no tolerance is needed, or given.
+// (bmm, linalg_qr, frobenius_norm, randn from the same seed on a fresh CPU
+// generator) and Gloo's sums of the same tensors, so no tolerance is given.
+// The PyTorch side makes the hook's all-reduces finish before they return:
+// as shipped, 1.13's hook deadlocks over Gloo with several buckets
+// (pytorch_powersgd_parity.py says why, and shows it changes no bits).
 TEST_P(PowerSGDParity, BitwiseEqualToPyTorchsPowerSGDHookAfter30Steps) {
   if (!have_pytorch())
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed and numpy is not installed (apt-get install python3-torch)";
