@@ -5,7 +5,7 @@
 // error feedback on and off, uncompressed layers, several buckets or one,
 // batched shapes, bucket views or copies), parameters bitwise equal and the
 // same compression statistics; the contract of GradBucket::gradients() it
-// relies on; and its error for float16 on CPUs.
+// relies on; its UsageErrors; and the program's global generator untouched.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -96,7 +96,11 @@ TEST_P(PowerSGDHook, GradientsAreRowMajorViewsOfTheBucketAndWritesIntoThemBecome
   expect_all_pass(GetParam(), {"powersgd_gradients"});
 }
 
-TEST_P(PowerSGDHook, Float16BucketOnCpuIsAUsageErrorOnEveryRank) { expect_all_pass(GetParam(), {"powersgd_half"}); }
+TEST_P(PowerSGDHook, EarlyStartWithMemoryAndFloat16OnCpuAreUsageErrorsNamingTheRank) {
+  expect_all_pass(GetParam(), {"powersgd_usage"});
+}
+
+TEST_P(PowerSGDHook, GlobalGeneratorIsNeitherReadNorAdvanced) { expect_all_pass(GetParam(), {"powersgd_global_rng"}); }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, PowerSGDParity, ::testing::Values(2, 3),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -1,7 +1,7 @@
 // PowerSGD in ddp_worker: the model, data and optimizer of
 // pytorch_powersgd_parity.py trained by libddp's powerSGD_hook, case by case;
-// what a hook's gradients() are; and the hook's error for a dtype it cannot
-// compress.
+// what a hook's gradients() are; its UsageErrors; and the program's global
+// generator left alone.
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
@@ -210,12 +210,24 @@ int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg) {
   return 0;
 }
 
-// float16 gradients (here through fp16_compress_wrapper) on CPUs: LibTorch
-// has no float16 bmm there. A UsageError on every rank alike, from the first
-// backward, naming the rank, the bucket and the dtype, with what to use
-// instead; no rank is left waiting in a collective.
-int scenario_powersgd_half(std::shared_ptr<ProcessGroup> pg) {
+// Misuse, on every rank alike and before any collective: a state that would
+// remember tensors across the bucket rebuild (PyTorch's ValueError), and
+// float16 gradients (here through fp16_compress_wrapper) on CPUs, where
+// LibTorch has no float16 bmm. UsageErrors naming the rank and what to do;
+// the dtype one from the first backward, leaving no rank in a collective.
+int scenario_powersgd_usage(std::shared_ptr<ProcessGroup> pg) {
   const int rank = pg->rank(), world = pg->size();
+  const std::string rank_prefix = "rank " + std::to_string(rank) + ": ";
+  try {
+    ddp::hooks::PowerSGDState state(pg, PowerSGDOptions().start_powerSGD_iter(1));
+    throw Fail("start_powerSGD_iter(1) with error feedback and warm start was accepted");
+  } catch (const ddp::UsageError& e) {
+    const std::string what = e.what();
+    std::cout << "caught: " << what << std::endl;
+    EXPECT_OR_FAIL(what.find(rank_prefix + "PowerSGDState: ") == 0, "names the rank");
+    EXPECT_OR_FAIL(what.find("start_powerSGD_iter(2)") != std::string::npos, "says what to do");
+  }
+
   PowerSGDNet net;
   init_powersgd_net(net);
   ddp::DistributedDataParallel model(net, pg);
@@ -227,13 +239,35 @@ int scenario_powersgd_half(std::shared_ptr<ProcessGroup> pg) {
   } catch (const ddp::UsageError& e) {
     const std::string what = e.what();
     std::cout << "caught: " << what << std::endl;
-    EXPECT_OR_FAIL(what.find("rank " + std::to_string(rank)) == 0, "names the rank");
+    EXPECT_OR_FAIL(what.find(rank_prefix + "powerSGD_hook: ") == 0, "names the rank");
     EXPECT_OR_FAIL(what.find("Half") != std::string::npos, "names the dtype");
     EXPECT_OR_FAIL(what.find("float32") != std::string::npos, "says what to use");
     pg->barrier();  // every rank got here: none is stuck in a collective
     return 0;
   }
   throw Fail("a float16 bucket on the CPU was not refused");
+}
+
+// The program's random numbers are its own: with a random Q drawn in every
+// compressed iteration (no warm start), the global generator gives after
+// training what it would have given without it.
+int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank(), world = pg->size();
+  PowerSGDNet net;
+  init_powersgd_net(net);
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().first_bucket_mb(0.0005).bucket_cap_mb(0.008));
+  model.register_comm_hook(
+      ddp::hooks::PowerSGDState(pg, PowerSGDOptions().start_powerSGD_iter(0).use_error_feedback(false).warm_start(false)),
+      ddp::hooks::powerSGD_hook);
+  torch::manual_seed(7);
+  for (int step = 0; step < 5; ++step) {
+    auto [x, y] = powersgd_batch(step, 4 * world);
+    torch::mse_loss(model(x.narrow(0, 4 * rank, 4)), y.narrow(0, 4 * rank, 4)).backward();
+  }
+  const auto after_training = torch::randn({64});
+  torch::manual_seed(7);
+  EXPECT_OR_FAIL(torch::equal(after_training, torch::randn({64})), "PowerSGD drew from the global generator");
+  return 0;
 }
 
 }  // namespace ddp::testing

@@ -140,6 +140,7 @@ int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // powersgd_scenarios.cpp: the models of pytorch_powersgd_parity.py, and the hook's contract.
 int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg);
-int scenario_powersgd_half(std::shared_ptr<ProcessGroup> pg);
+int scenario_powersgd_usage(std::shared_ptr<ProcessGroup> pg);
+int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
 
 }  // namespace ddp::testing
