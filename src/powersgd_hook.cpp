@@ -4,6 +4,7 @@
 #include <c10/util/StringUtil.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -108,7 +109,7 @@ struct InFlight {
 PowerSGDState::PowerSGDState(std::shared_ptr<ProcessGroup> process_group, PowerSGDOptions options)
     : process_group_(std::move(process_group)),
       options_(options),
-      rng_(static_cast<uint32_t>(options.random_seed() & 0xffffffff)) {
+      rng_(static_cast<uint32_t>(options.random_seed() & 0xffffffff)) {  // its range is checked below
   const std::string who = state_who(process_group_);
   check_usage(!((options_.use_error_feedback() || options_.warm_start()) && options_.start_powerSGD_iter() <= 1), who,
               "start_powerSGD_iter is ", options_.start_powerSGD_iter(),
@@ -119,7 +120,7 @@ PowerSGDState::PowerSGDState(std::shared_ptr<ProcessGroup> process_group, PowerS
               options_.matrix_approximation_rank(), "; use 1 or more (PyTorch suggests 1, 2, 4, ...).");
   check_usage(options_.random_seed() >= 0 && options_.random_seed() <= int64_t{0xffffffff}, who, "random_seed is ",
               options_.random_seed(), "; use a seed from 0 to 2^32 - 1, as numpy.random.RandomState, the same on every rank.");
-  check_usage(options_.min_compression_rate() == options_.min_compression_rate(), who,
+  check_usage(!std::isnan(options_.min_compression_rate()), who,
               "min_compression_rate is NaN; use a number such as 2 (the default).");
   check_usage(options_.orthogonalization_epsilon() >= 0, who, "orthogonalization_epsilon is ",
               options_.orthogonalization_epsilon(), "; use 0 (the default) or a small positive value such as 1e-8.");
