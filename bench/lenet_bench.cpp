@@ -9,10 +9,12 @@
 //   local           no communication while training: every process trains its
 //                   own model (a barrier before and after the timed loop only,
 //                   so that all processes load the cores at the same time)
-//   ddp             ddp::DistributedDataParallel (--hook allreduce|fp16: with
-//                   ddp::hooks::allreduce_hook or fp16_compress_hook registered;
-//                   hook_bytes in the RESULT line: the bytes the hook asked the
-//                   process group to all-reduce in one step)
+//   ddp             ddp::DistributedDataParallel (--hook allreduce|fp16|powersgd:
+//                   with ddp::hooks::allreduce_hook, fp16_compress_hook or
+//                   powerSGD_hook registered, the latter at rank --powersgd-rank
+//                   from the third step on; hook_bytes in the RESULT line: the
+//                   bytes the hook asked the process group to all-reduce in one
+//                   step)
 //   allreduce_each  after backward, for each parameter: allreduce(grad).wait()
 //                   and divide by the world size (pytorch/examples
 //                   cpp/distributed/dist-mnist.cpp's approach)
@@ -44,6 +46,7 @@
 
 #include "ddp/ddp.h"
 #include "ddp/default_hooks.h"
+#include "ddp/powersgd_hook.h"
 
 namespace {
 
@@ -138,7 +141,8 @@ struct Args {
   int threads = 1;
   int rounds = 10;  // interleaved: alternations
   int chunk = 10;   // interleaved: steps per mode per alternation
-  std::string hook = "none";  // ddp: none | allreduce | fp16 (a comm hook)
+  std::string hook = "none";  // ddp: none | allreduce | fp16 | powersgd (a comm hook)
+  int powersgd_rank = 1;      // --hook powersgd: matrix_approximation_rank
   std::string tag;  // echoed in the result line, for the driver
   bool trace_rss = false;  // current and peak RSS after every step, on stderr
   // DDPOptions::malloc_mmap_threshold_mb for ddp (unset: the library's
@@ -159,7 +163,8 @@ struct Args {
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
-               "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16 (ddp)]\n"
+               "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16|powersgd (ddp)]\n"
+               "         [--powersgd-rank R (--hook powersgd; from the third step on)]\n"
                "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
   std::exit(2);
 }
@@ -185,6 +190,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--chunk") a.chunk = std::stoi(v);
     else if (k == "--tag") a.tag = v;
     else if (k == "--hook") a.hook = v;
+    else if (k == "--powersgd-rank") a.powersgd_rank = std::stoi(v);
     else if (k == "--trace-rss") a.trace_rss = v != "0";
     else if (k == "--flush-denormal") a.flush_denormal = v != "0";
     else if (k == "--malloc-mmap-mb") a.malloc_mmap_mb = std::stod(v);
@@ -194,7 +200,9 @@ Args parse(int argc, char** argv) {
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "sync_only" &&
       a.mode != "interleaved")
     usage("unknown mode " + a.mode);
-  if (a.hook != "none" && a.hook != "allreduce" && a.hook != "fp16") usage("unknown hook " + a.hook);
+  if (a.hook != "none" && a.hook != "allreduce" && a.hook != "fp16" && a.hook != "powersgd")
+    usage("unknown hook " + a.hook);
+  if (a.powersgd_rank < 1) usage("--powersgd-rank >= 1");
   if (a.hook != "none" && a.mode != "ddp") usage("--hook needs --mode ddp");
   if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100") usage("unknown model " + a.model);
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
@@ -223,6 +231,29 @@ double median(std::vector<double> v) {
   size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
+
+// A process group that adds the bytes of every all-reduce to a counter.
+class ByteCountingGroup : public ddp::ProcessGroup {
+ public:
+  ByteCountingGroup(std::shared_ptr<ddp::ProcessGroup> inner, std::shared_ptr<int64_t> bytes)
+      : inner_(std::move(inner)), bytes_(std::move(bytes)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  torch::Device device() const override { return inner_->device(); }
+  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
+  ddp::Work allreduce(at::Tensor& tensor) override {
+    *bytes_ += tensor.numel() * tensor.element_size();
+    return inner_->allreduce(tensor);
+  }
+  ddp::Work broadcast(at::Tensor& tensor, int root) override { return inner_->broadcast(tensor, root); }
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override { return inner_->allgather(tensor); }
+  void barrier() override { inner_->barrier(); }
+
+ private:
+  std::shared_ptr<ddp::ProcessGroup> inner_;
+  std::shared_ptr<int64_t> bytes_;
+};
 
 // One way of training: its own model (same initial values), optimizer and
 // gradient synchronisation, and what its timed steps cost.
@@ -255,7 +286,15 @@ struct Trainer {
       if (a.malloc_mmap_mb) options.malloc_mmap_threshold_mb(*a.malloc_mmap_mb);
       if (a.retain_step_memory) options.retain_step_memory(*a.retain_step_memory);
       model = std::make_unique<DDP>(net, pg, options);
-      if (a.hook != "none") {
+      if (a.hook == "powersgd") {
+        // PowerSGD's collectives are its own (the uncompressed gradients, P,
+        // Q): a group that counts their bytes sees what it sends.
+        auto counting = std::make_shared<ByteCountingGroup>(pg, hook_bytes);
+        model->register_comm_hook(
+            ddp::hooks::PowerSGDState(
+                counting, ddp::hooks::PowerSGDOptions().matrix_approximation_rank(a.powersgd_rank).start_powerSGD_iter(2)),
+            ddp::hooks::powerSGD_hook);
+      } else if (a.hook != "none") {
         // Counts what each bucket sends: the bucket's size for allreduce_hook,
         // its float16 copy (2 bytes an element) for fp16_compress_hook.
         const bool fp16 = a.hook == "fp16";

@@ -18,7 +18,9 @@ ddp_malloc_auto (DDPOptions::malloc_mmap_threshold_mb(-1): glibc's
 thresholds fixed at the largest gradient), ddp_no_retain
 (retain_step_memory(false)), ddp_hook_allreduce and ddp_hook_fp16 (ddp with
 ddp::hooks::allreduce_hook or fp16_compress_hook registered; bf16_compress_hook
-is left out: Gloo in LibTorch 1.13 cannot sum bfloat16), pytorch_ddp
+is left out: Gloo in LibTorch 1.13 cannot sum bfloat16), ddp_hook_powersgd1
+and ddp_hook_powersgd4 (powerSGD_hook at rank 1 or 4 from the third step on:
+run them with --warmup 2 so that every timed step compresses), pytorch_ddp
 (python3-torch's DDP, same model).
 
 Bytes per step: "asked" is what the reducer or the hook handed to all-reduce
@@ -46,6 +48,8 @@ MODES = {
     "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
     "ddp_hook_allreduce": ("cpp", ["--mode", "ddp", "--hook", "allreduce"]),
     "ddp_hook_fp16": ("cpp", ["--mode", "ddp", "--hook", "fp16"]),
+    "ddp_hook_powersgd1": ("cpp", ["--mode", "ddp", "--hook", "powersgd", "--powersgd-rank", "1"]),
+    "ddp_hook_powersgd4": ("cpp", ["--mode", "ddp", "--hook", "powersgd", "--powersgd-rank", "4"]),
     "pytorch_ddp": ("py", ["--mode", "ddp"]),
 }
 

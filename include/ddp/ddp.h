@@ -15,6 +15,7 @@
 #include "ddp/main_guard.h"
 #include "ddp/malloc_tuning.h"
 #include "ddp/object_collectives.h"
+#include "ddp/powersgd_hook.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 #include "ddp/timeline.h"

@@ -347,6 +347,10 @@ int main(int argc, char** argv) {
     else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
     else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
     else if (scenario == "stall") rc = scenario_stall(pg, flags);
+    else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
+    else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
+    else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
+    else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

@@ -146,4 +146,10 @@ int scenario_timeline(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // stall_scenario.cpp: rank 1 stops (SIGSTOP) for a while in step 2.
 int scenario_stall(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// powersgd_scenarios.cpp: the models of pytorch_powersgd_parity.py, and the hook's contract.
+int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg);
+int scenario_powersgd_usage(std::shared_ptr<ProcessGroup> pg);
+int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
+
 }  // namespace ddp::testing
