@@ -137,4 +137,9 @@ int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // parity_scenario.cpp: the models of pytorch_ddp_parity.py.
 int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// join_scenarios.cpp: ddp::Join on uneven inputs (pytorch_join_parity.py's models).
+int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 }  // namespace ddp::testing
