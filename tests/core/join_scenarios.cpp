@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "counting_process_group.h"
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -228,6 +229,39 @@ int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
     return 0;
   }
   throw Fail("no UnevenInputsError with throw_on_early_termination");
+}
+
+// Join(enable(false)) asks for exactly the collectives of no Join at all;
+// an enabled Join on the same even inputs asks for more (its counts and
+// flags each forward), and both train alike.
+int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
+  auto train = [&](int mode) {  // 0: no Join, 1: Join(enable(false)), 2: Join
+    auto counting = std::make_shared<CountingProcessGroup>(pg);
+    JoinNet net("plain");  // BatchNorm's buffers would follow the highest rank under Join, rank 0 without
+    init_params(*net);
+    ddp::DistributedDataParallel model(net, counting, tiny_buckets());
+    torch::optim::SGD opt(net->parameters(), 0.05);
+    const int64_t before = counting->allreduces + counting->broadcasts;
+    auto loop = [&] {
+      for (int step = 0; step < 4; ++step) {
+        auto [x, y] = join_batch(step, pg->rank());
+        opt.zero_grad();
+        torch::mse_loss(model(x), y).backward();
+        opt.step();
+      }
+    };
+    if (mode == 0) loop();
+    else ddp::join({&model}, loop, ddp::JoinOptions().enable(mode == 2));
+    return std::make_pair(counting->allreduces + counting->broadcasts - before, state_bytes(*net));
+  };
+  const auto plain = train(0), disabled = train(1), enabled = train(2);
+  std::cout << "rank " << pg->rank() << ": collectives without Join " << plain.first << ", Join(enable(false)) "
+            << disabled.first << ", Join " << enabled.first << std::endl;
+  EXPECT_OR_FAIL(disabled.first == plain.first, "Join(enable(false)) changed the collectives");
+  EXPECT_OR_FAIL(enabled.first > plain.first, "an enabled Join added no collective");
+  EXPECT_OR_FAIL(disabled.second == plain.second && enabled.second == plain.second,
+                 "even inputs train alike with and without Join");
+  return 0;
 }
 
 // Uneven inputs without Join: the early rank leaves (--after exit) or waits

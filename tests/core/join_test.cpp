@@ -98,6 +98,11 @@ TEST(Join, ThrowOnEarlyTerminationThrowsOnEveryRank) {
   }
 }
 
+TEST(Join, DisabledAsksForTheCollectivesOfNoJoin) {
+  auto ranks = run_ranks(2, DDP_WORKER, {"join_disabled"});
+  for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);
+}
+
 // Without Join, the rank with 7 batches finds its 6th backward's all-reduce
 // answered by nobody: the rank with 5 left (exit) or waits in a barrier. It
 // must fail, not hang, with an error naming it and saying what to do; within
