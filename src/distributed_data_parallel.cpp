@@ -213,8 +213,8 @@ void DistributedDataParallelBase::pre_forward() {
   // rebuild, buffers from the highest rank still training, whether backward
   // synchronises; joined ranks answer each (join_main_hook).
   const bool joined_up = join_config().enable;
-  auto nonjoined = Join::notify_join_context(*this);
-  if (nonjoined.valid()) reducer_->set_forward_pass_work(std::move(nonjoined), !divide_by_initial_world_size_);
+  // Outside Join this clears the last Join's count, so it cannot divide later backwards.
+  reducer_->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !divide_by_initial_world_size_);
   reducer_->prepare_for_forward();
   // As PyTorch: buffers follow rank 0 before a forward that follows a
   // synchronised one, so once per gradient-accumulation cycle.

@@ -138,6 +138,15 @@ std::string run_join_case(const std::string& name, const std::vector<int>& batch
     }
   }
   EXPECT_OR_FAIL(!model.join_config().enable, "Join's end leaves the model as without Join");
+  if (name == "no_divide") {
+    // Even steps after the Join divide by the world size again.
+    for (int step = 100; step < 102; ++step) {
+      auto [x, y] = join_batch(step, rank);
+      torch::mse_loss(model(x), y).backward();
+      opt.step();
+      opt.zero_grad();
+    }
+  }
   return state_bytes(*net);
 }
 
@@ -203,6 +212,24 @@ int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   ddp::DistributedDataParallel model(net, pg);
   torch::optim::SGD opt(net->parameters(), 0.05);
   int steps = 0;
+  if (flags["--user-throw"] == "1") {
+    // The loop throws on every rank: the guard's destructor runs during
+    // unwinding, must not shadow (nor throw: that would terminate).
+    try {
+      ddp::Join join({&model}, ddp::JoinOptions().throw_on_early_termination(true));
+      for (int step = 0; step < batches.at(rank); ++step) {
+        if (step == 2) throw std::runtime_error("the loop's own error");
+        auto [x, y] = join_batch(step, rank);
+        torch::mse_loss(model(x), y).backward();
+      }
+    } catch (const std::runtime_error& e) {
+      EXPECT_OR_FAIL(std::string(e.what()) == "the loop's own error", e.what());
+      EXPECT_OR_FAIL(!model.join_config().enable, "the guard resets the model during unwinding too");
+      std::cout << "rank " << rank << ": the loop's error went through Join" << std::endl;
+      return 0;
+    }
+    throw Fail("the loop's error was lost");
+  }
   try {
     ddp::join({&model}, [&] {
       for (int step = 0; step < batches.at(rank); ++step) {

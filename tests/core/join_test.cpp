@@ -98,6 +98,11 @@ TEST(Join, ThrowOnEarlyTerminationThrowsOnEveryRank) {
   }
 }
 
+TEST(Join, AGuardLeftByAnExceptionLetsItThroughWithoutShadowing) {
+  auto ranks = run_ranks(2, DDP_WORKER, {"join_throw", "--batches", "5,7", "--user-throw", "1"});
+  for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);
+}
+
 TEST(Join, DisabledAsksForTheCollectivesOfNoJoin) {
   auto ranks = run_ranks(2, DDP_WORKER, {"join_disabled"});
   for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);

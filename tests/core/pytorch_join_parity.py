@@ -119,6 +119,13 @@ def run_case(case, rank, batches):
             mse(model(x, use_extra), y).backward()
             opt.step()
             opt.zero_grad()
+    if case == "no_divide":
+        # Even steps after the Join divide by the world size again.
+        for step in range(100, 102):
+            x, y = batch(step, rank)
+            mse(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
     return state_bytes(net)
 
 
