@@ -221,7 +221,8 @@ void DistributedDataParallelBase::pre_forward() {
   if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
     broadcast_coalesced(*pg_, buffers_, joined_up ? find_common_rank(true) : 0);
   if (joined_up) {
-    auto requires_sync = torch::full({1}, reducer_->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
+    auto requires_sync =
+        torch::full({1}, reducer_->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
     join_sync_work_ = pg_->allreduce(requires_sync);
   }
   if (step_memory_pending_) bytes_before_first_forward_ = malloc_bytes_in_use();
@@ -264,10 +265,12 @@ std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptio
 // The highest rank among the candidates, agreed by all (PyTorch's
 // _find_common_rank, a MAX all-reduce; our group sums only, so an allgather).
 int DistributedDataParallelBase::find_common_rank(bool candidate) {
-  auto mine = torch::full({1}, candidate ? pg_->rank() : -1, torch::TensorOptions().dtype(torch::kInt64).device(pg_->device()));
+  auto mine = torch::full({1}, candidate ? pg_->rank() : -1,
+                          torch::TensorOptions().dtype(torch::kInt64).device(pg_->device()));
   int64_t common = -1;
   for (const auto& t : pg_->allgather(mine)) common = std::max(common, t.item<int64_t>());
-  TORCH_CHECK(common >= 0, "rank ", pg_->rank(), ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
+  TORCH_CHECK(common >= 0, "rank ", pg_->rank(),
+              ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
   return static_cast<int>(common);
 }
 

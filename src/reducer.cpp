@@ -507,7 +507,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       if (f.valid()) f.wait();
     if (options.find_unused_parameters() && pg->size() > 1) {
       if (!used_map.defined())
-        used_map = torch::zeros({static_cast<int64_t>(params.size())}, torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
+        used_map = torch::zeros({static_cast<int64_t>(params.size())},
+                                torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
       pg->allreduce(used_map).wait();
     }
     if (should_rebuild()) {
