@@ -3,6 +3,7 @@
 // throw_on_early_termination; and uneven inputs without Join.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -288,6 +289,74 @@ int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
   EXPECT_OR_FAIL(enabled.first > plain.first, "an enabled Join added no collective");
   EXPECT_OR_FAIL(disabled.second == plain.second && enabled.second == plain.second,
                  "even inputs train alike with and without Join");
+  return 0;
+}
+
+// A Joinable of the user's own beside DDP, as a sharded optimizer would be:
+// a running loss sum all-reduced once per iteration. Joined ranks answer with
+// zeros, so every rank ends with the sum over every batch of every rank.
+class LossMeter : public ddp::Joinable {
+ public:
+  explicit LossMeter(std::shared_ptr<ddp::ProcessGroup> pg) : pg_(std::move(pg)) {}
+  void add(double loss) {
+    ddp::Join::notify_join_context(*this);  // not Join's first joinable: nothing to do, as PyTorch
+    auto t = torch::tensor({loss, 1.0}, torch::kDouble);
+    pg_->allreduce(t).wait();
+    total += t[0].item<double>();
+    count += static_cast<int64_t>(t[1].item<double>());
+  }
+  std::unique_ptr<ddp::JoinHook> join_hook(const ddp::JoinOptions&) override {
+    struct Hook : ddp::JoinHook {
+      LossMeter& meter;
+      explicit Hook(LossMeter& m) : meter(m) {}
+      void main_hook() override {
+        auto zeros = torch::zeros({2}, torch::kDouble);
+        meter.pg_->allreduce(zeros).wait();
+        meter.total += zeros[0].item<double>();
+        meter.count += static_cast<int64_t>(zeros[1].item<double>());
+      }
+    };
+    return std::make_unique<Hook>(*this);
+  }
+  ddp::ProcessGroup& join_process_group() override { return *pg_; }
+  double total = 0;
+  int64_t count = 0;
+
+ private:
+  std::shared_ptr<ddp::ProcessGroup> pg_;
+};
+
+int scenario_join_custom(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
+  const auto batches = parse_batches(flags["--batches"]);
+  const int rank = pg->rank();
+  JoinNet net("plain");
+  init_params(*net);
+  ddp::DistributedDataParallel model(net, pg, tiny_buckets());
+  torch::optim::SGD opt(net->parameters(), 0.05);
+  LossMeter meter(pg);
+  double mine = 0;
+  ddp::join({&model, &meter}, [&] {
+    for (int step = 0; step < batches.at(rank); ++step) {
+      auto [x, y] = join_batch(step, rank);
+      opt.zero_grad();
+      auto loss = torch::mse_loss(model(x), y);
+      loss.backward();
+      opt.step();
+      mine += loss.item<double>();
+      meter.add(loss.item<double>());
+    }
+  });
+  EXPECT_OR_FAIL(!meter.join_config().enable && !model.join_config().enable, "Join's end resets every joinable");
+  auto all = pg->allgather(torch::tensor({mine}, torch::kDouble));
+  double expected = 0;
+  for (const auto& t : all) expected += t.item<double>();
+  int64_t expected_count = 0;
+  for (int b : batches) expected_count += b;
+  std::cout << "rank " << rank << ": meter " << meter.total << " over " << meter.count << " batches, expected "
+            << expected << " over " << expected_count << std::endl;
+  EXPECT_OR_FAIL(meter.count == expected_count, "the meter counted every batch of every rank");
+  EXPECT_OR_FAIL(std::abs(meter.total - expected) < 1e-9 * std::max(1.0, std::abs(expected)), "the meter's sum");
+  expect_same_across_ranks(*pg, net->parameters(), "parameters after Join");
   return 0;
 }
 

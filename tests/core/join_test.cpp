@@ -103,6 +103,13 @@ TEST(Join, AGuardLeftByAnExceptionLetsItThroughWithoutShadowing) {
   for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);
 }
 
+// A Joinable of one's own (a loss meter all-reduced every iteration) beside
+// DDP: joined ranks answer its all-reduce too, in the joinables' order.
+TEST(Join, AJoinableOfOnesOwnTakesPartBesideTheModel) {
+  auto ranks = run_ranks(3, DDP_WORKER, {"join_custom", "--batches", "5,7,9"});
+  for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);
+}
+
 TEST(Join, DisabledAsksForTheCollectivesOfNoJoin) {
   auto ranks = run_ranks(2, DDP_WORKER, {"join_disabled"});
   for (const auto& r : ranks) EXPECT_EQ(r.exit_code, 0) << describe(ranks);

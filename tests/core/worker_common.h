@@ -142,5 +142,6 @@ int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_disabled(std::shared_ptr<ProcessGroup> pg);
+int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
 }  // namespace ddp::testing
