@@ -6,8 +6,10 @@
 // rebuild that reorders, divide_by_initial_world_size(false),
 // find_unused_parameters, no_sync, BatchNorm buffers, comm hooks, a rank that
 // joins before the rebuild, enable(false) on even inputs, DistributedSampler
-// without padding). throw_on_early_termination makes every rank throw; and
-// without Join, uneven inputs end in an error that says to use it.
+// without padding). throw_on_early_termination makes every rank throw; a
+// guard left by the loop's exception lets it through; enable(false) asks for
+// no collective of its own; a Joinable of one's own takes part beside DDP;
+// and without Join, uneven inputs end in an error that says to use it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
