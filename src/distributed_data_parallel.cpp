@@ -189,6 +189,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   refuse_sparse_gradients(*module_, pg_->rank());
   for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
   state.insert(state.end(), buffers_.begin(), buffers_.end());
+  state_ = state;
 
   const bool reducer_params_are_cpu = params.front().is_cpu();
   if (reducer_params_are_cpu) {
@@ -228,17 +229,30 @@ void DistributedDataParallelBase::pre_forward() {
   // communication at all, so rank-0-only evaluation through the wrapper works.
   if (!torch::GradMode::is_enabled()) return;
   if (timeline_) forward_start_us_ = timeline_->now_us();
+  // Under ddp::Join, PyTorch's order: count the ranks still training, the
+  // rebuild, buffers from the highest rank still training, whether backward
+  // synchronises; joined ranks answer each (join_main_hook).
+  const bool joined_up = join_config().enable;
+  // Outside Join this clears the last Join's count, so it cannot divide later backwards.
+  reducer_->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !divide_by_initial_world_size_);
   reducer_->prepare_for_forward();
   // As PyTorch: buffers follow rank 0 before a forward that follows a
   // synchronised one, so once per gradient-accumulation cycle.
   if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
-    broadcast_coalesced(*pg_, buffers_, 0);
+    broadcast_coalesced(*pg_, buffers_, joined_up ? find_common_rank(true) : 0);
+  if (joined_up) {
+    auto requires_sync =
+        torch::full({1}, reducer_->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
+    join_sync_work_ = pg_->allreduce(requires_sync);
+  }
   if (step_memory_pending_) bytes_before_first_forward_ = malloc_bytes_in_use();
 }
 
 void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
   if (!torch::GradMode::is_enabled()) return;
   if (timeline_) timeline_->span(Timeline::Row::compute, "forward", forward_start_us_, timeline_->now_us());
+  join_sync_work_.wait();
+  join_sync_work_ = Work();
   require_forward_param_sync_ = reducer_->sync();
   if (step_memory_pending_) {
     // The forward's activations are all alive now: what they take tells
@@ -249,6 +263,54 @@ void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& ou
     if (now > bytes_before_first_forward_) retain_step_memory(now - bytes_before_first_forward_);
   }
   reducer_->prepare_for_backward(outputs);
+}
+
+// ---- ddp::Join ----------------------------------------------------------------
+
+// As PyTorch's _DDPJoinHook.
+class DDPJoinHook : public JoinHook {
+ public:
+  explicit DDPJoinHook(DistributedDataParallelBase& ddp) : ddp_(ddp) {}
+  void main_hook() override { ddp_.join_main_hook(); }
+  void post_hook(bool is_last_joiner) override { ddp_.join_post_hook(is_last_joiner); }
+
+ private:
+  DistributedDataParallelBase& ddp_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  divide_by_initial_world_size_ = options.divide_by_initial_world_size();
+  return std::make_unique<DDPJoinHook>(*this);
+}
+
+// The highest rank among the candidates, agreed by all (PyTorch's
+// _find_common_rank, a MAX all-reduce; our group sums only, so an allgather).
+int DistributedDataParallelBase::find_common_rank(bool candidate) {
+  auto mine = torch::full({1}, candidate ? pg_->rank() : -1,
+                          torch::TensorOptions().dtype(torch::kInt64).device(pg_->device()));
+  int64_t common = -1;
+  for (const auto& t : pg_->allgather(mine)) common = std::max(common, t.item<int64_t>());
+  TORCH_CHECK(common >= 0, "rank ", pg_->rank(),
+              ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
+  return static_cast<int>(common);
+}
+
+// One iteration of the ranks still training, as this rank's collectives.
+void DistributedDataParallelBase::join_main_hook() {
+  reducer_->join_shadow_forward();
+  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
+    broadcast_coalesced(*pg_, buffers_, find_common_rank(false));
+  auto requires_sync = torch::zeros({1}, torch::TensorOptions().device(pg_->device()));
+  pg_->allreduce(requires_sync).wait();
+  const bool should_sync = requires_sync.item<float>() != 0;
+  // A forward that skips sync (no_sync) skips the next buffer broadcast too.
+  require_forward_param_sync_ = should_sync;
+  if (should_sync) reducer_->join_shadow_backward();
+}
+
+// Every rank takes the model of the highest rank among the last to finish.
+void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
+  broadcast_coalesced(*pg_, state_, find_common_rank(is_last_joiner));
 }
 
 }  // namespace ddp

@@ -31,7 +31,11 @@ void Work::wait() {
   } catch (const std::exception& e) {
     throw CommError("rank " + std::to_string(rank_) + ": " + op_ + " failed: " + e.what() +
                     "\n  (a peer may have died or be stuck; its own log says why. The process group's "
-                    "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))");
+                    "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))"
+                    "\n  If ranks may have different numbers of batches (uneven inputs), a rank that finished "
+                    "early has left, or gone on to another collective, while this one still trains: wrap the "
+                    "training loop in ddp::Join (ddp/join.h), or give every rank the same number of batches "
+                    "(DistributedSampler's padding, the default, or drop_last).");
   }
 }
 

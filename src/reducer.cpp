@@ -95,6 +95,12 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   ReducerStats stats;
   mutable std::mutex mutex;
 
+  // ddp::Join: the divisor of this backward's gradients, read from the
+  // forward's count of ranks still training (0: not read yet).
+  CommFuture nonjoined;
+  bool divide_by_nonjoined = false;
+  int64_t div_factor = 0;
+
   std::string who() const { return "rank " + std::to_string(pg->rank()) + ": DistributedDataParallel: "; }
   // As PyTorch 1.13: a static graph rebuilds after its second iteration
   // (the first records no ready order), whatever find_unused_parameters says.
@@ -291,6 +297,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
                 "parameters were used by two reentrant backward passes, or the module's output was used in two "
                 "backward calls.");
     marked[i] = 1;
+    divide_factor();
     const auto& slot = slots[i];
     auto& bucket = buckets[slot.bucket];
     copy_grad_to_bucket(i, bucket.views[slot.index]);
@@ -324,14 +331,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       }
       return;
     }
+    const int64_t div = divide_factor();
     if (!is_alias(grad, view)) {
       if (grad.requires_grad())
-        view.copy_(grad.detach().div(pg->size()));
+        view.copy_(grad.detach().div(div));
       else
-        at::mul_out(view, grad, inverse_world);
+        at::mul_out(view, grad, div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div));
       if (options.gradient_as_bucket_view()) grad = view;
-    } else if (pg->size() > 1) {
-      view.div_(pg->size());
+    } else if (div > 1) {
+      view.div_(div);
     }
   }
 
@@ -451,6 +459,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     }
     used_work = Work();
     next_bucket = 0;
+    div_factor = 0;
     expect_hooks = false;
     unused_marked = false;
     timing = false;
@@ -609,6 +618,63 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     stats.buckets_rebuilt = true;
   }
 
+  // ---- ddp::Join --------------------------------------------------------
+
+  // As PyTorch's set_divide_factor: the world size, or under Join with
+  // divide_by_initial_world_size(false) the ranks still training.
+  int64_t divide_factor() {
+    if (div_factor == 0) {
+      div_factor = pg->size();
+      if (divide_by_nonjoined && nonjoined.valid())
+        div_factor = static_cast<int64_t>(nonjoined.wait().item<float>());
+    }
+    return div_factor;
+  }
+
+  // A joined rank's zeros for each bucket, in the order the others launch
+  // them, then its used map (the last one it reduced, as PyTorch's
+  // local_used_map_dev_); its rebuild order, if still pending, is the
+  // parameters' (PyTorch's _push_all_rebuilt_params).
+  void shadow_backward() {
+    torch::NoGradGuard no_grad;
+    // The others' iteration counts as this rank's: a static graph's first
+    // iteration reduces the used map first and rebuilds nothing, later ones
+    // reduce no map.
+    if (sync) ++sync_forwards;
+    if (static_first_iteration() && pg->size() > 1) {
+      auto zeros = torch::zeros({static_cast<int64_t>(params.size())},
+                                torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
+      pg->allreduce(zeros).wait();
+    }
+    std::vector<Work> works;
+    std::vector<CommFuture> futures;
+    for (size_t k = 0; k < buckets.size(); ++k) {
+      auto zeros = at::zeros_like(buckets[k].contents);
+      if (comm_hook) {
+        std::vector<at::Tensor> members;
+        for (size_t i : buckets[k].vars) members.push_back(params[i]);
+        GradBucket bucket(k, buckets.size(), zeros, std::move(members));
+        futures.push_back(comm_hook(bucket));
+      } else if (pg->size() > 1) {
+        works.push_back(pg->allreduce(zeros));
+      }
+    }
+    for (auto& w : works) w.wait();
+    for (auto& f : futures)
+      if (f.valid()) f.wait();
+    if (dynamic_find_unused() && pg->size() > 1) {
+      if (!used_map.defined())
+        used_map = torch::zeros({static_cast<int64_t>(params.size())},
+                                torch::TensorOptions().dtype(torch::kInt32).device(pg->device()));
+      pg->allreduce(used_map).wait();
+    }
+    if (should_rebuild() && !static_first_iteration()) {
+      if (ready_order.empty())
+        for (size_t i = 0; i < params.size(); ++i) ready_order.push_back(i);
+      rebuild_pending = true;
+    }
+  }
+
   void find_unused(const std::vector<at::Tensor>& outputs) {
     std::unordered_set<torch::autograd::Node*> seen;
     std::vector<torch::autograd::Node*> stack;
@@ -726,6 +792,28 @@ void Reducer::set_timeline(std::shared_ptr<Timeline> timeline) {
 bool Reducer::has_comm_hook() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   return static_cast<bool>(impl_->comm_hook);
+}
+
+void Reducer::set_forward_pass_work(CommFuture nonjoined, bool divide_by_nonjoined) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto& s = *impl_;
+  if (s.nonjoined.valid()) s.nonjoined.wait();  // the last forward's count: every rank launched it
+  s.nonjoined = std::move(nonjoined);
+  s.divide_by_nonjoined = divide_by_nonjoined;
+}
+
+void Reducer::join_shadow_forward() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto& s = *impl_;
+  if (s.rebuild_pending) {
+    s.rebuild_pending = false;
+    s.rebuild_buckets();
+  }
+}
+
+void Reducer::join_shadow_backward() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->shadow_backward();
 }
 
 const ReducerStats& Reducer::stats() const { return impl_->stats; }

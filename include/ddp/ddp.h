@@ -11,6 +11,7 @@
 #include "ddp/distributed_sampler.h"
 #include "ddp/errors.h"
 #include "ddp/hostlist.h"
+#include "ddp/join.h"
 #include "ddp/launch_env.h"
 #include "ddp/main_guard.h"
 #include "ddp/malloc_tuning.h"

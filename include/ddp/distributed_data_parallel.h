@@ -18,6 +18,7 @@
 
 #include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
+#include "ddp/join.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 #include "ddp/timeline.h"
@@ -52,7 +53,8 @@ void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 // What every DistributedDataParallel<M> has, whatever M: its options, its
 // process group, the reducer's statistics and no_sync(). Code that handles
 // wrapped models of different types can take a DistributedDataParallelBase&.
-class DistributedDataParallelBase {
+// A Joinable: ddp::join({&model}, loop) trains on uneven inputs (ddp/join.h).
+class DistributedDataParallelBase : public Joinable {
  public:
   DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DistributedDataParallelOptions options);
   virtual ~DistributedDataParallelBase();
@@ -97,6 +99,12 @@ class DistributedDataParallelBase {
         [shared, hook = std::move(hook)](GradBucket& bucket) -> CommFuture { return hook(*shared, bucket); });
   }
 
+  // Joinable (ddp/join.h): the hook that shadows this model's collectives on
+  // a rank that ran out of inputs, and syncs the final model from the last
+  // rank to finish. As PyTorch's DistributedDataParallel.join_hook().
+  std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
+  ProcessGroup& join_process_group() override { return *pg_; }
+
  protected:
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
@@ -106,9 +114,18 @@ class DistributedDataParallelBase {
   std::shared_ptr<ProcessGroup> pg_;
   DistributedDataParallelOptions options_;
   std::vector<at::Tensor> buffers_;
+  std::vector<at::Tensor> state_;  // parameters, then buffers: what the final Join sync broadcasts
   std::unique_ptr<Reducer> reducer_;
   std::shared_ptr<Timeline> timeline_;
   int64_t forward_start_us_ = 0;
+  // ddp::Join: this model's hook, and the forward's all-reduce telling joined
+  // ranks whether the backward synchronises.
+  friend class DDPJoinHook;
+  bool divide_by_initial_world_size_ = true;
+  Work join_sync_work_;
+  int find_common_rank(bool candidate);
+  void join_main_hook();
+  void join_post_hook(bool is_last_joiner);
   bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
   // Bytes malloc had handed out before the first forward that builds a graph,
   // and whether that forward is still to tell retain_step_memory() its size.

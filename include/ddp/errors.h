@@ -40,6 +40,13 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// ddp::Join with throw_on_early_termination: a rank ran out of inputs, and
+// every rank stops (ddp/join.h). As PyTorch's RuntimeError there.
+class UnevenInputsError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A missing, unreadable or malformed data file; the message names the file,
 // what is wrong with it and what to do.
 class DataError : public Error {

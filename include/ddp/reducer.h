@@ -60,6 +60,17 @@ class Reducer {
 
   // Records each backward's buckets on `timeline` (null: stop).
   void set_timeline(std::shared_ptr<Timeline> timeline);
+  // ddp::Join (ddp/join.h). `nonjoined` is this forward's count of the ranks
+  // still training; with divide_by_nonjoined the next synchronised backward
+  // divides by it instead of the world size (PyTorch's
+  // _set_forward_pass_work_handle).
+  void set_forward_pass_work(CommFuture nonjoined, bool divide_by_nonjoined);
+  // A rank that ran out of inputs, in step with the others: the rebuild
+  // broadcast their forward may do, and their synchronised backward's
+  // collectives (zeros for each bucket, in bucket order, through the comm hook
+  // if any; the used-parameter map with find_unused_parameters).
+  void join_shadow_forward();
+  void join_shadow_backward();
 
   const ReducerStats& stats() const;
   // Bucket membership as parameter indices, in launch order (for tests and docs).

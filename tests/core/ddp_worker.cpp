@@ -351,6 +351,11 @@ int main(int argc, char** argv) {
     else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
     else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
     else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
+    else if (scenario == "join_parity") rc = scenario_join_parity(pg, flags);
+    else if (scenario == "join_throw") rc = scenario_join_throw(pg, flags);
+    else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
+    else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
+    else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

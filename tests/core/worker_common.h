@@ -152,4 +152,11 @@ int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg);
 int scenario_powersgd_usage(std::shared_ptr<ProcessGroup> pg);
 int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
 
+// join_scenarios.cpp: ddp::Join on uneven inputs (pytorch_join_parity.py's models).
+int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_join_disabled(std::shared_ptr<ProcessGroup> pg);
+int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
+
 }  // namespace ddp::testing
