@@ -385,7 +385,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void note_launch(size_t k) {
     auto& b = buckets[k];
     const std::string args = bucket_args(k);
-    timeline->instant(Timeline::Row::communication, "bucket " + std::to_string(k) + " launched", b.launch_us, args);
+    timeline->bucket_launched(static_cast<int>(k), b.launch_us, args);
     // The backend's thread reports the end; it must not take this reducer's
     // lock, which the thread waiting for that end may hold.
     std::weak_ptr<Timeline> weak = timeline;

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "ddp/object_collectives.h"
@@ -126,6 +127,13 @@ void Timeline::instant(Row row, std::string name, int64_t at_us, std::string arg
   events_.push_back({'i', row, at_us, 0, step_, std::move(name), std::move(args)});
 }
 
+void Timeline::bucket_launched(int bucket, int64_t at_us, std::string args) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({'i', Row::communication, at_us, 0, step_, "bucket " + std::to_string(bucket) + " launched",
+                     std::move(args)});
+  launches_.push_back({step_, bucket, at_us});
+}
+
 void Timeline::communication_done(std::string name, int64_t launch_us, std::string args) {
   const int64_t end = now_us();
   std::lock_guard<std::mutex> lock(mutex_);
@@ -165,7 +173,15 @@ void Timeline::write() {
   if (written_) return;
   written_ = true;
   const auto parts = all_gather_object(*pg_, events_json());
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& l : launches_)
+      mine += std::to_string(l.step) + " " + std::to_string(l.bucket) + " " + std::to_string(l.at_us) + "\n";
+  }
+  const auto launches = all_gather_object(*pg_, mine);
   if (pg_->rank() != 0) return;
+  write_skew_report(launches);
   std::string text = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   for (size_t r = 0; r < parts.size(); ++r) text += (r ? ",\n" : "") + parts[r];
   text += "\n]}\n";
@@ -185,6 +201,57 @@ void Timeline::write_own_part() noexcept {
   } catch (const std::exception& e) {
     std::cerr << "rank " << pg_->rank() << ": could not write the DDP timeline: " << e.what() << std::endl;
   }
+}
+
+void Timeline::write_skew_report(const std::vector<std::string>& launches) const {
+  const int world = static_cast<int>(launches.size());
+  // (step, bucket) -> every rank's launch; only those all ranks launched.
+  std::map<std::pair<int64_t, int>, std::vector<int64_t>> by_bucket;
+  for (int r = 0; r < world; ++r) {
+    std::istringstream in(launches[r]);
+    int64_t step, at;
+    int bucket;
+    while (in >> step >> bucket >> at) {
+      auto& v = by_bucket[{step, bucket}];
+      v.resize(world, -1);
+      v[r] = at;
+    }
+  }
+  std::string path = path_;
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) path.resize(path.size() - 5);
+  path += ".skew.csv";
+  std::ostringstream csv;
+  csv << "step,bucket,last_rank,lag_us";
+  for (int r = 0; r < world; ++r) csv << ",launch_us_rank" << r;
+  csv << "\n";
+  std::vector<int64_t> times_last(world, 0), lag_sum(world, 0), lag_max(world, 0);
+  int64_t counted = 0, steps = 0, last_step = -1;
+  for (const auto& [key, at] : by_bucket) {
+    if (std::count(at.begin(), at.end(), -1) > 0) continue;  // a rank that joined early
+    const auto last = std::max_element(at.begin(), at.end()) - at.begin();
+    const int64_t lag = at[last] - *std::min_element(at.begin(), at.end());
+    ++counted;
+    if (key.first != last_step) ++steps, last_step = key.first;
+    ++times_last[last];
+    lag_sum[last] += lag;
+    lag_max[last] = std::max(lag_max[last], lag);
+    csv << key.first << "," << key.second << "," << last << "," << lag;
+    for (int64_t t : at) csv << "," << t;
+    csv << "\n";
+  }
+  write_file_atomically(path, csv.str());
+  std::ostringstream table;
+  table << "rank 0: DDP skew over " << counted << " bucket launch(es) in " << steps
+        << " step(s): the last rank to launch a bucket, and by how much after the first (" << path << ")\n"
+        << "  rank   last   share   mean lag ms   max lag ms\n";
+  for (int r = 0; r < world; ++r) {
+    char line[128];
+    std::snprintf(line, sizeof line, "  %4d  %5lld  %5.1f %%  %11.3f  %11.3f\n", r,
+                  static_cast<long long>(times_last[r]), counted ? 100.0 * times_last[r] / counted : 0.0,
+                  times_last[r] ? lag_sum[r] / 1000.0 / times_last[r] : 0.0, lag_max[r] / 1000.0);
+    table << line;
+  }
+  std::cerr << table.str() << std::flush;
 }
 
 std::shared_ptr<Timeline> timeline_from_env(const std::shared_ptr<ProcessGroup>& pg) {

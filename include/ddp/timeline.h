@@ -43,6 +43,9 @@ class Timeline {
   void span(Row row, std::string name, int64_t start_us, int64_t end_us, std::string args = {});
   // A moment on a row. Thread-safe.
   void instant(Row row, std::string name, int64_t at_us, std::string args = {});
+  // Bucket `bucket` of the current step was launched at `at_us`: the
+  // launched instant, and a launch for the skew report.
+  void bucket_launched(int bucket, int64_t at_us, std::string args);
   // A collective launched at `launch_us` ended now: a span on the
   // communication row from when the link could start on it (its launch, or
   // the end of the collective before it) to now. Called on the backend's
@@ -60,8 +63,11 @@ class Timeline {
   const std::string& path() const { return path_; }
 
   // Collective: gathers every rank's events; rank 0 writes the trace
-  // (atomically: a temporary file renamed over `path`). Once; later calls do
-  // nothing. Throws CommError/UsageError naming the rank.
+  // (atomically: a temporary file renamed over `path`) and the skew report:
+  // for every step and bucket, the last rank to launch it and by how much
+  // after the first, as `path` with .skew.csv for .json, and a table per
+  // rank on its console. Once; later calls do nothing. Throws
+  // CommError/UsageError naming the rank.
   void write();
   // Not collective: this rank's events alone, to `path`.rank<R>.json, for
   // when the job cannot gather (an exception is unwinding).
@@ -71,6 +77,7 @@ class Timeline {
   std::string events_json() const;
 
  private:
+  void write_skew_report(const std::vector<std::string>& launches) const;
   struct Event {
     char phase;  // 'X' span, 'i' instant
     Row row;
@@ -87,6 +94,12 @@ class Timeline {
   bool written_ = false;
   mutable std::mutex mutex_;
   std::vector<Event> events_;
+  struct Launch {
+    int64_t step;
+    int bucket;
+    int64_t at_us;
+  };
+  std::vector<Launch> launches_;
   std::string host_;
 };
 

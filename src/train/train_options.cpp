@@ -92,6 +92,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("workers", po::value(&o.workers())->default_value(o.workers()), "data loader threads")
     ("limit-batches", po::value(&o.limit_batches())->default_value(o.limit_batches()),
        "at most N batches per epoch, training and evaluation (-1: all), for quick runs")
+    ("timeline", po::bool_switch(&o.timeline()),
+     "write the run's DDP timeline (Chrome trace: forward, backward, every bucket, per rank) to "
+     "<run-dir>/timeline.json and a rank skew table beside it (as DDP_TIMELINE=<file>)")
     ("preemption-check-every", po::value(&o.preemption_check_every())->default_value(o.preemption_check_every()),
        "every N steps, ask all ranks whether SIGUSR1 (a preemption warning) arrived; if so checkpoint and exit 75 "
        "(0: SIGUSR1 not watched)");
@@ -129,6 +132,12 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
   o.process_group_options();
   o.ddp_options();
+  // DistributedDataParallel reads the variable; every rank parses the same
+  // command line, so all agree.
+  if (o.timeline() && std::getenv("DDP_TIMELINE") == nullptr) {
+    const auto file = (std::filesystem::path(o.run_dir()) / "timeline.json").string();
+    ::setenv("DDP_TIMELINE", file.c_str(), 1);
+  }
   return o;
 }
 

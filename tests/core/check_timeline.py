@@ -69,6 +69,18 @@ def main(path, world, steps):
                         fail(f"step {s} bucket {b}: done on rank {r} at {done[k]} before rank {other} launched it at "
                              f"{launch[(other, s, b)]} (clock error bound {rtt} us)")
                 checked += 1
+    # The skew report beside the trace: one row per step and bucket, the
+    # last rank the one with the latest launch, its lag over the first.
+    skew = path[:-5] + ".skew.csv" if path.endswith(".json") else path + ".skew.csv"
+    with open(skew) as f:
+        rows = [line.strip().split(",") for line in f][1:]
+    expected = len({(k[1], k[2]) for k in launch if k[0] == 0})  # the first step has one bucket, before the rebuild
+    if len(rows) != expected:
+        fail(f"{skew}: {len(rows)} rows, expected {expected}")
+    for row in rows:
+        launches = [int(v) for v in row[4:]]
+        if int(row[2]) != launches.index(max(launches)) or int(row[3]) != max(launches) - min(launches):
+            fail(f"{skew}: wrong last rank or lag in {row}")
     print(f"timeline ok: {world} ranks, {steps} steps, {len(buckets)} buckets, {checked} bucket records, "
           f"clock round trip <= {rtt} us")
 
