@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "counting_process_group.h"
 #include "worker_common.h"
@@ -63,15 +61,10 @@ struct JoinNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(JoinNet);
 
-void init_params(torch::nn::Module& net) {
-  torch::NoGradGuard g;
-  int layer = 0;
-  for (auto& [key, p] : unique_parameters(net)) {
-    auto k = torch::arange(p.numel(), torch::kDouble);
-    auto v = key.find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer) : 0.01 * torch::cos(k + layer);
-    p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
-    ++layer;
-  }
+JoinNet plain_net() {
+  JoinNet net("plain");
+  init_parity_parameters(*net);
+  return net;
 }
 
 // Rank `rank`'s batch `step`: different data on every rank.
@@ -86,8 +79,7 @@ std::pair<torch::Tensor, torch::Tensor> join_batch(int step, int rank) {
 
 std::vector<int> parse_batches(const std::string& list) {
   std::vector<int> out;
-  std::stringstream s(list);
-  for (std::string v; std::getline(s, v, ',');) out.push_back(std::stoi(v));
+  for (const auto& v : split_commas(list)) out.push_back(std::stoi(v));
   return out;
 }
 
@@ -98,24 +90,12 @@ int num_batches(const std::string& name, const std::vector<int>& batches, int ra
   return batches.at(rank);
 }
 
-std::string state_bytes(torch::nn::Module& net) {
-  std::string bytes;
-  auto append = [&](const torch::Tensor& t) {
-    auto c = t.detach().to(torch::kFloat).contiguous();
-    bytes.append(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  };
-  for (auto& [key, p] : unique_parameters(net)) append(p);
-  for (auto& b : net.buffers(true))
-    if (b.is_floating_point()) append(b);
-  return bytes;
-}
-
 std::string run_join_case(const std::string& name, const std::vector<int>& batches,
                           std::shared_ptr<ddp::ProcessGroup> pg) {
   const auto& c = join_cases().at(name);
   const int rank = pg->rank();
   JoinNet net(c.variant);
-  init_params(*net);
+  init_parity_parameters(*net);
   auto options = ddp::DDPOptions()
                      .gradient_as_bucket_view(c.as_view)
                      .find_unused_parameters(name == "find_unused")
@@ -152,12 +132,7 @@ std::string run_join_case(const std::string& name, const std::vector<int>& batch
       opt.zero_grad();
     }
   }
-  return state_bytes(*net);
-}
-
-void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return parity_state_bytes(*net);
 }
 
 // 33 samples, batches of 4, DistributedSampler without padding at 2 ranks:
@@ -167,8 +142,7 @@ std::string run_sampler_case(std::shared_ptr<ddp::ProcessGroup> pg) {
   auto n = torch::arange(kSamples, torch::kDouble).unsqueeze(1);
   auto xs = torch::sin(0.3 * n + 0.2 * torch::arange(6, torch::kDouble).unsqueeze(0)).to(torch::kFloat);
   auto ys = torch::cos(0.2 * n + 0.5 * torch::arange(3, torch::kDouble).unsqueeze(0)).to(torch::kFloat);
-  JoinNet net("plain");
-  init_params(*net);
+  JoinNet net = plain_net();
   ddp::DistributedDataParallel model(net, pg);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   ddp::DistributedSampler sampler(kSamples, *pg, ddp::DistributedSamplerOptions().pad(false).seed(7));
@@ -189,8 +163,35 @@ std::string run_sampler_case(std::shared_ptr<ddp::ProcessGroup> pg) {
   const int expected = pg->rank() == 0 ? 10 : 8;
   EXPECT_OR_FAIL(batches == expected, "rank " + std::to_string(pg->rank()) + " ran " + std::to_string(batches) +
                                           " batches, expected " + std::to_string(expected));
-  return state_bytes(*net);
+  return parity_state_bytes(*net);
 }
+
+// What the scenarios that check Join's behaviour rather than its bits train:
+// the plain model under DDP, SGD without momentum, and this rank's number of
+// batches from --batches.
+struct PlainTraining {
+  PlainTraining(std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags, ddp::DDPOptions options = {})
+      : batches(parse_batches(flags.at("--batches"))),
+        rank(pg->rank()),
+        net(plain_net()),
+        model(net, pg, options),
+        opt(net->parameters(), 0.05) {}
+  int my_batches() const { return batches.at(rank); }
+  // One optimizer step on this rank's batch `step`; the loss.
+  torch::Tensor step(int step) {
+    auto [x, y] = join_batch(step, rank);
+    opt.zero_grad();
+    auto loss = torch::mse_loss(model(x), y);
+    loss.backward();
+    opt.step();
+    return loss;
+  }
+  const std::vector<int> batches;
+  const int rank;
+  JoinNet net;
+  ddp::DistributedDataParallel<JoinNetImpl> model;
+  torch::optim::SGD opt;
+};
 
 }  // namespace
 
@@ -198,10 +199,9 @@ std::string run_sampler_case(std::shared_ptr<ddp::ProcessGroup> pg) {
 int scenario_join_parity(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   const auto batches = parse_batches(flags["--batches"]);
   EXPECT_OR_FAIL(static_cast<int>(batches.size()) == pg->size(), "--batches gives one count per rank");
-  std::stringstream list(flags["--cases"]);
-  for (std::string name; std::getline(list, name, ',');) {
+  for (const auto& name : split_commas(flags["--cases"])) {
     const auto bytes = name == "sampler" ? run_sampler_case(pg) : run_join_case(name, batches, pg);
-    write_file(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin", bytes);
+    write_bytes(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin", bytes);
   }
   return 0;
 }
@@ -210,12 +210,10 @@ int scenario_join_parity(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
 // all inputs" from Join, every other rank "Detected at least one rank" from
 // its next forward; all UnevenInputsError.
 int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
-  const auto batches = parse_batches(flags["--batches"]);
-  const int rank = pg->rank();
-  JoinNet net("plain");
-  init_params(*net);
-  ddp::DistributedDataParallel model(net, pg);
-  torch::optim::SGD opt(net->parameters(), 0.05);
+  PlainTraining run(pg, flags);
+  const auto& batches = run.batches;
+  const int rank = run.rank;
+  auto& model = run.model;
   int steps = 0;
   if (flags["--user-throw"] == "1") {
     // The loop throws on every rank: the guard's destructor runs during
@@ -237,11 +235,8 @@ int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   }
   try {
     ddp::join({&model}, [&] {
-      for (int step = 0; step < batches.at(rank); ++step) {
-        auto [x, y] = join_batch(step, rank);
-        opt.zero_grad();
-        torch::mse_loss(model(x), y).backward();
-        opt.step();
+      for (int step = 0; step < run.my_batches(); ++step) {
+        run.step(step);
         ++steps;
       }
     }, ddp::JoinOptions().throw_on_early_termination(true));
@@ -269,8 +264,7 @@ int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
 int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
   auto train = [&](int mode) {  // 0: no Join, 1: Join(enable(false)), 2: Join
     auto counting = std::make_shared<CountingProcessGroup>(pg);
-    JoinNet net("plain");  // BatchNorm's buffers would follow the highest rank under Join, rank 0 without
-    init_params(*net);
+    JoinNet net = plain_net();  // BatchNorm's buffers would follow the highest rank under Join, rank 0 without
     ddp::DistributedDataParallel model(net, counting, tiny_buckets());
     torch::optim::SGD opt(net->parameters(), 0.05);
     const int64_t before = counting->allreduces + counting->broadcasts;
@@ -284,7 +278,7 @@ int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
     };
     if (mode == 0) loop();
     else ddp::join({&model}, loop, ddp::JoinOptions().enable(mode == 2));
-    return std::make_pair(counting->allreduces + counting->broadcasts - before, state_bytes(*net));
+    return std::make_pair(counting->allreduces + counting->broadcasts - before, parity_state_bytes(*net));
   };
   const auto plain = train(0), disabled = train(1), enabled = train(2);
   std::cout << "rank " << pg->rank() << ": collectives without Join " << plain.first << ", Join(enable(false)) "
@@ -331,23 +325,18 @@ class LossMeter : public ddp::Joinable {
 };
 
 int scenario_join_custom(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
-  const auto batches = parse_batches(flags["--batches"]);
-  const int rank = pg->rank();
-  JoinNet net("plain");
-  init_params(*net);
-  ddp::DistributedDataParallel model(net, pg, tiny_buckets());
-  torch::optim::SGD opt(net->parameters(), 0.05);
+  PlainTraining run(pg, flags, tiny_buckets());
+  const auto& batches = run.batches;
+  const int rank = run.rank;
+  auto& model = run.model;
+  auto& net = run.net;
   LossMeter meter(pg);
   double mine = 0;
   ddp::join({&model, &meter}, [&] {
-    for (int step = 0; step < batches.at(rank); ++step) {
-      auto [x, y] = join_batch(step, rank);
-      opt.zero_grad();
-      auto loss = torch::mse_loss(model(x), y);
-      loss.backward();
-      opt.step();
-      mine += loss.item<double>();
-      meter.add(loss.item<double>());
+    for (int step = 0; step < run.my_batches(); ++step) {
+      const double loss = run.step(step).item<double>();
+      mine += loss;
+      meter.add(loss);
     }
   });
   EXPECT_OR_FAIL(!meter.join_config().enable && !model.join_config().enable, "Join's end resets every joinable");
@@ -369,27 +358,18 @@ int scenario_join_custom(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
 // error that names the rank and says to use ddp::Join or even batches.
 // Exits non-zero through main's handler.
 int scenario_join_missing(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
-  const auto batches = parse_batches(flags["--batches"]);
-  const int rank = pg->rank();
-  JoinNet net("plain");
-  init_params(*net);
-  ddp::DistributedDataParallel model(net, pg);
-  torch::optim::SGD opt(net->parameters(), 0.05);
+  PlainTraining run(pg, flags);
+  const int rank = run.rank;
   const auto start = std::chrono::steady_clock::now();
   try {
-    for (int step = 0; step < batches.at(rank); ++step) {
-      auto [x, y] = join_batch(step, rank);
-      opt.zero_grad();
-      torch::mse_loss(model(x), y).backward();
-      opt.step();
-    }
+    for (int step = 0; step < run.my_batches(); ++step) run.step(step);
     if (flags["--after"] == "barrier") pg->barrier();
   } catch (...) {
     std::cout << "rank " << rank << ": failed after "
               << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() << " s" << std::endl;
     throw;
   }
-  std::cout << "rank " << rank << ": done with " << batches.at(rank) << " batches" << std::endl;
+  std::cout << "rank " << rank << ": done with " << run.my_batches() << " batches" << std::endl;
   return 0;
 }
 

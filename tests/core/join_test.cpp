@@ -14,10 +14,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 
 #include "multiprocess.h"
+#include "parity_compare.h"
 
 using namespace ddp::testing;
 
@@ -27,15 +27,8 @@ const std::vector<std::string> kCases = {"default",   "buckets",        "no_divi
                                          "batchnorm", "hook_allreduce", "hook_fp16", "early_join",  "disabled",
                                          "static"};
 
-std::string join_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& c : items) out += (out.empty() ? "" : ",") + c;
-  return out;
-}
-
-bool have_pytorch() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed.algorithms.join' >/dev/null 2>&1") == 0;
-}
+// What pytorch_join_parity.py imports beyond torch itself.
+const std::string kImports = "torch.distributed.algorithms.join";
 
 // Runs ours, then PyTorch's, at len(batches) ranks, and compares every case
 // on every rank bitwise.
@@ -44,25 +37,19 @@ void expect_bitwise_equal_to_pytorch(const std::string& batches, const std::vect
   char tmpl[] = "/tmp/ddp_join_parity_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   auto ours = run_ranks(world, DDP_WORKER,
-                        {"join_parity", "--out", dir, "--cases", join_list(cases), "--batches", batches},
+                        {"join_parity", "--out", dir, "--cases", join_commas(cases), "--batches", batches},
                         {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {JOIN_PARITY_SCRIPT, dir, join_list(cases), batches},
+  auto theirs = run_ranks(world, "/usr/bin/python3", {JOIN_PARITY_SCRIPT, dir, join_commas(cases), batches},
                           {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   for (const auto& c : cases) {
-    size_t differing = 0, total = 0;
-    for (int rank = 0; rank < world; ++rank) {
-      const auto suffix = c + "_rank" + std::to_string(rank) + ".bin";
-      const auto a = read_file(dir + "/cpp_" + suffix), b = read_file(dir + "/torch_" + suffix);
-      ASSERT_EQ(a.size(), b.size()) << c << ", rank " << rank;
-      ASSERT_GT(a.size(), 0u) << c;
-      for (size_t i = 0; i + sizeof(float) <= a.size(); i += sizeof(float))
-        differing += std::memcmp(a.data() + i, b.data() + i, sizeof(float)) != 0;
-      total += a.size() / sizeof(float);
-    }
-    std::cout << "batches " << batches << ", " << c << ": " << total << " values, " << differing << " differ\n";
-    EXPECT_EQ(differing, 0u) << c << " with batches " << batches;
+    FloatDiff diff;
+    for (int rank = 0; rank < world; ++rank)
+      ASSERT_NO_FATAL_FAILURE(diff.add(dir, c + "_rank" + std::to_string(rank) + ".bin"));
+    std::cout << "batches " << batches << ", " << c << ": " << diff.total << " values, " << diff.differing
+              << " differ\n";
+    EXPECT_EQ(diff.differing, 0u) << c << " with batches " << batches;
   }
   std::filesystem::remove_all(dir);
 }
@@ -72,7 +59,7 @@ class JoinParity : public ::testing::TestWithParam<std::string> {};
 }  // namespace
 
 TEST_P(JoinParity, BitwiseEqualToPyTorchJoinOnUnevenInputs) {
-  if (!have_pytorch()) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+  if (!have_pytorch(kImports)) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
   expect_bitwise_equal_to_pytorch(GetParam(), kCases);
 }
 
@@ -85,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(Batches, JoinParity, ::testing::Values("5,7", "9,5", "5
 // 33 samples in batches of 4 over 2 ranks, unpadded: 5 batches on rank 0,
 // 4 on rank 1, for two epochs, under ddp::join.
 TEST(Join, UnpaddedDistributedSamplerShardsTrainAsPyTorchJoin) {
-  if (!have_pytorch()) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+  if (!have_pytorch(kImports)) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
   expect_bitwise_equal_to_pytorch("0,0", {"sampler"});
 }
 

@@ -1,8 +1,6 @@
 // The parity scenario of ddp_worker: the models, data and optimizer of
 // pytorch_ddp_parity.py, case by case, trained by libddp.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "worker_common.h"
 
@@ -111,16 +109,7 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
   const auto& c = parity_cases().at(name);
   const int rank = pg->rank(), world = pg->size();
   ParityNet net(c.variant);
-  {
-    torch::NoGradGuard g;
-    int layer = 0;
-    for (auto& [key, p] : unique_parameters(*net)) {
-      auto k = torch::arange(p.numel(), torch::kDouble);
-      auto v = key.find("weight") != std::string::npos ? 0.3 * torch::sin(0.7 * k + layer) : 0.01 * torch::cos(k + layer);
-      p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
-      ++layer;
-    }
-  }
+  init_parity_parameters(*net);
   auto options = ddp::DDPOptions()
                      .gradient_as_bucket_view(c.as_view)
                      .find_unused_parameters(name == "find_unused" || name == "static_never_used")
@@ -160,23 +149,14 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
     }
     opt.step();
   }
-  std::string bytes;
-  auto append = [&](const torch::Tensor& t) {
-    auto c = t.detach().to(torch::kFloat).contiguous();
-    bytes.append(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
-  };
-  for (auto& [key, p] : unique_parameters(*net)) append(p);
-  for (auto& b : net->buffers(true))
-    if (b.is_floating_point()) append(b);
-  return bytes;
+  return parity_state_bytes(*net);
 }
 
 // Writes <out>/cpp_<case>_rank<r>.bin for every case in --cases (all by default).
 int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
   std::vector<std::string> cases;
   if (flags.count("--cases")) {
-    std::stringstream list(flags["--cases"]);
-    for (std::string c; std::getline(list, c, ',');) cases.push_back(c);
+    cases = split_commas(flags["--cases"]);
   } else {
     for (const auto& [name, c] : parity_cases()) cases.push_back(name);
   }
@@ -187,11 +167,9 @@ int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
                                [](const std::string& c) { return c.rfind("hook_", 0) == 0 || c.rfind("static", 0) == 0; }),
                 cases.end());
   }
-  for (const auto& name : cases) {
-    const auto bytes = run_parity_case(name, pg);
-    std::ofstream out(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin", std::ios::binary);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
+  for (const auto& name : cases)
+    write_bytes(flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank()) + ".bin",
+                run_parity_case(name, pg));
   return 0;
 }
 

@@ -8,11 +8,11 @@
 // relies on; its UsageErrors; and the program's global generator untouched.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <iomanip>
 
 #include "multiprocess.h"
+#include "parity_compare.h"
 
 using namespace ddp::testing;
 
@@ -25,17 +25,8 @@ const std::vector<std::string> kCases = {"rank1",        "rank1_view",       "ra
                                          "batched",      "batched_one_bucket", "epsilon_seed",
                                          "one_bucket"};
 
-std::string join_cases(const std::vector<std::string>& cases) {
-  std::string out;
-  for (const auto& c : cases) out += (out.empty() ? "" : ",") + c;
-  return out;
-}
-
-bool have_pytorch() {
-  return std::system(
-             "/usr/bin/python3 -c 'import numpy, torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook' "
-             ">/dev/null 2>&1") == 0;
-}
+// What pytorch_powersgd_parity.py imports beyond torch itself.
+const std::string kImports = "numpy, torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook";
 
 void expect_all_pass(int world, const std::vector<std::string>& args) {
   auto results = run_ranks(world, DDP_WORKER, args);
@@ -54,40 +45,29 @@ class PowerSGDHook : public ::testing::TestWithParam<int> {};
 // as shipped, 1.13's hook deadlocks over Gloo with several buckets
 // (pytorch_powersgd_parity.py says why, and shows it changes no bits).
 TEST_P(PowerSGDParity, BitwiseEqualToPyTorchsPowerSGDHookAfter30Steps) {
-  if (!have_pytorch())
+  if (!have_pytorch(kImports))
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed and numpy is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_powersgd_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   auto ours = run_ranks(world, DDP_WORKER, {"powersgd_parity", "--out", dir}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {POWERSGD_PARITY_SCRIPT, dir, join_cases(kCases)},
+  auto theirs = run_ranks(world, "/usr/bin/python3", {POWERSGD_PARITY_SCRIPT, dir, join_commas(kCases)},
                           {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": |libddp - PyTorch| over the parameters, and \"iter before after\"\n";
   for (const auto& c : kCases) {
-    size_t differing = 0, total = 0;
-    double worst = 0;
+    FloatDiff diff;
     for (int rank = 0; rank < world; ++rank) {
       const auto prefix = c + "_rank" + std::to_string(rank);
-      const auto a = read_file(dir + "/cpp_" + prefix + ".bin");
-      const auto b = read_file(dir + "/torch_" + prefix + ".bin");
-      ASSERT_EQ(a.size(), b.size()) << c << ", rank " << rank;
-      ASSERT_GT(a.size(), 0u) << c;
-      for (size_t i = 0; i + sizeof(float) <= a.size(); i += sizeof(float)) {
-        float x, y;
-        std::memcpy(&x, a.data() + i, sizeof x);
-        std::memcpy(&y, b.data() + i, sizeof y);
-        if (std::memcmp(&x, &y, sizeof x) != 0) ++differing;
-        worst = std::max(worst, std::abs(double(x) - double(y)));
-        ++total;
-      }
+      ASSERT_NO_FATAL_FAILURE(diff.add(dir, prefix + ".bin"));
       const auto ours_stats = read_file(dir + "/cpp_" + prefix + ".stats");
       EXPECT_EQ(ours_stats, read_file(dir + "/torch_" + prefix + ".stats")) << c << ", rank " << rank;
       if (rank == 0) std::cout << "  " << std::setw(24) << std::left << c << " stats " << ours_stats.substr(0, ours_stats.size() - 1);
     }
-    std::cout << ", values " << total << ", differing " << differing << ", largest difference " << worst << std::endl;
-    EXPECT_EQ(differing, 0u) << c << " at " << world << " ranks: largest difference " << worst;
+    std::cout << ", values " << diff.total << ", differing " << diff.differing << ", largest difference " << diff.worst
+              << std::endl;
+    EXPECT_EQ(diff.differing, 0u) << c << " at " << world << " ranks: largest difference " << diff.worst;
   }
   std::filesystem::remove_all(dir);
 }

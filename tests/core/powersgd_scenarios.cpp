@@ -7,7 +7,6 @@
 #include <cmath>
 #include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include "worker_common.h"
 
@@ -83,19 +82,12 @@ struct PowerSGDNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(PowerSGDNet);
 
+// Weights scaled by their fan-in (pytorch_powersgd_parity.py's fan_in_scale),
+// so that 30 steps through five tanh layers neither saturate nor vanish.
 void init_powersgd_net(PowerSGDNet& net) {
-  torch::NoGradGuard g;
-  int layer = 0;
-  for (auto& [key, p] : unique_parameters(*net)) {
-    auto k = torch::arange(p.numel(), torch::kDouble);
-    torch::Tensor v;
-    if (key.find("weight") != std::string::npos)
-      v = torch::sin(0.7 * k + layer) * (0.9 / std::sqrt(static_cast<double>(p.numel() / p.size(0))));
-    else
-      v = 0.01 * torch::cos(k + layer);
-    p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
-    ++layer;
-  }
+  init_parity_parameters(*net, [](const torch::Tensor& w) {
+    return 0.9 / std::sqrt(static_cast<double>(w.numel() / w.size(0)));
+  });
 }
 
 std::pair<torch::Tensor, torch::Tensor> powersgd_batch(int step, int rows) {
@@ -133,11 +125,7 @@ std::pair<std::string, std::string> run_powersgd_case(const std::string& name, s
   }
   EXPECT_OR_FAIL(torch::equal(global_rng, at::detail::getDefaultCPUGenerator().get_state()),
                  name + ": the hook drew from (or reseeded) the global generator");
-  std::string bytes;
-  for (auto& [key, p] : unique_parameters(*net)) {
-    auto t = p.detach().contiguous();
-    bytes.append(static_cast<const char*>(t.data_ptr()), t.numel() * sizeof(float));
-  }
+  const std::string bytes = parity_state_bytes(*net);  // the parameters: the net has no buffers
   EXPECT_OR_FAIL(state != nullptr, "the hook ran");
   const auto stats = state->compression_stats();
   const std::string line = std::to_string(state->iter()) + " " + std::to_string(stats.numel_before_compression) + " " +
@@ -152,15 +140,14 @@ std::pair<std::string, std::string> run_powersgd_case(const std::string& name, s
 int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   std::vector<std::string> cases;
   if (flags.count("--cases")) {
-    std::stringstream list(flags["--cases"]);
-    for (std::string c; std::getline(list, c, ',');) cases.push_back(c);
+    cases = split_commas(flags["--cases"]);
   } else {
     for (const auto& [name, c] : powersgd_cases()) cases.push_back(name);
   }
   for (const auto& name : cases) {
     const auto [bytes, stats] = run_powersgd_case(name, pg);
     const std::string prefix = flags["--out"] + "/cpp_" + name + "_rank" + std::to_string(pg->rank());
-    std::ofstream(prefix + ".bin", std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    write_bytes(prefix + ".bin", bytes);
     std::ofstream(prefix + ".stats") << stats;
   }
   return 0;

@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.checkpoint import checkpoint
+
+from parity_common import init, make_model, state_bytes, write_bytes
 
 STEPS = 30
 PER_RANK = 16
@@ -90,14 +91,6 @@ class Net(nn.Module):
         return y
 
 
-def init(net):
-    with torch.no_grad():
-        for layer, (name, p) in enumerate(net.named_parameters()):
-            k = torch.arange(p.numel(), dtype=torch.float64)
-            v = 0.3 * torch.sin(0.7 * k + layer) if "weight" in name else 0.01 * torch.cos(k + layer)
-            p.copy_(v.reshape(p.shape).float())
-
-
 def batch(step, world):
     n = torch.arange(PER_RANK * world, dtype=torch.float64).unsqueeze(1)
     x = torch.sin(0.1 * (step * 1000 + n * 7 + torch.arange(6, dtype=torch.float64).unsqueeze(0) * 3)).float()
@@ -109,14 +102,9 @@ def run_case(case, rank, world):
     variant, as_view, sizes = CASES[case]
     net = Net(variant)
     init(net)
-    kwargs = dict(gradient_as_bucket_view=as_view, find_unused_parameters=case in ("find_unused", "static_never_used"),
-                  static_graph=case.startswith("static"))
-    saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
-    if sizes:
-        dist._DEFAULT_FIRST_BUCKET_BYTES = sizes["first"]
-        kwargs["bucket_cap_mb"] = sizes["cap"] / float(1 << 20)
-    model = DistributedDataParallel(net, **kwargs)
-    dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
+    model = make_model(net, sizes, gradient_as_bucket_view=as_view,
+                       find_unused_parameters=case in ("find_unused", "static_never_used"),
+                       static_graph=case.startswith("static"))
     if case in HOOKS:
         model.register_comm_hook(None, HOOKS[case])
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -138,8 +126,7 @@ def run_case(case, rank, world):
             use_extra = use_extra or (case == "static_rank_unused" and rank == 0)
             mse(model(x[lo:hi], use_extra), y[lo:hi]).backward()
         opt.step()
-    tensors = [p for p in net.parameters()] + [b for b in net.buffers() if b.is_floating_point()]
-    return b"".join(t.detach().float().contiguous().numpy().tobytes() for t in tensors)
+    return state_bytes(net)
 
 
 def main(out_dir, cases):
@@ -147,9 +134,7 @@ def main(out_dir, cases):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
-        data = run_case(case, rank, world)
-        with open(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), "wb") as f:
-            f.write(data)
+        write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), run_case(case, rank, world))
     dist.destroy_process_group()
 
 

@@ -14,6 +14,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
+from parity_common import init, make_model, state_bytes, write_bytes
+
 ROWS = 8
 SMALL = dict(first=512, cap=1024)  # bytes: several buckets for these models
 
@@ -63,14 +65,6 @@ class Net(nn.Module):
         return y
 
 
-def init(net):
-    with torch.no_grad():
-        for layer, (name, p) in enumerate(net.named_parameters()):
-            k = torch.arange(p.numel(), dtype=torch.float64)
-            v = 0.3 * torch.sin(0.7 * k + layer) if "weight" in name else 0.01 * torch.cos(k + layer)
-            p.copy_(v.reshape(p.shape).float())
-
-
 def batch(step, rank):
     n = torch.arange(ROWS, dtype=torch.float64).unsqueeze(1)
     x = torch.sin(0.1 * (step * 1000 + rank * 100 + n * 7 + torch.arange(6, dtype=torch.float64).unsqueeze(0) * 3)).float()
@@ -86,27 +80,12 @@ def num_batches(case, batches, rank):
     return batches[rank]
 
 
-def state_bytes(net):
-    tensors = [p for p in net.parameters()] + [b for b in net.buffers() if b.is_floating_point()]
-    return b"".join(t.detach().float().contiguous().numpy().tobytes() for t in tensors)
-
-
-def make_model(net, as_view, sizes, find_unused, static_graph=False):
-    kwargs = dict(gradient_as_bucket_view=as_view, find_unused_parameters=find_unused, static_graph=static_graph)
-    saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
-    if sizes:
-        dist._DEFAULT_FIRST_BUCKET_BYTES = sizes["first"]
-        kwargs["bucket_cap_mb"] = sizes["cap"] / float(1 << 20)
-    model = DistributedDataParallel(net, **kwargs)
-    dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
-    return model
-
-
 def run_case(case, rank, batches):
     variant, as_view, sizes, hook = CASES[case]
     net = Net(variant)
     init(net)
-    model = make_model(net, as_view, sizes, case == "find_unused", case == "static")
+    model = make_model(net, sizes, gradient_as_bucket_view=as_view, find_unused_parameters=case == "find_unused",
+                       static_graph=case == "static")
     if hook:
         model.register_comm_hook(None, hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -162,8 +141,7 @@ def main(out_dir, cases, batches):
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         data = run_sampler_case(rank, world) if case == "sampler" else run_case(case, rank, batches)
-        with open(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), "wb") as f:
-            f.write(data)
+        write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), data)
     dist.destroy_process_group()
 
 

@@ -8,13 +8,12 @@
 // and 3 ranks, bitwise.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <cstring>
 #include <filesystem>
 #include <iomanip>
 
 #include "ddp/process_group.h"
 #include "multiprocess.h"
+#include "parity_compare.h"
 
 using namespace ddp::testing;
 
@@ -36,18 +35,8 @@ const std::vector<std::string> kStaticCases = {"static",         "static_view", 
                                                "static_never_used", "static_tied",    "static_checkpoint",
                                                "static_checkpoint_view", "static_hook_allreduce"};
 
-std::string join_cases(const std::vector<std::string>& cases) {
-  std::string out;
-  for (const auto& c : cases) out += (out.empty() ? "" : ",") + c;
-  return out;
-}
-
-std::vector<float> read_floats(const std::string& path) {
-  auto bytes = read_file(path);
-  std::vector<float> v(bytes.size() / sizeof(float));
-  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
-  return v;
-}
+// What pytorch_ddp_parity.py imports beyond torch itself.
+const std::string kImports = "torch.distributed, torch.nn.parallel";
 
 class PyTorchParity : public ::testing::TestWithParam<int> {};
 class PyTorchParityOverMpi : public ::testing::TestWithParam<int> {};
@@ -63,44 +52,26 @@ constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 void compare_with_pytorch(int world, const std::string& dir, double tolerance,
                           const std::vector<std::string>& cases = kCases) {
   auto theirs =
-      run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir, join_cases(cases)}, {{"DDP_TEST_DIR", dir}});
+      run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir, join_commas(cases)}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": largest |libddp - PyTorch DDP| over parameters and buffers, per case\n";
   for (const auto& c : cases) {
-    double worst = 0, worst_relative = 0;
-    size_t differing = 0, total = 0;
-    for (int rank = 0; rank < world; ++rank) {
-      const auto suffix = c + "_rank" + std::to_string(rank) + ".bin";
-      auto a = read_floats(dir + "/cpp_" + suffix);
-      auto b = read_floats(dir + "/torch_" + suffix);
-      ASSERT_EQ(a.size(), b.size()) << c << ", rank " << rank;
-      ASSERT_GT(a.size(), 0u) << c;
-      total += a.size();
-      for (size_t i = 0; i < a.size(); ++i) {
-        // Bitwise: the same float, not merely close.
-        if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) ++differing;
-        const double d = std::abs(double(a[i]) - double(b[i]));
-        worst = std::max(worst, d);
-        worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(double(b[i]))));
-      }
-    }
-    std::cout << "  " << std::setw(22) << std::left << c << " values " << total << ", differing " << differing
-              << ", largest difference " << worst << " (relative " << worst_relative << ")" << std::endl;
+    FloatDiff diff;
+    for (int rank = 0; rank < world; ++rank)
+      ASSERT_NO_FATAL_FAILURE(diff.add(dir, c + "_rank" + std::to_string(rank) + ".bin"));
+    std::cout << "  " << std::setw(22) << std::left << c << " values " << diff.total << ", differing " << diff.differing
+              << ", largest difference " << diff.worst << " (relative " << diff.worst_relative << ")" << std::endl;
     if (tolerance == 0)
-      EXPECT_EQ(differing, 0u) << c << " at " << world << " ranks: largest difference " << worst;
+      EXPECT_EQ(diff.differing, 0u) << c << " at " << world << " ranks: largest difference " << diff.worst;
     else
-      EXPECT_LE(worst, tolerance) << c << " at " << world << " ranks: " << differing << " values differ";
+      EXPECT_LE(diff.worst, tolerance) << c << " at " << world << " ranks: " << diff.differing << " values differ";
   }
-}
-
-bool have_pytorch() {
-  return std::system("/usr/bin/python3 -c 'import torch.distributed, torch.nn.parallel' >/dev/null 2>&1") == 0;
 }
 
 }  // namespace
 
 TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
-  if (!have_pytorch())
+  if (!have_pytorch(kImports))
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_XXXXXX";
@@ -121,7 +92,7 @@ TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
 // order 0.1 to 1), so the test allows 1e-6, not bitwise (docs/design.md,
 // "The mpi backend").
 TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
-  if (!have_pytorch())
+  if (!have_pytorch(kImports))
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
   if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
   if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
@@ -139,12 +110,12 @@ TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
 // fp16_compress_wrapper(allreduce_hook)) casts to float16, divides, sums in
 // float16 over Gloo and widens back; so bitwise equal, float16 included.
 TEST_P(PyTorchHookParity, BitwiseEqualToPyTorchDDPWithTheSameHookAfter30Steps) {
-  if (!have_pytorch())
+  if (!have_pytorch(kImports))
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_hooks_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir, "--cases", join_cases(kHookCases)},
+  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir, "--cases", join_commas(kHookCases)},
                         {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
   compare_with_pytorch(world, dir, 0, kHookCases);
@@ -155,12 +126,12 @@ TEST_P(PyTorchHookParity, BitwiseEqualToPyTorchDDPWithTheSameHookAfter30Steps) {
 // second overlaps with the same bucket, the third with buckets rebuilt in the
 // second's order: the same buckets as PyTorch's, so the same sums, bitwise.
 TEST_P(PyTorchStaticGraphParity, BitwiseEqualToPyTorchDDPWithStaticGraphAfter30Steps) {
-  if (!have_pytorch())
+  if (!have_pytorch(kImports))
     GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_static_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir, "--cases", join_cases(kStaticCases)},
+  auto ours = run_ranks(world, DDP_WORKER, {"parity", "--out", dir, "--cases", join_commas(kStaticCases)},
                         {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
   compare_with_pytorch(world, dir, 0, kStaticCases);

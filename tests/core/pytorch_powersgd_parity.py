@@ -21,7 +21,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
-from torch.nn.parallel import DistributedDataParallel
+
+from parity_common import init, make_model, state_bytes, write_bytes
+
 
 class WaitingDist:
     """torch.distributed as powerSGD_hook sees it, with all_reduce finished
@@ -91,15 +93,10 @@ class Net(nn.Module):
         return self.out(h)
 
 
-def init(net):
-    with torch.no_grad():
-        for layer, (name, p) in enumerate(net.named_parameters()):
-            k = torch.arange(p.numel(), dtype=torch.float64)
-            if "weight" in name:
-                v = torch.sin(0.7 * k + layer) * (0.9 / math.sqrt(p.numel() // p.shape[0]))
-            else:
-                v = 0.01 * torch.cos(k + layer)
-            p.copy_(v.reshape(p.shape).float())
+def fan_in_scale(weight):
+    """Weights scaled by their fan-in, so that 30 steps through five tanh
+    layers neither saturate nor vanish."""
+    return 0.9 / math.sqrt(weight.numel() // weight.shape[0])
 
 
 def batch(step, world):
@@ -112,14 +109,8 @@ def batch(step, world):
 def run_case(case, rank, world):
     as_view, small, arguments = CASES[case]
     net = Net()
-    init(net)
-    saved_first = dist._DEFAULT_FIRST_BUCKET_BYTES
-    kwargs = dict(gradient_as_bucket_view=as_view)
-    if small:
-        dist._DEFAULT_FIRST_BUCKET_BYTES = SMALL["first"]
-        kwargs["bucket_cap_mb"] = SMALL["cap"] / float(1 << 20)
-    model = DistributedDataParallel(net, **kwargs)
-    dist._DEFAULT_FIRST_BUCKET_BYTES = saved_first
+    init(net, fan_in_scale)
+    model = make_model(net, SMALL if small else None, gradient_as_bucket_view=as_view)
     state = powerSGD.PowerSGDState(process_group=None, **arguments)
     model.register_comm_hook(state, powerSGD.powerSGD_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -129,7 +120,7 @@ def run_case(case, rank, world):
         x, y = batch(step, world)
         nn.functional.mse_loss(model(x[lo:hi]), y[lo:hi]).backward()
         opt.step()
-    params = b"".join(p.detach().float().contiguous().numpy().tobytes() for p in net.parameters())
+    params = state_bytes(net)  # the parameters: Net has no buffers
     _, before, after = state.compression_stats()
     return params, f"{state.iter} {before} {after}\n"
 
@@ -141,8 +132,7 @@ def main(out_dir, cases):
     for case in cases:
         params, stats = run_case(case, rank, world)
         prefix = os.path.join(out_dir, f"torch_{case}_rank{rank}")
-        with open(prefix + ".bin", "wb") as f:
-            f.write(params)
+        write_bytes(prefix + ".bin", params)
         with open(prefix + ".stats", "w") as f:
             f.write(stats)
     dist.destroy_process_group()

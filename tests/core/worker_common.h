@@ -5,9 +5,12 @@
 
 #include <torch/torch.h>
 
+#include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -115,6 +118,54 @@ inline std::vector<std::pair<std::string, torch::Tensor>> unique_parameters(cons
   std::vector<std::pair<std::string, torch::Tensor>> out;
   for (const auto& p : m.named_parameters(true))
     if (seen.insert(p.value().unsafeGetTensorImpl()).second) out.emplace_back(p.key(), p.value());
+  return out;
+}
+
+// The PyTorch-parity scenarios (parity, join_parity, powersgd_parity) and
+// their scripts compare bitwise, so both sides build the same parameters, the
+// same bytes and the same files: these are parity_common.py's init,
+// state_bytes and write_bytes; change both together.
+
+// Parameter i (each tensor once, in named_parameters() order), element k:
+// weights weight_scale(p) * sin(0.7 k + i), biases 0.01 cos(k + i), computed
+// in double and rounded to float once.
+inline void init_parity_parameters(
+    torch::nn::Module& net,
+    const std::function<double(const torch::Tensor&)>& weight_scale = [](const torch::Tensor&) { return 0.3; }) {
+  torch::NoGradGuard g;
+  int layer = 0;
+  for (auto& [key, p] : unique_parameters(net)) {
+    auto k = torch::arange(p.numel(), torch::kDouble);
+    auto v = key.find("weight") != std::string::npos ? torch::sin(0.7 * k + layer) * weight_scale(p)
+                                                     : 0.01 * torch::cos(k + layer);
+    p.copy_(v.reshape(p.sizes()).to(torch::kFloat));
+    ++layer;
+  }
+}
+
+// The parameters (each once), then the floating-point buffers, as raw float32.
+inline std::string parity_state_bytes(torch::nn::Module& net) {
+  std::string bytes;
+  auto append = [&](const torch::Tensor& t) {
+    auto c = t.detach().to(torch::kFloat).contiguous();
+    bytes.append(static_cast<const char*>(c.data_ptr()), c.numel() * sizeof(float));
+  };
+  for (auto& [key, p] : unique_parameters(net)) append(p);
+  for (auto& b : net.buffers(true))
+    if (b.is_floating_point()) append(b);
+  return bytes;
+}
+
+inline void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// "a,b,c" as {"a", "b", "c"}: the --cases and --batches flags.
+inline std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream s(list);
+  for (std::string item; std::getline(s, item, ',');) out.push_back(item);
   return out;
 }
 

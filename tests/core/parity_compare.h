@@ -1,0 +1,61 @@
+// What the tests that hold libddp to PyTorch bitwise share
+// (pytorch_parity_test.cpp, join_test.cpp, powersgd_hook_test.cpp): whether
+// /usr/bin/python3 has the torch a script needs, the case list both sides
+// are given, and the tally of our <dir>/cpp_<name> against PyTorch's
+// <dir>/torch_<name>, raw float32 compared value by value.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "multiprocess.h"
+
+namespace ddp::testing {
+
+// {"a", "b"} as "a,b": the --cases of ddp_worker and the scripts' argument.
+inline std::string join_commas(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& c : items) out += (out.empty() ? "" : ",") + c;
+  return out;
+}
+
+// Whether /usr/bin/python3 can `import <modules>` (comma-separated), so a
+// machine without python3-torch skips rather than fails.
+inline bool have_pytorch(const std::string& modules) {
+  return std::system(("/usr/bin/python3 -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
+}
+
+// How our float32 outputs differ from PyTorch's, over every file added.
+struct FloatDiff {
+  size_t total = 0;            // values compared
+  size_t differing = 0;        // values whose bits differ
+  double worst = 0;            // the largest |ours - theirs|
+  double worst_relative = 0;   // the largest |ours - theirs| / max(1e-3, |theirs|)
+
+  // Adds <dir>/cpp_<name> against <dir>/torch_<name>. A size mismatch or an
+  // empty file is a fatal failure: wrap the call in ASSERT_NO_FATAL_FAILURE.
+  void add(const std::string& dir, const std::string& name) {
+    const auto a = read_file(dir + "/cpp_" + name), b = read_file(dir + "/torch_" + name);
+    ASSERT_EQ(a.size(), b.size()) << name;
+    ASSERT_GT(a.size(), 0u) << name;
+    for (size_t i = 0; i + sizeof(float) <= a.size(); i += sizeof(float)) {
+      float x, y;
+      std::memcpy(&x, a.data() + i, sizeof x);
+      std::memcpy(&y, b.data() + i, sizeof y);
+      // Bitwise: the same float, not merely close.
+      if (std::memcmp(&x, &y, sizeof x) != 0) ++differing;
+      const double d = std::abs(double(x) - double(y));
+      worst = std::max(worst, d);
+      worst_relative = std::max(worst_relative, d / std::max(1e-3, std::abs(double(y))));
+      ++total;
+    }
+  }
+};
+
+}  // namespace ddp::testing
