@@ -46,9 +46,6 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-// Microseconds with a fraction, as the trace format counts them.
-std::string micros(int64_t us) { return std::to_string(us); }
-
 int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
   auto t = torch::tensor({value}, torch::kInt64).to(pg.device());
   pg.broadcast(t, root).wait();
@@ -161,8 +158,8 @@ std::string Timeline::events_json() const {
   for (const auto& e : events_) {
     out << ",\n{\"name\": " << json_string(e.name) << ", \"cat\": \""
         << (e.row == Row::compute ? "compute" : "communication") << "\", \"ph\": \"" << e.phase
-        << "\", \"pid\": " << pid << ", \"tid\": " << static_cast<int>(e.row) << ", \"ts\": " << micros(e.ts);
-    if (e.phase == 'X') out << ", \"dur\": " << micros(e.dur);
+        << "\", \"pid\": " << pid << ", \"tid\": " << static_cast<int>(e.row) << ", \"ts\": " << e.ts;
+    if (e.phase == 'X') out << ", \"dur\": " << e.dur;
     if (e.phase == 'i') out << ", \"s\": \"t\"";
     out << ", \"args\": {\"step\": " << e.step << (e.args.empty() ? "" : ", ") << e.args << "}}";
   }
