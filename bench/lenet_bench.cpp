@@ -20,6 +20,10 @@
 //                   cpp/distributed/dist-mnist.cpp's approach)
 //   sync_only       no gradient exchange; the ranks meet once per step through a
 //                   one-float all-reduce (the ceiling of any transport)
+//   allreduce       no model compute: each step all-reduces one flat float
+//                   tensor of --allreduce-mb MiB (default: the model's whole
+//                   gradient) through the same ddp::ProcessGroup and waits;
+//                   ms_per_iter is the all-reduce's time (bench/run_link_bench.py)
 //   interleaved     local, ddp, allreduce_each and ddp_overlap (ddp with 0.25 MB
 //                   buckets) in the same processes, each with its own model,
 //                   alternating every --chunk steps for --rounds alternations;
@@ -27,11 +31,22 @@
 //                   this keeps it out of the ratios between modes.
 //
 // Models: lenet (the seed's LeNet, Fashion-MNIST shaped synthetic data),
-// d2l_lenet (the d2l.ai LeNet with sigmoids, same data shape) and mlp100 (about 100 MB of float parameters, for the peak-RSS comparison).
+// d2l_lenet (the d2l.ai LeNet with sigmoids, same data shape), mlp100 (about
+// 100 MB of float parameters, for the peak-RSS comparison) and resnet18
+// (d2l.ai's ResNet-18 of examples/resnet18_fmnist, BatchNorm included, 1 input
+// channel, 10 classes, 11.2 M parameters; --image N: N x N inputs, 28 by
+// default).
+//
+// --bucket-cap-mb auto asks the library for its automatic bucket size
+// (DistributedDataParallelOptions::bucket_cap_mb("auto")); the RESULT line
+// gives the cap in effect as chosen_bucket_cap_mb, and the reducer's comm_ms
+// and overlap_ms (medians over the timed steps) where ReducerStats has them.
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <ctime>
+
+#include <cmath>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +57,8 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "ddp/ddp.h"
@@ -128,6 +145,96 @@ struct MLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
+// d2l.ai's ResNet-18 as examples/resnet18_fmnist/main.cpp (and the same in
+// bench/pytorch_lenet_bench.py, parameter for parameter): a 7x7 stride-2 stem
+// with BatchNorm and a 3x3 max-pool, four stages of two residuals (64..512
+// channels), global average pooling, a linear layer.
+namespace nn = torch::nn;
+struct ResidualImpl : nn::Module {
+  ResidualImpl(int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
+      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).stride(stride)))),
+        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1)))),
+        bn1(register_module("bn1", nn::BatchNorm2d(out))),
+        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
+    if (use_1x1conv) conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto y = torch::relu(bn1(conv1(x)));
+    y = bn2(conv2(y));
+    if (conv3) x = conv3(x);
+    return torch::relu(y + x);
+  }
+  nn::Conv2d conv1, conv2, conv3{nullptr};
+  nn::BatchNorm2d bn1, bn2;
+};
+TORCH_MODULE(Residual);
+
+nn::Sequential resnet_block(int64_t in, int64_t out, int num_residuals, bool first_block) {
+  nn::Sequential blk;
+  for (int i = 0; i < num_residuals; ++i) {
+    if (i == 0 && !first_block)
+      blk->push_back(Residual(in, out, true, 2));
+    else
+      blk->push_back(Residual(i == 0 ? in : out, out, false, 1));
+  }
+  return blk;
+}
+
+struct ResNet18Impl : nn::Module {
+  ResNet18Impl()
+      : stem(register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 64, 7).stride(2).padding(3)),
+                                                    nn::BatchNorm2d(64), nn::ReLU(),
+                                                    nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))))),
+        block1(register_module("resnet_block1", resnet_block(64, 64, 2, true))),
+        block2(register_module("resnet_block2", resnet_block(64, 128, 2, false))),
+        block3(register_module("resnet_block3", resnet_block(128, 256, 2, false))),
+        block4(register_module("resnet_block4", resnet_block(256, 512, 2, false))),
+        fc(register_module("fc", nn::Linear(512, 10))) {
+    torch::NoGradGuard no_grad;
+    for (auto& m : modules(/*include_self=*/false)) {
+      if (auto* conv = m->as<nn::Conv2d>()) conv->weight.normal_(0, 0.01);
+      if (auto* linear = m->as<nn::Linear>()) linear->weight.normal_(0, 0.01);
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = block4->forward(block3->forward(block2->forward(block1->forward(stem->forward(x)))));
+    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+  nn::Sequential stem, block1, block2, block3, block4;
+  nn::Linear fc;
+};
+TORCH_MODULE(ResNet18);
+
+// What this build of the library offers, found at compile time so that the
+// bench builds before and after the library gains it: bucket_cap_mb("auto")
+// and ReducerStats' comm_ms, overlap_ms and bucket_cap_mb.
+template <class O, class = void>
+struct HasAutoBucketCap : std::false_type {};
+template <class O>
+struct HasAutoBucketCap<O, std::void_t<decltype(std::declval<O&>().bucket_cap_mb(std::declval<const std::string&>()))>>
+    : std::true_type {};
+constexpr bool kHasAutoBucketCap = HasAutoBucketCap<ddp::DDPOptions>::value;
+
+template <class O>
+void set_auto_bucket_cap(O& options) {
+  if constexpr (HasAutoBucketCap<O>::value) options.bucket_cap_mb(std::string("auto"));
+}
+
+#define DDP_BENCH_OPTIONAL_STAT(field)                                                                        \
+  template <class S, class = void>                                                                           \
+  struct HasStat_##field : std::false_type {};                                                               \
+  template <class S>                                                                                         \
+  struct HasStat_##field<S, std::void_t<decltype(std::declval<const S&>().field)>> : std::true_type {};     \
+  template <class S>                                                                                         \
+  double stat_##field(const S& s) {                                                                          \
+    if constexpr (HasStat_##field<S>::value) return static_cast<double>(s.field);                            \
+    else return std::nan("");                                                                                 \
+  }
+DDP_BENCH_OPTIONAL_STAT(comm_ms)
+DDP_BENCH_OPTIONAL_STAT(overlap_ms)
+DDP_BENCH_OPTIONAL_STAT(bucket_cap_mb)
+#undef DDP_BENCH_OPTIONAL_STAT
+
 struct Args {
   std::string mode = "ddp";
   std::string model = "lenet";
@@ -136,8 +243,11 @@ struct Args {
   int batch = 128;
   double lr = 0.2;
   double bucket_cap_mb = 25.0;
+  bool bucket_cap_auto = false;  // --bucket-cap-mb auto
   double first_bucket_mb = 1.0;
   bool bucket_view = true;
+  int image = 28;              // resnet18: N x N inputs
+  double allreduce_mb = -1;    // allreduce: MiB per step (< 0: the model's whole gradient)
   int threads = 1;
   int rounds = 10;  // interleaved: alternations
   int chunk = 10;   // interleaved: steps per mode per alternation
@@ -159,8 +269,10 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "lenet_bench: " << why << "\n"
-            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|sync_only|interleaved] [--model lenet|d2l_lenet|mlp100] [--iters N]\n"
-               "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB] [--first-bucket-mb MB]\n"
+            << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|sync_only|allreduce|interleaved]\n"
+               "         [--model lenet|d2l_lenet|mlp100|resnet18] [--image N (resnet18)] [--iters N]\n"
+               "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB|auto] [--first-bucket-mb MB]\n"
+               "         [--allreduce-mb MB (allreduce; default: the model's gradient)]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
                "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16|powersgd (ddp)]\n"
@@ -182,7 +294,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(v);
     else if (k == "--batch") a.batch = std::stoi(v);
     else if (k == "--lr") a.lr = std::stod(v);
+    else if (k == "--bucket-cap-mb" && v == "auto") a.bucket_cap_auto = true;
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
+    else if (k == "--image") a.image = std::stoi(v);
+    else if (k == "--allreduce-mb") a.allreduce_mb = std::stod(v);
     else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(v);
     else if (k == "--bucket-view") a.bucket_view = v != "0";
     else if (k == "--threads") a.threads = std::stoi(v);
@@ -198,13 +313,17 @@ Args parse(int argc, char** argv) {
     else usage("unknown flag " + k);
   }
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "sync_only" &&
-      a.mode != "interleaved")
+      a.mode != "allreduce" && a.mode != "interleaved")
     usage("unknown mode " + a.mode);
   if (a.hook != "none" && a.hook != "allreduce" && a.hook != "fp16" && a.hook != "powersgd")
     usage("unknown hook " + a.hook);
   if (a.powersgd_rank < 1) usage("--powersgd-rank >= 1");
   if (a.hook != "none" && a.mode != "ddp") usage("--hook needs --mode ddp");
-  if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100") usage("unknown model " + a.model);
+  if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100" && a.model != "resnet18")
+    usage("unknown model " + a.model);
+  if (a.image < 8) usage("--image >= 8");
+  if (a.bucket_cap_auto && !kHasAutoBucketCap)
+    usage("--bucket-cap-mb auto: this build of libddp has no DistributedDataParallelOptions::bucket_cap_mb(\"auto\")");
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
     usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
   return a;
@@ -223,6 +342,15 @@ long current_rss_kb() {
   if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
   std::fclose(f);
   return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+// NaN when there is no value or the library does not report it.
+double median_or_nan(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return std::isnan(x); }), v.end());
+  if (v.empty()) return std::nan("");
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 double median(std::vector<double> v) {
@@ -260,15 +388,17 @@ class ByteCountingGroup : public ddp::ProcessGroup {
 template <typename Net>
 struct Trainer {
   using DDP = ddp::DistributedDataParallel<typename Net::ContainedType>;
-  std::string name, kind;  // kind: local | ddp | allreduce_each | sync_only
+  std::string name, kind;  // kind: local | ddp | allreduce_each | sync_only | allreduce
   double bucket_cap_mb = 25, first_bucket_mb = 1;
+  bool bucket_cap_auto = false;
+  torch::Tensor flat;  // allreduce: the buffer all-reduced every step
   bool bucket_view = true;
   Net net{nullptr};
   std::unique_ptr<DDP> model;
   std::unique_ptr<torch::optim::SGD> opt;
   std::vector<at::Tensor> params;
 
-  std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, chunk_it_s;
+  std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, comm_ms, overlap_ms, chunk_it_s;
   double elapsed_ms = 0, proc_cpu_ms = 0, main_cpu_ms = 0;
   long minor_faults = 0;  // page faults of the whole process during timed steps
   // --hook: bytes the hook handed to all-reduce since the last step began.
@@ -283,6 +413,7 @@ struct Trainer {
     if (kind == "ddp") {
       auto options =
           ddp::DDPOptions().bucket_cap_mb(bucket_cap_mb).first_bucket_mb(first_bucket_mb).gradient_as_bucket_view(bucket_view);
+      if (bucket_cap_auto) set_auto_bucket_cap(options);
       if (a.malloc_mmap_mb) options.malloc_mmap_threshold_mb(*a.malloc_mmap_mb);
       if (a.retain_step_memory) options.retain_step_memory(*a.retain_step_memory);
       model = std::make_unique<DDP>(net, pg, options);
@@ -314,6 +445,19 @@ struct Trainer {
 
   void one_step(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, bool record) {
     const int world = pg.size();
+    if (kind == "allreduce") {
+      // The whole gradient's all-reduce alone, no compute.
+      auto t0 = Clock::now();
+      if (world > 1) pg.allreduce(flat).wait();
+      if (record) {
+        sync.push_back(ms_since(t0));
+        fwd.push_back(0);
+        bwd.push_back(0);
+        step.push_back(0);
+      }
+      if (!last_loss.defined()) last_loss = torch::zeros({});
+      return;
+    }
     auto t0 = Clock::now();
     opt->zero_grad();
     *hook_bytes = 0;
@@ -349,8 +493,11 @@ struct Trainer {
       sync.push_back(d(t2, t3));
       step.push_back(d(t3, t4));
       if (model) {
-        exposed.push_back(model->stats().exposed_comm_ms);
-        backward_ms.push_back(model->stats().backward_ms);
+        const auto& s = model->stats();
+        exposed.push_back(s.exposed_comm_ms);
+        backward_ms.push_back(s.backward_ms);
+        comm_ms.push_back(stat_comm_ms(s));
+        overlap_ms.push_back(stat_overlap_ms(s));
       }
     }
   }
@@ -398,6 +545,7 @@ int run(const Args& a) {
     t->name = std::move(name);
     t->kind = std::move(kind);
     t->bucket_cap_mb = cap;
+    t->bucket_cap_auto = a.bucket_cap_auto && a.mode != "interleaved";
     t->first_bucket_mb = first;
     t->bucket_view = view;
     t->build(a, pg);
@@ -418,10 +566,21 @@ int run(const Args& a) {
     for (const auto& p : trainers.front()->params) b += p.numel() * p.element_size();
     return b;
   }();
+  int64_t param_count = 0;
+  for (const auto& p : trainers.front()->params) param_count += p.numel();
+  double allreduce_mb = 0;
+  if (a.mode == "allreduce") {
+    allreduce_mb = a.allreduce_mb < 0 ? param_bytes / 1048576.0 : a.allreduce_mb;
+    const int64_t numel = std::max<int64_t>(1, static_cast<int64_t>(allreduce_mb * 1048576.0 / sizeof(float) + 0.5));
+    trainers.front()->flat = torch::zeros({numel});  // zeros: sums stay finite however many steps
+    allreduce_mb = numel * sizeof(float) / 1048576.0;
+  }
 
   // Synthetic, fixed data: a different shard per rank, reused every step.
   torch::manual_seed(1234 + rank);
-  torch::Tensor x = a.model != "mlp100" ? torch::randn({a.batch, 1, 28, 28}) : torch::randn({a.batch, MLPImpl::kWidth});
+  torch::Tensor x = a.model == "mlp100"     ? torch::randn({a.batch, MLPImpl::kWidth})
+                    : a.model == "resnet18" ? torch::randn({a.batch, 1, a.image, a.image})
+                                            : torch::randn({a.batch, 1, 28, 28});
   torch::Tensor y = torch::randint(0, 10, {a.batch}, torch::kLong);
 
   int step_no = 0;
@@ -464,7 +623,12 @@ int run(const Args& a) {
          << " buckets=" << (is_ddp ? t.model->stats().num_buckets : 0)
          << " bytes_reduced=" << (is_ddp ? t.model->stats().bytes_reduced : 0)
          << " bucket_view=" << (is_ddp ? static_cast<int>(t.bucket_view) : -1)
-         << " bucket_cap_mb=" << t.bucket_cap_mb << " first_bucket_mb=" << t.first_bucket_mb
+         << " bucket_cap_mb=" << (t.bucket_cap_auto ? std::string("auto") : std::to_string(t.bucket_cap_mb))
+         << " chosen_bucket_cap_mb=" << (is_ddp ? stat_bucket_cap_mb(t.model->stats()) : std::nan(""))
+         << " comm_ms=" << (is_ddp ? median_or_nan(t.comm_ms) : std::nan(""))
+         << " overlap_ms=" << (is_ddp ? median_or_nan(t.overlap_ms) : std::nan(""))
+         << " allreduce_mb=" << (t.kind == "allreduce" ? allreduce_mb : 0.0) << " params=" << param_count
+         << " image=" << (a.model == "resnet18" ? a.image : 0) << " first_bucket_mb=" << t.first_bucket_mb
          << " param_mb=" << param_bytes / 1048576.0 << " peak_rss_mb=" << peak / 1024.0
          << " base_rss_mb=" << rss_before_model / 1024.0 << " checksum=" << t.checksum()
          << " loss=" << t.last_loss.template item<double>()
@@ -487,6 +651,7 @@ int main(int argc, char** argv) {
     at::globalContext().setFlushDenormal(a.flush_denormal);
     if (a.model == "lenet") return run<LeNet>(a);
     if (a.model == "d2l_lenet") return run<D2lLeNet>(a);
+    if (a.model == "resnet18") return run<ResNet18>(a);
     return run<MLP>(a);
   } catch (const std::exception& e) {
     std::cerr << "lenet_bench: " << e.what() << std::endl;

@@ -5,6 +5,14 @@ Python that has torch (/usr/bin/python3 here) and torchrun's variables; prints
 the same RESULT line as ddp_bench_lenet:
 
   RESULT impl=pytorch mode=ddp model=lenet rank=0 world=2 iters=200 it_s=123.4 ...
+
+With --mode ddp the line also gives DDP's own timings of the timed steps
+(medians, ms), read from model._get_ddp_logging_data() with the runtime
+logging sample rate at 1: backward_ms (avg_backward_compute_time's
+per-step value: backward's compute), comm_ms (backward_comm_time: first
+bucket launched -> all buckets reduced) and overlap_ms
+(backward_compute_comm_overlap_time: first bucket launched -> end of
+backward's compute), the figures libddp's ReducerStats gives.
 """
 import argparse
 import os
@@ -52,7 +60,53 @@ class D2lLeNet(torch.nn.Module):
         return self.fc3(x)
 
 
-MODELS = {"lenet": LeNet, "d2l_lenet": D2lLeNet}
+class Residual(torch.nn.Module):
+    # d2l's Residual, registered in the order of bench/lenet_bench.cpp's
+    # (conv1, conv2, bn1, bn2, then conv3 on a changing shape).
+    def __init__(self, cin, cout, use_1x1conv, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(cin, cout, 3, padding=1, stride=stride)
+        self.conv2 = torch.nn.Conv2d(cout, cout, 3, padding=1)
+        self.bn1 = torch.nn.BatchNorm2d(cout)
+        self.bn2 = torch.nn.BatchNorm2d(cout)
+        self.conv3 = torch.nn.Conv2d(cin, cout, 1, stride=stride) if use_1x1conv else None
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        if self.conv3 is not None:
+            x = self.conv3(x)
+        return F.relu(y + x)
+
+
+def resnet_block(cin, cout, num_residuals, first_block):
+    return torch.nn.Sequential(*[
+        Residual(cin, cout, True, 2) if i == 0 and not first_block else Residual(cin if i == 0 else cout, cout, False, 1)
+        for i in range(num_residuals)])
+
+
+class ResNet18(torch.nn.Module):
+    # d2l.ai's ResNet-18 (1 input channel, 10 classes), as bench/lenet_bench.cpp's resnet18.
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 64, 7, stride=2, padding=3), torch.nn.BatchNorm2d(64),
+                                        torch.nn.ReLU(), torch.nn.MaxPool2d(3, stride=2, padding=1))
+        self.resnet_block1 = resnet_block(64, 64, 2, True)
+        self.resnet_block2 = resnet_block(64, 128, 2, False)
+        self.resnet_block3 = resnet_block(128, 256, 2, False)
+        self.resnet_block4 = resnet_block(256, 512, 2, False)
+        self.fc = torch.nn.Linear(512, 10)
+        with torch.no_grad():
+            for m in self.modules():
+                if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+                    m.weight.normal_(0, 0.01)
+
+    def forward(self, x):
+        x = self.resnet_block4(self.resnet_block3(self.resnet_block2(self.resnet_block1(self.stem(x)))))
+        return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+
+MODELS = {"lenet": LeNet, "d2l_lenet": D2lLeNet, "resnet18": ResNet18}
 WIDTH, LAYERS = 2048, 6
 
 
@@ -85,8 +139,10 @@ class Trainer:
         if mode == "ddp":
             self.model = DistributedDataParallel(self.net, bucket_cap_mb=a.bucket_cap_mb,
                                                  gradient_as_bucket_view=bool(a.bucket_view))
+            self.model._set_ddp_runtime_logging_sample_rate(1)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=a.lr)
         self.fwd, self.bwd, self.step_ms, self.chunk_it_s = [], [], [], []
+        self.ddp_backward, self.ddp_comm, self.ddp_overlap = [], [], []
         self.elapsed = self.proc_cpu = self.main_cpu = 0.0
         self.minor_faults = 0
         self.timed = 0
@@ -107,14 +163,27 @@ class Trainer:
             self.bwd.append((t2 - t1) * 1e3)
             self.step_ms.append((t3 - t2) * 1e3)
 
+    def record_ddp_stats(self):
+        """DDP's timings of the step its last forward logged (each forward
+        logs the step before it)."""
+        d = self.model._get_ddp_logging_data()
+        self.ddp_backward.append(d.get("backward_compute_time", float("nan")) / 1e6)
+        self.ddp_comm.append(d.get("backward_comm_time", float("nan")) / 1e6)
+        self.ddp_overlap.append(d.get("backward_compute_comm_overlap_time", float("nan")) / 1e6)
+
     def timed_steps(self, x, y, n):
         dist.barrier()  # every rank starts together
         proc0, thread0 = time.process_time(), time.thread_time()
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
-        for _ in range(n):
+        for i in range(n):
             self.one_step(x, y, True)
+            if self.mode == "ddp" and i > 0:  # the timed step before this one (a few µs)
+                self.record_ddp_stats()
         elapsed = time.perf_counter() - start
+        if self.mode == "ddp":  # the last timed step: logged as the next forward would
+            self.model.logger.set_runtime_stats_and_log()
+            self.record_ddp_stats()
         self.elapsed += elapsed
         self.proc_cpu += time.process_time() - proc0
         self.main_cpu += time.thread_time() - thread0
@@ -137,7 +206,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["local", "ddp", "interleaved"], default="ddp",
                     help="interleaved: local and ddp in the same processes, alternating every --chunk steps")
-    ap.add_argument("--model", choices=["lenet", "d2l_lenet", "mlp100"], default="lenet")
+    ap.add_argument("--model", choices=["lenet", "d2l_lenet", "mlp100", "resnet18"], default="lenet")
+    ap.add_argument("--image", type=int, default=28, help="resnet18: N x N inputs")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128)
@@ -166,7 +236,13 @@ def main():
         trainers = [Trainer(a.tag or f"pytorch_{a.mode}", a.mode, a)]
     param_mb = sum(p.numel() * p.element_size() for p in trainers[0].net.parameters()) / 1048576.0
     torch.manual_seed(1234 + rank)
-    x = torch.randn(a.batch, 1, 28, 28) if a.model != "mlp100" else torch.randn(a.batch, WIDTH)
+    if a.model == "mlp100":
+        x = torch.randn(a.batch, WIDTH)
+    elif a.model == "resnet18":
+        x = torch.randn(a.batch, 1, a.image, a.image)
+    else:
+        x = torch.randn(a.batch, 1, 28, 28)
+    params = sum(p.numel() for p in trainers[0].net.parameters())
     y = torch.randint(0, 10, (a.batch,))
 
     for t in trainers:
@@ -182,6 +258,10 @@ def main():
     dist.barrier()
 
     med = statistics.median
+
+    def med_or_nan(v):
+        v = [x for x in v if x == x]
+        return statistics.median(v) if v else float("nan")
     for t in trainers:
         with torch.no_grad():
             checksum = sum(p.double().sum().item() for p in t.net.parameters())
@@ -194,7 +274,11 @@ def main():
             ("cpu_ms_per_iter", f"{t.proc_cpu * 1e3 / n:.4f}"), ("main_cpu_ms_per_iter", f"{t.main_cpu * 1e3 / n:.4f}"),
             ("faults_per_iter", f"{t.minor_faults / n:.1f}"),
             ("fwd_ms", f"{med(t.fwd):.4f}"), ("bwd_ms", f"{med(t.bwd):.4f}"), ("sync_ms", "0.0000"),
-            ("step_ms", f"{med(t.step_ms):.4f}"), ("exposed_comm_ms", "0.0000"), ("backward_ms", "0.0000"),
+            ("step_ms", f"{med(t.step_ms):.4f}"), ("exposed_comm_ms", "0.0000"),
+            ("backward_ms", f"{med_or_nan(t.ddp_backward):.4f}" if t.mode == "ddp" else "0.0000"),
+            ("comm_ms", f"{med_or_nan(t.ddp_comm):.4f}" if t.mode == "ddp" else "nan"),
+            ("overlap_ms", f"{med_or_nan(t.ddp_overlap):.4f}" if t.mode == "ddp" else "nan"),
+            ("params", params), ("image", a.image if a.model == "resnet18" else 0),
             ("buckets", num_buckets), ("bytes_reduced", bytes_reduced),
             ("bucket_view", a.bucket_view if t.mode == "ddp" else -1), ("bucket_cap_mb", f"{a.bucket_cap_mb:.4f}"),
             ("first_bucket_mb", "1.0000"), ("param_mb", f"{param_mb:.4f}"), ("peak_rss_mb", f"{peak_mb:.4f}"),
