@@ -38,6 +38,8 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 import run_lenet_bench as lb
 
@@ -100,35 +102,69 @@ class Link:
             sh("ip", "netns", "del", ns, check=False)  # takes its veth end with it
 
 
-def run_pair(link, impl, flags, args, binary):
+def run_pair(link, impl, flags, args, binary, common=None, extra_env=None, steps=None, timeout=None):
+    """Runs one rank in each namespace and returns their parsed RESULT lines,
+    each with veth_bytes_per_step (rank 1's end, over `steps` steps: default
+    args.iters + args.warmup) and asked_bytes_per_step. `common`: the flags
+    after `flags` (default: args' model, batch, iters, warmup, threads);
+    `extra_env`: more environment for both ranks. A rank that fails ends its
+    peer (which would wait for it until Gloo's timeout); past `timeout`
+    (default args.timeout) seconds both are killed. Raises RuntimeError."""
+    if common is None:
+        common = ["--model", args.model, "--batch", str(args.batch), "--iters", str(args.iters), "--warmup",
+                  str(args.warmup), "--lr", "0.01", "--threads", str(args.threads)]
+    steps = steps if steps is not None else args.iters + args.warmup
+    timeout = timeout if timeout is not None else args.timeout
     port = random.randint(20000, 40000)
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                   MASTER_ADDR=link.addr[0], MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=link.veth[rank],
-                   OMP_NUM_THREADS=str(args.threads))
-        if impl == "cpp":
-            cmd = [binary]
-        else:
-            cmd = [args.python, os.path.join(lb.HERE, "pytorch_lenet_bench.py")]
-        cmd += flags + ["--model", args.model, "--batch", str(args.batch), "--iters", str(args.iters), "--warmup",
-                        str(args.warmup), "--lr", "0.01", "--threads", str(args.threads)]
-        procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[rank]] + cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    results = []
+    procs, logs = [], []
     tx0 = link.tx_bytes(1)
-    for rank, p in enumerate(procs):
-        try:
-            out, err = p.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise RuntimeError(f"rank {rank} ran past {args.timeout} s")
-        lines = [lb.parse_result(x) for x in out.splitlines() if x.startswith("RESULT")]
+    try:
+        for rank in range(2):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR=link.addr[0], MASTER_PORT=str(port), GLOO_SOCKET_IFNAME=link.veth[rank],
+                       OMP_NUM_THREADS=str(args.threads))
+            env.update(extra_env or {})
+            if impl == "cpp":
+                cmd = [binary]
+            else:
+                cmd = [args.python, os.path.join(lb.HERE, "pytorch_lenet_bench.py")]
+            cmd += flags + common
+            # Files, not pipes: a chatty rank cannot block on a full pipe.
+            out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            logs.append((out, err))
+            procs.append(subprocess.Popen(["ip", "netns", "exec", link.ns[rank]] + cmd, env=env, stdout=out,
+                                          stderr=err, text=True))
+        deadline = time.time() + timeout
+        failed_at = None
+        while any(p.poll() is None for p in procs):
+            if failed_at is None and any(p.returncode not in (None, 0) for p in procs):
+                failed_at = time.time()
+            if failed_at is not None and time.time() > failed_at + 5:
+                break  # the peer of a failed rank: ended below
+            if time.time() > deadline:
+                raise RuntimeError(f"ran past {timeout} s (--timeout)")
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results, failures = [], []
+    for rank, (p, (out, err)) in enumerate(zip(procs, logs)):
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
+        out.close()
+        err.close()
+        lines = [lb.parse_result(x) for x in text.splitlines() if x.startswith("RESULT")]
         if p.returncode != 0 or not lines:
-            raise RuntimeError(f"rank {rank} exited {p.returncode}: {err.strip()[-2000:]}")
-        results.append(lines[-1])
-    veth_per_step = (link.tx_bytes(1) - tx0) / (args.iters + args.warmup)
+            # The rank that failed by itself first, not the peer killed after it.
+            failures.append((p.returncode == -9, f"rank {rank} exited {p.returncode}: {errors.strip()[-2000:]}"))
+        else:
+            results.append(lines[-1])
+    if failures:
+        raise RuntimeError(sorted(failures)[0][1])
+    veth_per_step = (link.tx_bytes(1) - tx0) / steps
     for x in results:
         x["veth_bytes_per_step"] = veth_per_step
         x["asked_bytes_per_step"] = x.get("hook_bytes") or x.get("bytes_reduced", 0)
