@@ -202,7 +202,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   // memory goes"), and their steps are long enough not to notice the faults.
   step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu &&
                          largest_megabytes(params) < kLargeGradientMb;
+  const std::vector<at::Tensor> reduced = params;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+  record_construction_logging_data(reduced);
   timeline_ = timeline_from_env(pg_);
   if (timeline_) reducer_->set_timeline(timeline_);
 }
@@ -279,6 +281,7 @@ class DDPJoinHook : public JoinHook {
 };
 
 std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  joined_up_ = true;
   divide_by_initial_world_size_ = options.divide_by_initial_world_size();
   return std::make_unique<DDPJoinHook>(*this);
 }

@@ -162,10 +162,15 @@ CommFuture powerSGD_hook(PowerSGDState& state, GradBucket& bucket) {
   // Error feedback: this iteration also sends what the last one lost.
   if (opt.use_error_feedback()) {
     auto it = state.error_dict_.find(index);
-    if (it != state.error_dict_.end())
+    if (it != state.error_dict_.end()) {
+      check_usage(it->second.numel() == input.numel(), "rank ", pg->rank(), ": powerSGD_hook: bucket ", index,
+                  " now holds ", input.numel(), " elements, its error feedback ", it->second.numel(),
+                  ": the buckets changed after compression started (bucket_cap_mb(\"auto\") still tuning?). "
+                  "Start compressing later (PowerSGDOptions::start_powerSGD_iter) or fix the bucket size.");
       input.add_(it->second);
-    else
+    } else {
       state.error_dict_[index] = at::zeros({input.size(0)}, options);
+    }
     c->input_copy = input.clone();
   }
 

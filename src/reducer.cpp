@@ -1,5 +1,6 @@
 #include "ddp/reducer.h"
 
+#include "bucket_autotune.h"
 #include "stall_inspector.h"
 #include "usage_check.h"
 
@@ -91,6 +92,16 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<size_t> ready_order;
   Clock::time_point first_ready;
   bool timing = false;
+  // The runtime figures of PyTorch's DDP logging data (ReducerStats).
+  Clock::time_point forward_start, output_ready, comm_start;
+  std::vector<size_t> step_ready_order;  // this backward's, every hook
+
+  // bucket_cap_mb("auto"). The buckets are laid out along layout_order (the
+  // agreed ready order; empty: registration order reversed).
+  std::vector<size_t> layout_order;
+  std::unique_ptr<BucketAutotune> autotune;
+  bool autotune_finished = false;
+  double pending_cap_mb = 0;  // lay the buckets out for this cap before the next forward (0: no change)
 
   ReducerStats stats;
   mutable std::mutex mutex;
@@ -229,6 +240,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     // Every hook counts, whatever its gradient: every rank then sees a
     // complete order.
     if (should_rebuild()) ready_order.push_back(i);
+    step_ready_order.push_back(i);
     mark_ready(i);
   }
 
@@ -347,6 +359,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
       const size_t index = next_bucket++;
       auto& b = buckets[index];
+      if (index == 0) comm_start = Clock::now();
       // Before the collective starts: its end can then never precede it.
       if (timeline) b.launch_us = timeline->now_us();
       if (comm_hook) {
@@ -463,6 +476,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     expect_hooks = false;
     unused_marked = false;
     timing = false;
+    step_ready_order.clear();
     armed_tasks.clear();
     unused_from_graph.clear();
   }
@@ -470,13 +484,20 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void finalize_backward() {
     const auto backward_end = Clock::now();
     torch::NoGradGuard no_grad;
+    int64_t unused_bytes = 0;
     if (static_first_iteration()) {
       reduce_after_first_static_backward();
     } else if (dynamic_find_unused()) {
+      for (size_t u : unused_from_graph) unused_bytes += param_bytes(u);
       // Parameters in the graph whose hook never fired count as unused too.
       unused_marked = true;
       for (size_t i = 0; i < params.size(); ++i)
-        if (!marked[i]) mark_ready(i);
+        if (!marked[i]) {
+          unused_bytes += param_bytes(i);
+          mark_ready(i);
+        }
+    } else if (options.static_graph()) {
+      for (size_t u : static_unused) unused_bytes += param_bytes(u);
     }
 
     if (next_bucket < buckets.size()) {
@@ -563,11 +584,15 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     std::fill(locally_used.begin(), locally_used.end(), 0);
 
     stats.iterations++;
-    if (timeline) timeline->set_step(stats.iterations);
+    if (timeline) {
+      timeline->set_step(stats.iterations);
+      if (timeline->skew_due()) timeline->report_skew();
+    }
     stats.bytes_reduced = 0;
     for (const auto& b : buckets) stats.bytes_reduced += b.contents.numel() * b.contents.element_size();
     stats.backward_ms = std::chrono::duration<double, std::milli>(backward_end - first_ready).count();
     stats.exposed_comm_ms = std::chrono::duration<double, std::milli>(wait_end - wait_start).count();
+    record_runtime(backward_end, wait_end, unused_bytes);
 
     // Every rank that finishes its first synchronised backward (a static
     // graph's second) rebuilds before its next forward, so all take part in
@@ -576,6 +601,95 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     if (static_after_first_iteration() && should_rebuild())
       ready_order.insert(ready_order.end(), static_unused.begin(), static_unused.end());
     reset_iteration();
+    autotune_after_step(stats.backward_ms + stats.exposed_comm_ms);
+  }
+
+  int64_t param_bytes(size_t i) const { return params[i].numel() * params[i].element_size(); }
+
+  static double ms_between(Clock::time_point from, Clock::time_point to) {
+    return std::max(0.0, std::chrono::duration<double, std::milli>(to - from).count());
+  }
+
+  // PyTorch's DDP logging data's runtime figures for the step that ends now,
+  // and their running means.
+  void record_runtime(Clock::time_point backward_end, Clock::time_point comm_end, int64_t unused_bytes) {
+    stats.forward_ms = ms_between(forward_start, output_ready);
+    stats.backward_compute_ms = ms_between(output_ready, backward_end);
+    const bool launched = !buckets.empty() && (pg->size() > 1 || comm_hook);
+    stats.comm_ms = launched ? ms_between(comm_start, comm_end) : 0;
+    stats.overlap_ms = launched ? ms_between(comm_start, backward_end) : 0;
+    stats.unused_parameter_bytes = unused_bytes;
+    stats.ready_order = step_ready_order;
+    const double n = static_cast<double>(stats.iterations);
+    auto& m = stats.mean;
+    m.forward_ms += (stats.forward_ms - m.forward_ms) / n;
+    m.backward_compute_ms += (stats.backward_compute_ms - m.backward_compute_ms) / n;
+    m.comm_ms += (stats.comm_ms - m.comm_ms) / n;
+    m.overlap_ms += (stats.overlap_ms - m.overlap_ms) / n;
+    m.exposed_comm_ms += (stats.exposed_comm_ms - m.exposed_comm_ms) / n;
+  }
+
+  // ---- bucket_cap_mb("auto") --------------------------------------------
+
+  std::vector<std::vector<size_t>> layout_for(double cap_mb) const {
+    const int64_t cap = bytes(cap_mb), first = bytes(options.first_bucket_mb());
+    return layout_order.empty() ? initial_bucket_assignment(params, first, cap, true)
+                                : compute_bucket_assignment(params, layout_order, first, cap);
+  }
+
+  void lay_out_for(double cap_mb) {
+    auto assignment = layout_for(cap_mb);
+    bool same = assignment.size() == buckets.size();
+    for (size_t b = 0; same && b < buckets.size(); ++b) same = assignment[b] == buckets[b].vars;
+    if (!same) initialize_buckets(assignment);
+    stats.bucket_cap_mb = cap_mb;
+  }
+
+  // After every synchronised step, a shadowed one under Join included (`ms`
+  // 0 then), so that every rank changes buckets at the same step. Tuning
+  // starts once the buckets follow the real ready order.
+  void autotune_after_step(double ms) {
+    if (!options.bucket_cap_auto() || autotune_finished || should_rebuild() || rebuild_pending) return;
+    if (!autotune) {
+      // Only caps that pack different buckets are worth a trial.
+      std::vector<double> caps;
+      std::vector<std::vector<std::vector<size_t>>> seen;
+      for (double cap : DDPOptions::kAutoBucketCapsMb) {
+        auto layout = layout_for(cap);
+        if (std::find(seen.begin(), seen.end(), layout) != seen.end()) continue;
+        seen.push_back(std::move(layout));
+        caps.push_back(cap);
+      }
+      autotune = std::make_unique<BucketAutotune>(caps, DDPOptions::kAutoBucketCapWarmupSteps,
+                                                  DDPOptions::kAutoBucketCapTimedSteps);
+      pending_cap_mb = autotune->current_cap_mb();
+      if (caps.size() == 1) finish_autotune();
+      return;
+    }
+    switch (autotune->after_step(ms)) {
+      case BucketAutotune::Next::keep:
+        return;
+      case BucketAutotune::Next::switch_:
+        pending_cap_mb = autotune->current_cap_mb();
+        return;
+      case BucketAutotune::Next::agree:
+        pending_cap_mb = autotune->agree(*pg);
+        for (const auto& t : autotune->trials()) stats.bucket_cap_trials.emplace_back(t.cap_mb, t.ms);
+        if (pg->rank() == 0)
+          std::cout << who() << "bucket_cap_mb auto: " << autotune->summary() << std::endl;
+        finish_autotune();
+        return;
+    }
+  }
+
+  void finish_autotune() {
+    autotune_finished = true;
+    stats.bucket_cap_tuning = false;
+  }
+
+  void apply_pending_cap() {
+    if (pending_cap_mb > 0) lay_out_for(pending_cap_mb);
+    pending_cap_mb = 0;
   }
 
   // The hook's reduced bucket goes where the built-in all-reduce leaves its
@@ -606,6 +720,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     ready_order.clear();
     if (data[0] != 1) return;  // rank 0 did not see every hook: keep the buckets
     std::vector<size_t> agreed(data + 1, data + 1 + params.size());
+    layout_order = agreed;
     auto assignment =
         compute_bucket_assignment(params, agreed, bytes(options.first_bucket_mb()), bytes(options.bucket_cap_mb()));
     // Often the real order packs the same buckets as the guess: then
@@ -673,6 +788,11 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
         for (size_t i = 0; i < params.size(); ++i) ready_order.push_back(i);
       rebuild_pending = true;
     }
+    if (timeline) {  // the step counts here too, so that the skew reports' gathers match
+      timeline->set_step(timeline->step() + 1);
+      if (timeline->skew_due()) timeline->report_skew();
+    }
+    autotune_after_step(0);
   }
 
   void find_unused(const std::vector<at::Tensor>& outputs) {
@@ -719,6 +839,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.marked.assign(s.params.size(), 0);
   s.locally_used.assign(s.params.size(), 0);
   s.hook_counts.assign(s.params.size(), 0);
+  s.stats.bucket_cap_mb = options.bucket_cap_mb();
+  s.stats.bucket_cap_tuning = options.bucket_cap_auto();
   if (const auto threshold = StallInspector::threshold_for(options.stall_check_seconds(), *s.pg);
       threshold.count() > 0 && s.pg->size() > 1) {
     static std::atomic<int> models{0};
@@ -739,11 +861,13 @@ void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
   s.settle_unfinished();
+  s.forward_start = Clock::now();
   if (s.sync) ++s.sync_forwards;
   if (s.rebuild_pending) {
     s.rebuild_pending = false;
     s.rebuild_buckets();
   }
+  s.apply_pending_cap();
 }
 
 void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
@@ -751,6 +875,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   auto& s = *impl_;
   s.settle_unfinished();
   if (!s.sync) return;
+  s.output_ready = Clock::now();
   s.expect_hooks = true;
   ++s.generation;
   if (s.should_rebuild()) s.ready_order.clear();
@@ -809,6 +934,7 @@ void Reducer::join_shadow_forward() {
     s.rebuild_pending = false;
     s.rebuild_buckets();
   }
+  s.apply_pending_cap();
 }
 
 void Reducer::join_shadow_backward() {

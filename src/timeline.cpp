@@ -1,5 +1,7 @@
 #include "ddp/timeline.h"
 
+#include "json_text.h"
+#include "parse_number.h"
 #include "usage_check.h"
 
 #include <unistd.h>
@@ -23,27 +25,6 @@ namespace {
 int64_t steady_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
 }
 
 int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
@@ -170,15 +151,12 @@ void Timeline::write() {
   if (written_) return;
   written_ = true;
   const auto parts = all_gather_object(*pg_, events_json());
-  std::string mine;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (const auto& l : launches_)
-      mine += std::to_string(l.step) + " " + std::to_string(l.bucket) + " " + std::to_string(l.at_us) + "\n";
-  }
-  const auto launches = all_gather_object(*pg_, mine);
+  const auto launches = gather_launches(0, std::numeric_limits<int64_t>::max());
   if (pg_->rank() != 0) return;
-  write_skew_report(launches);
+  std::string csv;
+  const std::string table = skew_table(launches, "in the whole run", &csv);
+  write_file_atomically(report_path(".skew.csv"), csv);
+  append_skew_table(table);
   std::string text = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   for (size_t r = 0; r < parts.size(); ++r) text += (r ? ",\n" : "") + parts[r];
   text += "\n]}\n";
@@ -200,7 +178,46 @@ void Timeline::write_own_part() noexcept {
   }
 }
 
-void Timeline::write_skew_report(const std::vector<std::string>& launches) const {
+std::vector<std::string> Timeline::gather_launches(int64_t from_step, int64_t to_step) const {
+  std::string mine;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& l : launches_)
+      if (l.step >= from_step && l.step < to_step)
+        mine += std::to_string(l.step) + " " + std::to_string(l.bucket) + " " + std::to_string(l.at_us) + "\n";
+  }
+  return all_gather_object(*pg_, mine);
+}
+
+std::string Timeline::report_path(const std::string& suffix) const {
+  std::string path = path_;
+  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) path.resize(path.size() - 5);
+  return path + suffix;
+}
+
+void Timeline::append_skew_table(const std::string& table) const {
+  const std::string path = report_path(".skew.txt");
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream old;
+    old << in.rdbuf();
+    text = old.str();
+  }
+  write_file_atomically(path, text + table + "\n");
+  std::cerr << table << std::flush;
+}
+
+void Timeline::report_skew() {
+  const int64_t from = reported_through_, to = step_;
+  reported_through_ = step_;
+  const auto launches = gather_launches(from, to);
+  if (pg_->rank() != 0) return;
+  append_skew_table(skew_table(launches, "in steps " + std::to_string(from + 1) + "-" + std::to_string(to), nullptr));
+}
+
+std::string Timeline::skew_table(const std::vector<std::string>& launches, const std::string& when,
+                                 std::string* csv_out) const {
   const int world = static_cast<int>(launches.size());
   // (step, bucket) -> every rank's launch; only those all ranks launched.
   std::map<std::pair<int64_t, int>, std::vector<int64_t>> by_bucket;
@@ -214,9 +231,6 @@ void Timeline::write_skew_report(const std::vector<std::string>& launches) const
       v[r] = at;
     }
   }
-  std::string path = path_;
-  if (path.size() > 5 && path.compare(path.size() - 5, 5, ".json") == 0) path.resize(path.size() - 5);
-  path += ".skew.csv";
   std::ostringstream csv;
   csv << "step,bucket,last_rank,lag_us";
   for (int r = 0; r < world; ++r) csv << ",launch_us_rank" << r;
@@ -236,10 +250,11 @@ void Timeline::write_skew_report(const std::vector<std::string>& launches) const
     for (int64_t t : at) csv << "," << t;
     csv << "\n";
   }
-  write_file_atomically(path, csv.str());
+  if (csv_out) *csv_out = csv.str();
   std::ostringstream table;
-  table << "rank 0: DDP skew over " << counted << " bucket launch(es) in " << steps
-        << " step(s): the last rank to launch a bucket, and by how much after the first (" << path << ")\n"
+  table << "rank 0: DDP skew " << when << ", over " << counted << " bucket launch(es) in " << steps
+        << " step(s): the last rank to launch a bucket, and by how much after the first (" << report_path(".skew.csv")
+        << ")\n"
         << "  rank   last   share   mean lag ms   max lag ms\n";
   for (int r = 0; r < world; ++r) {
     char line[128];
@@ -248,24 +263,39 @@ void Timeline::write_skew_report(const std::vector<std::string>& launches) const
                   times_last[r] ? lag_sum[r] / 1000.0 / times_last[r] : 0.0, lag_max[r] / 1000.0);
     table << line;
   }
-  std::cerr << table.str() << std::flush;
+  return table.str();
 }
 
 std::shared_ptr<Timeline> timeline_from_env(const std::shared_ptr<ProcessGroup>& pg) {
   const char* env = std::getenv("DDP_TIMELINE");
   const bool mine = env != nullptr && *env != '\0';
-  // Every rank must agree, or the offsets' broadcasts would meet other
-  // collectives: one small all-gather tells.
-  auto flags = pg->allgather(torch::tensor({mine ? 1 : 0}, torch::kInt64).to(pg->device()));
+  int64_t every = 0;
+  if (const char* e = std::getenv("DDP_TIMELINE_SKEW_EVERY"); mine && e && *e) {
+    const auto v = parse_integer(e, 0, std::numeric_limits<int32_t>::max());
+    check_usage(v.has_value(), "rank ", pg->rank(), ": DDP_TIMELINE_SKEW_EVERY='", e,
+                "' is not a whole number of steps >= 0; set it to N to report the rank skew every N steps (0: only "
+                "at the end)");
+    every = *v;
+  }
+  // Every rank must agree, or the offsets' broadcasts (and the skew reports'
+  // gathers) would meet other collectives: one small all-gather tells.
+  auto flags = pg->allgather(torch::tensor({mine ? 1 : 0, every}, torch::kInt64).to(pg->device()));
   std::string without;
   int with = 0;
   for (int r = 0; r < pg->size(); ++r) {
-    if (flags[r].cpu().item<int64_t>() != 0)
+    const auto f = flags[r].cpu();
+    if (f[0].item<int64_t>() != 0)
       ++with;
     else
       without += (without.empty() ? "" : ", ") + std::to_string(r);
+    check_usage(f[1].item<int64_t>() == every, "rank ", pg->rank(), ": DDP_TIMELINE_SKEW_EVERY is ", every,
+                " here but ", f[1].item<int64_t>(), " on rank ", r, "; set the same value for the whole job");
   }
-  if (with == pg->size()) return std::make_shared<Timeline>(pg, env);
+  if (with == pg->size()) {
+    auto timeline = std::make_shared<Timeline>(pg, env);
+    timeline->set_skew_every(every);
+    return timeline;
+  }
   check_usage(with == 0, "rank ", pg->rank(), ": DDP_TIMELINE is set on some ranks but not on rank(s) ", without,
               "; set it for the whole job (ddprun passes its environment to every worker; with srun or mpirun, "
               "export it or pass it with -x)");

@@ -10,6 +10,7 @@
 #include <torch/arg.h>
 
 #include <cmath>
+#include <stdexcept>
 #include <string>
 
 #include "ddp/errors.h"
@@ -23,9 +24,43 @@ struct DistributedDataParallelOptions {
   // are rebuilt in the real ready order after it. Must be > 0.
   DistributedDataParallelOptions& bucket_cap_mb(double mb) {
     bucket_cap_mb_ = positive_mb("bucket_cap_mb", mb);
+    bucket_cap_auto_ = false;
     return *this;
   }
   double bucket_cap_mb() const { return bucket_cap_mb_; }
+  // "auto" (not in PyTorch; Horovod's autotune for its fusion buffer): once
+  // the buckets follow the real ready order, DDP tries each candidate cap
+  // (kAutoBucketCapsMb, those that pack different buckets) for a few
+  // synchronised steps, keeps the one with the shortest backward plus
+  // exposed communication (the slowest rank's, agreed by one all-reduce), and
+  // uses it from then on (ReducerStats::bucket_cap_mb, bucket_cap_trials). A
+  // number as text is the same as bucket_cap_mb(number). Anything else is a
+  // UsageError.
+  DistributedDataParallelOptions& bucket_cap_mb(const std::string& value) {
+    if (value == "auto") {
+      bucket_cap_auto_ = true;
+      return *this;
+    }
+    size_t used = 0;
+    double mb = std::nan("");
+    try {
+      mb = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size())
+      throw UsageError("DistributedDataParallelOptions: bucket_cap_mb must be a positive number of MiB or \"auto\", got \"" +
+                       value + "\"");
+    bucket_cap_auto_ = false;
+    return bucket_cap_mb(mb);
+  }
+  bool bucket_cap_auto() const { return bucket_cap_auto_; }
+  // The caps "auto" tries, in MiB, smallest first. Each is tried for
+  // kAutoBucketCapWarmupSteps steps that are not counted, then timed over
+  // kAutoBucketCapTimedSteps steps (the median is kept).
+  static constexpr double kAutoBucketCapsMb[] = {1, 2, 5, 10, 25, 50, 100};
+  static constexpr int kAutoBucketCapWarmupSteps = 1;
+  static constexpr int kAutoBucketCapTimedSteps = 3;
   // The first bucket (the last layers' gradients, ready first) is smaller so
   // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
   // Must be > 0.
@@ -87,6 +122,7 @@ struct DistributedDataParallelOptions {
     return mb;
   }
   double bucket_cap_mb_ = 25.0;
+  bool bucket_cap_auto_ = false;
   double first_bucket_mb_ = 1.0;
 };
 

@@ -19,6 +19,7 @@
 #include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
 #include "ddp/join.h"
+#include "ddp/logging_data.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 #include "ddp/timeline.h"
@@ -66,6 +67,9 @@ class DistributedDataParallelBase : public Joinable {
   // The job's timeline when DDP_TIMELINE is set (ddp/timeline.h), else null.
   // The training kit records its optimizer steps on it.
   const std::shared_ptr<Timeline>& timeline() const { return timeline_; }
+  // PyTorch's _get_ddp_logging_data(): the configuration, the buckets and
+  // the runtime means of this rank (ddp/logging_data.h).
+  DDPLoggingData get_ddp_logging_data() const;
 
   // RAII: backward passes inside it accumulate gradients locally; the next
   // synchronised backward reduces the accumulated sum. As PyTorch's no_sync().
@@ -118,6 +122,9 @@ class DistributedDataParallelBase : public Joinable {
   std::unique_ptr<Reducer> reducer_;
   std::shared_ptr<Timeline> timeline_;
   int64_t forward_start_us_ = 0;
+  DDPLoggingData logging_data_;  // what construction knows
+  bool joined_up_ = false;       // join_hook() was asked for
+  void record_construction_logging_data(const std::vector<at::Tensor>& params);
   // ddp::Join: this model's hook, and the forward's all-reduce telling joined
   // ranks whether the backward synchronises.
   friend class DDPJoinHook;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm_hook.h"
@@ -33,6 +34,31 @@ struct ReducerStats {
   // The buckets follow the order gradients really became ready (rebuilt
   // after the first iteration, or kept when that order packs the same buckets).
   bool buckets_rebuilt = false;
+
+  // As the runtime part of PyTorch's DDP logging data, for the last
+  // synchronised step, in ms on this rank's clock:
+  double forward_ms = 0;           // DDP forward entered -> its output ready
+  double backward_compute_ms = 0;  // output ready -> end of backward
+  double comm_ms = 0;              // first bucket launched -> last bucket done
+  double overlap_ms = 0;           // first bucket launched -> end of backward (0 if none launched before)
+  // Their means over every synchronised step so far (PyTorch samples some
+  // steps; these cost two clock reads a step), and the exposed
+  // communication's.
+  struct Means {
+    double forward_ms = 0, backward_compute_ms = 0, comm_ms = 0, overlap_ms = 0, exposed_comm_ms = 0;
+  } mean;
+  // Bytes of the parameters found unused in the last step (find_unused_parameters).
+  int64_t unused_parameter_bytes = 0;
+  // The order gradients became ready in the last synchronised step (parameter indices).
+  std::vector<size_t> ready_order;
+
+  // The bucket cap in effect, MiB; with bucket_cap_mb("auto"), the current
+  // candidate while tuning and the chosen one after.
+  double bucket_cap_mb = 0;
+  bool bucket_cap_tuning = false;  // "auto" has not chosen yet
+  // "auto": each candidate cap tried and its agreed cost (the slowest rank's
+  // median backward plus exposed communication), ms; filled once it chose.
+  std::vector<std::pair<double, double>> bucket_cap_trials;
 };
 
 class Reducer {

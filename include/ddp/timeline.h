@@ -56,6 +56,15 @@ class Timeline {
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }
 
+  // Every `every` synchronised steps (0: never), the reducer calls
+  // report_skew(): DDP_TIMELINE_SKEW_EVERY, or the training kit's
+  // --timeline-skew-every.
+  void set_skew_every(int64_t every) { skew_every_ = every; }
+  bool skew_due() const { return skew_every_ > 0 && step_ > reported_through_ && step_ % skew_every_ == 0; }
+  // Collective: the skew table of the steps since the last report (rank 0:
+  // on its console and appended to `path` with .skew.txt for .json).
+  void report_skew();
+
   // This rank's measured offset (its clock minus rank 0's), microseconds,
   // and the round trip it was measured over.
   int64_t offset_us() const { return offset_us_; }
@@ -66,7 +75,7 @@ class Timeline {
   // (atomically: a temporary file renamed over `path`) and the skew report:
   // for every step and bucket, the last rank to launch it and by how much
   // after the first, as `path` with .skew.csv for .json, and a table per
-  // rank on its console. Once; later calls do nothing. Throws
+  // rank on its console and appended to .skew.txt. Once; later calls do nothing. Throws
   // CommError/UsageError naming the rank.
   void write();
   // Not collective: this rank's events alone, to `path`.rank<R>.json, for
@@ -77,7 +86,11 @@ class Timeline {
   std::string events_json() const;
 
  private:
-  void write_skew_report(const std::vector<std::string>& launches) const;
+  // Every rank's launches of steps [from_step, to_step) (collective).
+  std::vector<std::string> gather_launches(int64_t from_step, int64_t to_step) const;
+  std::string skew_table(const std::vector<std::string>& launches, const std::string& when, std::string* csv) const;
+  std::string report_path(const std::string& suffix) const;
+  void append_skew_table(const std::string& table) const;
   struct Event {
     char phase;  // 'X' span, 'i' instant
     Row row;
@@ -90,6 +103,7 @@ class Timeline {
   int64_t origin_ns_ = 0;  // this rank's steady clock at rank 0's start, in this rank's time
   int64_t offset_us_ = 0, offset_rtt_us_ = 0;
   int64_t step_ = 0;
+  int64_t skew_every_ = 0, reported_through_ = 0;
   int64_t last_communication_end_us_ = 0;
   bool written_ = false;
   mutable std::mutex mutex_;
