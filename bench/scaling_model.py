@@ -602,7 +602,8 @@ def measured_block(rows, fits, checks, profile, unit_name):
     return "\n\n".join(parts)
 
 
-def projection_block(profile):
+def constants_block():
+    """The projection's constants, as the code has them (docs/scaling.md gives their sources)."""
     parts = []
     t = [[s.label, s.g, f"{s.nvl_GBps:g}", f"{s.nvl_alpha_us:g}",
           f"{s.nics} x {s.nic_Gbps:g} Gb/s", f"{s.eff:g}", f"{s.node_bw / 1e9:.1f}",
@@ -616,6 +617,11 @@ def projection_block(profile):
     parts.append("**Compute per GPU and step** (assumptions; forward + backward + optimizer, fixed per-GPU batch)\n\n" +
                  md_table(["GPU", "model", "batch/GPU", "ms/step", "basis"], t,
                           ["---", "---", "---:", "---:", "---"]))
+    return "\n\n".join(parts)
+
+
+def projection_block(profile):
+    parts = []
     t = []
     for key in PROJ_MODELS:
         for sc in SCENARIOS:
@@ -689,6 +695,8 @@ def text_report(rows, fits, checks, profile, notes):
             out.append(f"    exposed: measured {f(c.exposed)} model {c.p_exposed:.1f}; step: measured {f(c.step)} "
                        f"model {c.p_step:.1f}; comm: measured {f(c.comm)} model {c.p_comm:.1f}"
                        + (f"; veth {c.veth:.2f} MB/step (gradient {mb(grad_bytes(c.key)):.2f} MB)" if c.veth else ""))
+    out.append("")
+    out.append(constants_block())
     out.append("")
     for sc in SCENARIOS:
         for key in PROJ_MODELS:
