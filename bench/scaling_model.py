@@ -378,6 +378,10 @@ def validate(rows, fits, profile, notes):
                 c.comm = per_run(sel, "comm_ms", min)
                 c.backward = per_run(sel, "backward_ms", max)
                 c.veth = per_run(sel, "veth_mb_per_step", max)
+                if c.veth and abs(c.veth * 1e6 / grad_bytes(key) - 1) > 0.03:
+                    # With 2 ranks each end sends about the gradient's bytes (plus headers).
+                    notes.append(f"model {key}: {c.veth:.1f} MB on the veth per step against {mb(grad_bytes(key)):.1f} "
+                                 "MB of gradients in this layout: the benchmark's model may differ from it")
                 c.rows = timeline(key, c.cap, loc.backward, lambda S: fit.predict(S), profile)
                 c.p_exposed = exposed_ms(c.rows, loc.backward)
                 c.p_step = loc.step + c.p_exposed
