@@ -307,7 +307,11 @@ def fit_links(rows, unit, notes):
             # sees the collective alone: min over ranks, median over rounds.
             pts = [(mb * unit, per_run(rs, "ms_per_step", min), len(rs)) for mb, rs in sorted(by_size.items())]
             if len(pts) >= 2:
-                fits[(link, impl)] = Fit(link, impl, pts)
+                fit = Fit(link, impl, pts)
+                if fit.ms_per_byte > 0:
+                    fits[(link, impl)] = fit
+                else:
+                    notes.append(f"link {link} {impl}: the all-reduce time does not grow with size; not fitted")
             sizes = max(sizes, len(pts))
         if not fit_for(fits, link):
             notes.append(f"link {link}: all-reduce rows at {sizes} size(s), 2 or more needed: not fitted, "
