@@ -17,14 +17,17 @@ figure the issue measured) and checks the goals:
 Modes: local, ddp, ddp_no_retain (DDPOptions::retain_step_memory(false):
 the slow regime's cause, glibc returning every step's heap), sync_only (the
 ranks meet once per step and exchange no gradients), ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
-loop under SCHED_IDLE, see src/comm_threads.h), pytorch_ddp, pytorch_local
+loop under SCHED_IDLE, see src/comm_threads.h), ddp_timeline (DDP_TIMELINE set:
+the timeline's cost, with --model mlp100 for a large model), pytorch_ddp, pytorch_local
 (see run_lenet_bench.py).
 """
 import argparse
 import csv
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 
 import run_lenet_bench as lb
 
@@ -36,6 +39,9 @@ MODES = {
     "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
     # libddp with Gloo's event loop under SCHED_IDLE (DDP_GLOO_LOOP_POLICY=idle)
     "ddp_loop_idle": ("cpp", ["--mode", "ddp"]),
+    # libddp recording its timeline (DDP_TIMELINE=<temporary file>): what the
+    # timeline costs a step; the trace is written after the timed loop
+    "ddp_timeline": ("cpp", ["--mode", "ddp"]),
     # the ranks meet once per step (a one-float all-reduce) and exchange no
     # gradients: the ceiling of any transport for a synchronous step
     "sync_only": ("cpp", ["--mode", "sync_only"]),
@@ -56,6 +62,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--model", default="d2l_lenet", help="d2l_lenet (default), lenet, mlp100, ...")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--flush-denormal", type=int, default=0,
                     help="0 (default) as the plain program does; sigmoids keep this model's gradients normal")
@@ -73,7 +80,7 @@ def main():
     if unknown:
         sys.exit(f"unknown mode(s) {unknown}; known: {list(MODES)}")
 
-    common = ["--model", "d2l_lenet", "--iters", str(args.iters), "--warmup", str(args.warmup),
+    common = ["--model", args.model, "--iters", str(args.iters), "--warmup", str(args.warmup),
               "--batch", str(args.batch), "--lr", "0.1", "--flush-denormal", str(args.flush_denormal)]
     print(f"binary {args.bin}\npython {args.python}\ncpus {os.cpu_count()}, load average "
           f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}\n", flush=True)
@@ -90,10 +97,16 @@ def main():
                     flags = flags + args.extra.split()
                 if m == "ddp_loop_idle":
                     os.environ["DDP_GLOO_LOOP_POLICY"] = "idle"
+                trace_dir = tempfile.mkdtemp(prefix="ddp_bench_timeline_") if m == "ddp_timeline" else None
+                if trace_dir:
+                    os.environ["DDP_TIMELINE"] = os.path.join(trace_dir, "trace.json")
                 try:
                     res = lb.run_mode(args, impl, flags, common, args.world, m)
                 finally:
                     os.environ.pop("DDP_GLOO_LOOP_POLICY", None)
+                    os.environ.pop("DDP_TIMELINE", None)
+                    if trace_dir:
+                        shutil.rmtree(trace_dir, ignore_errors=True)
                 by_rank = {x["rank"]: x for x in res}
                 runs[m].append(by_rank)
                 for x in res:
@@ -128,6 +141,10 @@ def main():
     if "ddp" in stats and "ddp_loop_idle" in stats:
         goals.append(f"libddp's median with the idle loop / with Gloo's default loop = "
                      f"{stats['ddp_loop_idle'][1] / stats['ddp'][1]:.3f}")
+    if "ddp" in stats and "ddp_timeline" in stats:
+        rr = [a[0]["it_s"] / b[0]["it_s"] for a, b in zip(runs["ddp_timeline"], runs["ddp"])]
+        goals.append(f"libddp with the timeline / without, per round: {' '.join('%.3f' % x for x in rr)} "
+                     f"(median {statistics.median(rr):.3f})")
     if "ddp" in stats and "local" in stats:
         ratio = stats["ddp"][1] / stats["local"][1]
         goals.append(f"libddp's median / local's median = {ratio:.3f} (goal >= 0.9): "

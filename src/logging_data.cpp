@@ -74,6 +74,7 @@ void DistributedDataParallelBase::record_construction_logging_data(const std::ve
   if (pg.backend_name() == "gloo") {
     d.strs_map["gloo_socket_ifname"] = env_or_na("GLOO_SOCKET_IFNAME");
     d.strs_map["gloo_device_transport"] = env_or_na("GLOO_DEVICE_TRANSPORT");
+    d.ints_map["gloo_num_threads"] = 2;  // c10d's ProcessGroupGloo::Options default, which init_process_group keeps
   }
   d.strs_map["device_ids"] = pg.device().is_cuda() ? std::to_string(pg.device().index()) : "";
   d.ints_map["output_device"] = pg.device().is_cuda() ? pg.device().index() : -1;
@@ -123,6 +124,11 @@ DDPLoggingData DistributedDataParallelBase::get_ddp_logging_data() const {
   d.ints_map["backward_comm_time"] = ns(s.comm_ms);
   d.ints_map["backward_compute_comm_overlap_time"] = ns(s.overlap_ms);
   d.ints_map["backward_exposed_comm_time"] = ns(s.exposed_comm_ms);
+  d.ints_map["forward_compute_time_start"] = s.at_ns.forward_start;
+  d.ints_map["backward_compute_time_start"] = s.at_ns.backward_compute_start;
+  d.ints_map["backward_compute_time_end"] = s.at_ns.backward_compute_end;
+  d.ints_map["backward_comm_time_start"] = s.at_ns.comm_start;
+  d.ints_map["backward_comm_time_end"] = s.at_ns.comm_end;
   d.ints_map["avg_forward_compute_time"] = ns(s.mean.forward_ms);
   d.ints_map["avg_backward_compute_time"] = ns(s.mean.backward_compute_ms);
   d.ints_map["avg_backward_comm_time"] = ns(s.mean.comm_ms);

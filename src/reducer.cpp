@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -618,6 +619,14 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     const bool launched = !buckets.empty() && (pg->size() > 1 || comm_hook);
     stats.comm_ms = launched ? ms_between(comm_start, comm_end) : 0;
     stats.overlap_ms = launched ? ms_between(comm_start, backward_end) : 0;
+    // Steady times as system-clock ns, for PyTorch's *_time_start/_end.
+    const auto steady_now = Clock::now();
+    const auto system_now = std::chrono::system_clock::now().time_since_epoch();
+    auto wall_ns = [&](Clock::time_point t) {
+      return std::chrono::duration_cast<std::chrono::nanoseconds>(system_now - (steady_now - t)).count();
+    };
+    stats.at_ns = {wall_ns(forward_start), wall_ns(output_ready), wall_ns(backward_end),
+                   launched ? wall_ns(comm_start) : 0, launched ? wall_ns(comm_end) : 0};
     stats.unused_parameter_bytes = unused_bytes;
     stats.ready_order = step_ready_order;
     const double n = static_cast<double>(stats.iterations);
@@ -654,7 +663,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
       // Only caps that pack different buckets are worth a trial.
       std::vector<double> caps;
       std::vector<std::vector<std::vector<size_t>>> seen;
-      for (double cap : DDPOptions::kAutoBucketCapsMb) {
+      for (double cap : options.bucket_cap_candidates_mb()) {
         auto layout = layout_for(cap);
         if (std::find(seen.begin(), seen.end(), layout) != seen.end()) continue;
         seen.push_back(std::move(layout));
@@ -839,6 +848,14 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.marked.assign(s.params.size(), 0);
   s.locally_used.assign(s.params.size(), 0);
   s.hook_counts.assign(s.params.size(), 0);
+  if (options.bucket_cap_auto()) {
+    const auto& caps = options.bucket_cap_candidates_mb();
+    check_usage(!caps.empty(), s.who(), "bucket_cap_mb(\"auto\") has no candidate cap to try; give "
+                "bucket_cap_candidates_mb at least one size in MiB");
+    for (double cap : caps)
+      check_usage(cap > 0 && std::isfinite(cap), s.who(), "bucket_cap_candidates_mb holds ", cap,
+                  "; every candidate must be a positive number of MiB");
+  }
   s.stats.bucket_cap_mb = options.bucket_cap_mb();
   s.stats.bucket_cap_tuning = options.bucket_cap_auto();
   if (const auto threshold = StallInspector::threshold_for(options.stall_check_seconds(), *s.pg);

@@ -279,7 +279,7 @@ std::shared_ptr<Timeline> timeline_from_env(const std::shared_ptr<ProcessGroup>&
   }
   // Every rank must agree, or the offsets' broadcasts (and the skew reports'
   // gathers) would meet other collectives: one small all-gather tells.
-  auto flags = pg->allgather(torch::tensor({mine ? 1 : 0, every}, torch::kInt64).to(pg->device()));
+  auto flags = pg->allgather(torch::tensor({static_cast<int64_t>(mine ? 1 : 0), every}, torch::kInt64).to(pg->device()));
   std::string without;
   int with = 0;
   for (int r = 0; r < pg->size(); ++r) {

@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();
         auto loss = torch::mse_loss(model(x), y);
         loss.backward();
-        optimizer.step();
+        ddp::optimizer_step(model, optimizer);
         return loss;
       });
 
@@ -116,6 +116,7 @@ int main(int argc, char** argv) {
     }
 
     // 6. What the run leaves behind.
+    ddp::save_ddp_logging_data(run, model, *pg);
     ddp::finish_run(run, *net, *pg);
     ddp::destroy_process_group();
     return 0;

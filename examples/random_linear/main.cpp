@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();
         auto output = model(input, rank);
         output.pow(2).mean().backward();  // any loss: DDP averages its gradients over the ranks
-        optimizer.step();
+        ddp::optimizer_step(model, optimizer);
         std::cout << "Outside (rank " << rank << "): input size " << input.sizes() << " output_size " << output.sizes()
                   << std::endl;
       }

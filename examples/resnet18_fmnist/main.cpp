@@ -137,7 +137,7 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();
         auto loss = torch::nn::functional::cross_entropy(model(x), y);
         loss.backward();
-        optimizer.step();
+        ddp::optimizer_step(model, optimizer);
         return loss;
       });
       const auto eval = ddp::evaluate_classifier(eval_net, *test_loader, *pg, opts.limit_batches());
@@ -149,6 +149,7 @@ int main(int argc, char** argv) {
     // 6. What the run leaves behind.
     char best[96];
     std::snprintf(best, sizeof best, "best test acc %.4f", best_acc);
+    ddp::save_ddp_logging_data(run, model, *pg);
     ddp::finish_run(run, *net, *pg, best);
     ddp::destroy_process_group();
     return 0;

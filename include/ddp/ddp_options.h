@@ -12,6 +12,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "ddp/errors.h"
 
@@ -30,7 +31,7 @@ struct DistributedDataParallelOptions {
   double bucket_cap_mb() const { return bucket_cap_mb_; }
   // "auto" (not in PyTorch; Horovod's autotune for its fusion buffer): once
   // the buckets follow the real ready order, DDP tries each candidate cap
-  // (kAutoBucketCapsMb, those that pack different buckets) for a few
+  // (bucket_cap_candidates_mb, those that pack different buckets) for a few
   // synchronised steps, keeps the one with the shortest backward plus
   // exposed communication (the slowest rank's, agreed by one all-reduce), and
   // uses it from then on (ReducerStats::bucket_cap_mb, bucket_cap_trials). A
@@ -55,10 +56,14 @@ struct DistributedDataParallelOptions {
     return bucket_cap_mb(mb);
   }
   bool bucket_cap_auto() const { return bucket_cap_auto_; }
-  // The caps "auto" tries, in MiB, smallest first. Each is tried for
-  // kAutoBucketCapWarmupSteps steps that are not counted, then timed over
-  // kAutoBucketCapTimedSteps steps (the median is kept).
-  static constexpr double kAutoBucketCapsMb[] = {1, 2, 5, 10, 25, 50, 100};
+  // The caps "auto" tries, in MiB, in this order (positive; checked when the
+  // model is wrapped). Each one that packs different buckets than those
+  // before it runs kAutoBucketCapWarmupSteps steps that are not counted, then
+  // kAutoBucketCapTimedSteps timed ones (the median counts): with the
+  // defaults and a model that fills them, 28 steps.
+  TORCH_ARG(std::vector<double>, bucket_cap_candidates_mb) = std::vector<double>{1, 2, 5, 10, 25, 50, 100};
+
+ public:
   static constexpr int kAutoBucketCapWarmupSteps = 1;
   static constexpr int kAutoBucketCapTimedSteps = 3;
   // The first bucket (the last layers' gradients, ready first) is smaller so

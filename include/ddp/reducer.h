@@ -47,6 +47,11 @@ struct ReducerStats {
   struct Means {
     double forward_ms = 0, backward_compute_ms = 0, comm_ms = 0, overlap_ms = 0, exposed_comm_ms = 0;
   } mean;
+  // When those spans began and ended, ns since the epoch on the system clock
+  // (PyTorch's *_time_start / *_time_end); 0: no such moment (no bucket launched).
+  struct Moments {
+    int64_t forward_start = 0, backward_compute_start = 0, backward_compute_end = 0, comm_start = 0, comm_end = 0;
+  } at_ns;
   // Bytes of the parameters found unused in the last step (find_unused_parameters).
   int64_t unused_parameter_bytes = 0;
   // The order gradients became ready in the last synchronised step (parameter indices).

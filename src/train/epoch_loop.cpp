@@ -1,6 +1,10 @@
 #include "ddp/train/epoch_loop.h"
 
+#include "atomic_file.h"
+
 #include <cstdio>
+
+#include "ddp/object_collectives.h"
 
 namespace ddp {
 
@@ -19,6 +23,17 @@ std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResul
   std::snprintf(line, sizeof line, "train loss %.4f, test loss %.4f, test acc %.4f (%lld samples), %.1f s", train.loss,
                 eval.loss(), eval.accuracy(), static_cast<long long>(eval.count), train.seconds);
   return line;
+}
+
+void save_ddp_logging_data(RunDir& run, const DistributedDataParallelBase& model, ProcessGroup& pg) {
+  const auto parts = all_gather_object(pg, model.get_ddp_logging_data().to_json());
+  if (pg.rank() != 0) return;
+  std::string text = "[\n";
+  for (size_t r = 0; r < parts.size(); ++r) text += (r ? ",\n" : "") + parts[r];
+  text += "]\n";
+  const std::string path = run.file("ddp_logging.json");
+  write_atomically(path, std::vector<char>(text.begin(), text.end()));
+  run.log("DDP logging data: " + path);
 }
 
 void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary) {

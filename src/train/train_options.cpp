@@ -1,5 +1,7 @@
 #include "ddp/train/train_options.h"
 
+#include "parse_number.h"
+
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -41,7 +43,9 @@ ProcessGroupOptions TrainOptions::process_group_options() const {
   return ProcessGroupOptions().backend(backend()).timeout(std::chrono::seconds(timeout_s()));
 }
 
-DDPOptions TrainOptions::ddp_options() const { return DDPOptions().bucket_cap_mb(bucket_cap_mb()); }
+DDPOptions TrainOptions::ddp_options() const {
+  return bucket_cap_auto() ? DDPOptions().bucket_cap_mb(std::string("auto")) : DDPOptions().bucket_cap_mb(bucket_cap_mb());
+}
 
 std::map<std::string, std::string> TrainOptions::to_config() const {
   auto str = [](double v) {
@@ -55,7 +59,7 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"lr", str(lr())},
           {"seed", std::to_string(seed())},
           {"backend", backend()},
-          {"bucket_cap_mb", str(bucket_cap_mb())},
+          {"bucket_cap_mb", bucket_cap_auto() ? std::string("auto") : str(bucket_cap_mb())},
           {"timeout_s", std::to_string(timeout_s())},
           {"data_dir", data_dir()},
           {"run_dir", run_dir()},
@@ -63,12 +67,17 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"resume", resume()},
           {"workers", std::to_string(workers())},
           {"limit_batches", std::to_string(limit_batches())},
-          {"preemption_check_every", std::to_string(preemption_check_every())}};
+          {"preemption_check_every", std::to_string(preemption_check_every())},
+          {"timeline", timeline() ? "1" : "0"},
+          {"timeline_skew_every", std::to_string(timeline_skew_every())}};
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
                                  const po::options_description* extra) {
   po::options_description common("Training options");
+  std::ostringstream default_cap;
+  default_cap << o.bucket_cap_mb();
+  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : default_cap.str();
   // clang-format off
   common.add_options()
     ("help,h", "print this help and exit")
@@ -80,7 +89,8 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("lr", po::value(&o.lr())->default_value(o.lr()), "learning rate")
     ("seed", po::value(&o.seed())->default_value(o.seed()), "seed of the model's initialisation and the data order")
     ("backend", po::value(&o.backend())->default_value(o.backend()), "auto, gloo, nccl or mpi (mpi: started by mpirun, in builds with MPI)")
-    ("bucket-cap-mb", po::value(&o.bucket_cap_mb())->default_value(o.bucket_cap_mb()), "DDP gradient bucket size")
+    ("bucket-cap-mb", po::value(&bucket_cap)->default_value(bucket_cap),
+       "DDP gradient bucket size in MiB, or auto (tried over the first steps, the fastest kept)")
     ("timeout", po::value(&o.timeout_s())->default_value(o.timeout_s()), "seconds any collective may wait")
     ("data-dir", po::value(&o.data_dir())->default_value(o.data_dir()), "where the data set lives")
     ("run-dir", po::value(&o.run_dir())->default_value(o.run_dir()),
@@ -95,6 +105,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("timeline", po::bool_switch(&o.timeline()),
      "write the run's DDP timeline (Chrome trace: forward, backward, every bucket, per rank) to "
      "<run-dir>/timeline.json and a rank skew table beside it (as DDP_TIMELINE=<file>)")
+    ("timeline-skew-every", po::value(&o.timeline_skew_every())->default_value(o.timeline_skew_every()),
+     "with the timeline (turned on by N > 0): print the rank skew table every N steps and keep it in "
+     "<run-dir>/timeline.skew.txt (as DDP_TIMELINE_SKEW_EVERY=N)")
     ("preemption-check-every", po::value(&o.preemption_check_every())->default_value(o.preemption_check_every()),
        "every N steps, ask all ranks whether SIGUSR1 (a preemption warning) arrived; if so checkpoint and exit 75 "
        "(0: SIGUSR1 not watched)");
@@ -129,6 +142,15 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
+  if (o.timeline_skew_every() < 0) throw UsageError("--timeline-skew-every must be >= 0");
+  if (o.timeline_skew_every() > 0) o.timeline(true);
+  if (bucket_cap == "auto") {
+    o.bucket_cap_auto(true);
+  } else {
+    const auto mb = parse_number(bucket_cap);
+    if (!mb) throw UsageError("--bucket-cap-mb must be a number of MiB or auto, got '" + bucket_cap + "'");
+    o.bucket_cap_mb(*mb).bucket_cap_auto(false);
+  }
   // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
   o.process_group_options();
   o.ddp_options();
@@ -138,6 +160,8 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     const auto file = (std::filesystem::path(o.run_dir()) / "timeline.json").string();
     ::setenv("DDP_TIMELINE", file.c_str(), 1);
   }
+  if (o.timeline_skew_every() > 0 && std::getenv("DDP_TIMELINE_SKEW_EVERY") == nullptr)
+    ::setenv("DDP_TIMELINE_SKEW_EVERY", std::to_string(o.timeline_skew_every()).c_str(), 1);
   return o;
 }
 

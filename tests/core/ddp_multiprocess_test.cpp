@@ -7,6 +7,7 @@
 #include "multiprocess.h"
 
 using ddp::testing::describe;
+using ddp::testing::read_file;
 using ddp::testing::run_ranks;
 
 namespace {
@@ -112,6 +113,71 @@ TEST_P(DDPWorld, StallInspectorNamesTheRankThatHasNotLaunchedTheBucket) {
         << describe(results);
     EXPECT_NE(out.find("rank(s) 1 have not launched it"), std::string::npos) << describe(results);
     EXPECT_NE(out.find("parameter(s)"), std::string::npos) << describe(results);
+  }
+}
+
+// bucket_cap_mb("auto"): the distinct candidates are tried while training
+// (gradients stay those of one process), every rank keeps the same cap, and
+// rank 0 prints what each cost.
+TEST_P(DDPWorld, AutoBucketCapTriesEachDistinctCapAndEveryRankKeepsTheSame) {
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"auto_bucket"});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  EXPECT_NE(results[0].output.find("rank 0: DistributedDataParallel: bucket_cap_mb auto: 0.001 MB: "),
+            std::string::npos)
+      << describe(results);
+}
+
+// Under ddp::Join, ranks that ran out shadow the remaining trials and the
+// agreement, so no collective is left unmatched.
+TEST_P(DDPWorld, AutoBucketCapUnderJoinShadowsTheTrials) {
+  if (GetParam() < 2) GTEST_SKIP() << "needs uneven inputs across ranks";
+  expect_all_pass(GetParam(), {"auto_bucket", "--join", "1"});
+}
+
+// PyTorch's DDP logging data: the figures add up (scenario), and every key
+// PyTorch 1.13 reports for the same configuration is there
+// (check_logging_keys.py runs PyTorch's).
+TEST_P(DDPWorld, LoggingDataHasPyTorchsKeysAndConsistentFigures) {
+  char tmpl[] = "/tmp/ddp_logging_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"logging_data", "--out", dir + "/ours.json"});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0) {
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+  }
+  const std::string check = std::string("/usr/bin/python3 ") + CHECK_LOGGING_KEYS + " " + dir + "/ours.json";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
+  std::filesystem::remove_all(dir);
+}
+
+// DDP_TIMELINE_SKEW_EVERY=2 over 5 steps: tables of steps 1-2 and 3-4, then
+// the whole run's, on rank 0's console and in <trace>.skew.txt.
+TEST_P(DDPWorld, TimelineSkewTableEveryNStepsAndAtTheEnd) {
+  char tmpl[] = "/tmp/ddp_skew_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"skew_every", "--steps", "5"},
+                           {{"DDP_TIMELINE", dir + "/trace.json"}, {"DDP_TIMELINE_SKEW_EVERY", "2"}});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  const std::string tables = read_file(dir + "/trace.skew.txt");
+  for (const char* when : {"in steps 1-2", "in steps 3-4", "in the whole run"}) {
+    EXPECT_NE(results[0].output.find(std::string("rank 0: DDP skew ") + when), std::string::npos) << describe(results);
+    EXPECT_NE(tables.find(when), std::string::npos) << tables;
+  }
+  EXPECT_EQ(tables.find("in steps 5-"), std::string::npos) << tables;
+  for (size_t r = 1; r < results.size(); ++r)
+    EXPECT_EQ(results[r].output.find("DDP skew"), std::string::npos) << "only rank 0 prints the table";
+  std::filesystem::remove_all(dir);
+}
+
+TEST_P(DDPWorld, TimelineSkewEveryThatIsNotANumberIsAUsageErrorOnEveryRank) {
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"skew_every", "--steps", "1"},
+                           {{"DDP_TIMELINE", "/tmp/unused_trace.json"}, {"DDP_TIMELINE_SKEW_EVERY", "2x"}});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_NE(results[r].exit_code, 0) << describe(results);
+    EXPECT_NE(results[r].output.find("rank " + std::to_string(r) + ": DDP_TIMELINE_SKEW_EVERY='2x' is not a whole"),
+              std::string::npos)
+        << describe(results);
   }
 }
 

@@ -72,6 +72,33 @@ TEST_F(Examples, LenetRunsAFewBatchesAndFillsItsRunFolder) {
   EXPECT_EQ(results[1].output.find("epoch 1: train loss"), std::string::npos) << "only rank 0 reports";
 }
 
+// --timeline: the trace (with the optimizer's steps), the skew tables every
+// 2 steps and at the end, and the DDP logging data of both ranks, all in the
+// run folder; --bucket-cap-mb auto is accepted and reported.
+TEST_F(Examples, LenetTimelineSkewTablesAndLoggingDataGoIntoTheRunFolder) {
+  const std::string run = dir_ + "/run";
+  auto results = run_ranks(2, LENET_FMNIST,
+                           {"--epochs", "1", "--limit-batches", "5", "--data-dir", real_or_fixture_data(dir_),
+                            "--run-dir", run, "--timeline-skew-every", "2", "--bucket-cap-mb", "auto"});
+  expect_ok(results);
+  const std::string trace = ddp::testing::read_file(run + "/timeline.json");
+  EXPECT_NE(trace.find("\"optimizer step\""), std::string::npos) << "no optimizer step span in the trace";
+  const std::string tables = ddp::testing::read_file(run + "/timeline.skew.txt");
+  for (const char* when : {"in steps 1-2", "in steps 3-4", "in the whole run"}) {
+    EXPECT_NE(tables.find(when), std::string::npos) << when << " missing from timeline.skew.txt:\n" << tables;
+    EXPECT_NE(results[0].output.find(when), std::string::npos) << when << " not on rank 0's console";
+  }
+  EXPECT_TRUE(fs::exists(run + "/timeline.skew.csv"));
+  const std::string logging = ddp::testing::read_file(run + "/ddp_logging.json");
+  EXPECT_NE(logging.find("\"rank\": 1"), std::string::npos) << logging;
+  EXPECT_NE(logging.find("\"avg_backward_exposed_comm_time\""), std::string::npos) << logging;
+  EXPECT_NE(logging.find("\"bucket_cap_auto\": 1"), std::string::npos) << logging;
+  const std::string check = "python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert len(d)==2 and "
+                            "[x[\"rank\"] for x in d]==[0,1] and all(x[\"iteration\"]==5 for x in d)' " +
+                            run + "/ddp_logging.json";
+  EXPECT_EQ(std::system(check.c_str()), 0) << logging;
+}
+
 TEST_F(Examples, LenetResumeEndsWithTheSameParametersAsOneRun) {
   ddp::testing::write_fashion_mnist(dir_ + "/data", 320, 64);
   auto args = [&](const std::string& run, const std::string& epochs) {

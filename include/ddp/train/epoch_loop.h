@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
 #include "ddp/process_group.h"
 #include "ddp/train/checkpoint.h"
@@ -103,5 +104,21 @@ std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResul
 // The end of a run: the model's state dict as <run-dir>/model.pt (rank 0),
 // `summary` logged unless empty, the charts drawn.
 void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary = "");
+
+// optimizer.step(), shown on the model's DDP timeline as "optimizer step"
+// when one runs (--timeline, DDP_TIMELINE).
+template <typename Optimizer>
+void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimizer) {
+  const auto& timeline = model.timeline();
+  const int64_t start = timeline ? timeline->now_us() : 0;
+  optimizer.step();
+  if (timeline) timeline->span(Timeline::Row::compute, "optimizer step", start, timeline->now_us());
+}
+
+// Collective: every rank's DDP logging data (ddp/logging_data.h: the buckets,
+// unused parameters, rebuilds, mean forward, backward, communication and
+// exposed-communication times), written by rank 0 as
+// <run-dir>/ddp_logging.json, a JSON array in rank order.
+void save_ddp_logging_data(RunDir& run, const DistributedDataParallelBase& model, ProcessGroup& pg);
 
 }  // namespace ddp

@@ -33,6 +33,8 @@ struct TrainOptions {
   // The defaults of the options these become, written once there.
   TORCH_ARG(std::string, backend) = ProcessGroupOptions().backend();
   TORCH_ARG(double, bucket_cap_mb) = DistributedDataParallelOptions().bucket_cap_mb();
+  // --bucket-cap-mb auto: DDP picks the bucket size (bucket_cap_mb("auto")).
+  TORCH_ARG(bool, bucket_cap_auto) = false;
   // Seconds every collective and the rendezvous may wait.
   TORCH_ARG(int64_t, timeout_s) =
       std::chrono::duration_cast<std::chrono::seconds>(ProcessGroupOptions().timeout()).count();
@@ -54,6 +56,10 @@ struct TrainOptions {
   // <run-dir>/timeline.json and its rank skew table beside it; the same as
   // DDP_TIMELINE=<file>, which wins when set.
   TORCH_ARG(bool, timeline) = false;
+  // With the timeline, also print and keep the rank skew table every N
+  // synchronised steps (DDP_TIMELINE_SKEW_EVERY); 0: at the end only. N > 0
+  // turns the timeline on.
+  TORCH_ARG(int64_t, timeline_skew_every) = 0;
 
  public:
   // The per-process batch: --batch-size if given, else --global-batch-size / world.
