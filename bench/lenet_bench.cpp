@@ -233,7 +233,22 @@ void set_auto_bucket_cap(O& options) {
 DDP_BENCH_OPTIONAL_STAT(comm_ms)
 DDP_BENCH_OPTIONAL_STAT(overlap_ms)
 DDP_BENCH_OPTIONAL_STAT(bucket_cap_mb)
+DDP_BENCH_OPTIONAL_STAT(bucket_cap_tuning)
 #undef DDP_BENCH_OPTIONAL_STAT
+
+// "auto"'s trials as CAP:MS/CAP:MS/... (empty before it chose, or without the field).
+template <class S, class = void>
+struct HasTrials : std::false_type {};
+template <class S>
+struct HasTrials<S, std::void_t<decltype(std::declval<const S&>().bucket_cap_trials)>> : std::true_type {};
+template <class S>
+std::string bucket_cap_trials(const S& s) {
+  std::ostringstream out;
+  if constexpr (HasTrials<S>::value) {
+    for (const auto& [cap, ms] : s.bucket_cap_trials) out << (out.tellp() > 0 ? "/" : "") << cap << ":" << ms;
+  }
+  return out.str().empty() ? "-" : out.str();
+}
 
 struct Args {
   std::string mode = "ddp";
@@ -248,6 +263,9 @@ struct Args {
   bool bucket_view = true;
   int image = 28;              // resnet18: N x N inputs
   double allreduce_mb = -1;    // allreduce: MiB per step (< 0: the model's whole gradient)
+  // --bucket-cap-mb auto: after --warmup steps, warm-up goes on while the
+  // tuning has not chosen, for at most this many steps in all.
+  int auto_max_warmup = 64;
   int threads = 1;
   int rounds = 10;  // interleaved: alternations
   int chunk = 10;   // interleaved: steps per mode per alternation
@@ -273,6 +291,7 @@ struct Args {
                "         [--model lenet|d2l_lenet|mlp100|resnet18] [--image N (resnet18)] [--iters N]\n"
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB|auto] [--first-bucket-mb MB]\n"
                "         [--allreduce-mb MB (allreduce; default: the model's gradient)]\n"
+               "         [--auto-max-warmup N (--bucket-cap-mb auto: warm up until it chose, at most N steps)]\n"
                "         [--bucket-view 0|1] [--threads T] [--tag NAME] [--trace-rss 0|1]\n"
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
                "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16|powersgd (ddp)]\n"
@@ -298,6 +317,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
     else if (k == "--image") a.image = std::stoi(v);
     else if (k == "--allreduce-mb") a.allreduce_mb = std::stod(v);
+    else if (k == "--auto-max-warmup") a.auto_max_warmup = std::stoi(v);
     else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(v);
     else if (k == "--bucket-view") a.bucket_view = v != "0";
     else if (k == "--threads") a.threads = std::stoi(v);
@@ -405,7 +425,15 @@ struct Trainer {
   std::shared_ptr<int64_t> hook_bytes = std::make_shared<int64_t>(0);
   int64_t hook_bytes_last = 0;
   int timed = 0;
+  int warmup_steps = 0;
   torch::Tensor last_loss;
+
+  // "auto" still trying caps (false without the field or for a fixed cap).
+  bool tuning() const {
+    if (!model || !bucket_cap_auto) return false;
+    const double v = stat_bucket_cap_tuning(model->stats());
+    return !std::isnan(v) && v != 0;
+  }
 
   void build(const Args& a, const std::shared_ptr<ddp::ProcessGroup>& pg) {
     torch::manual_seed(0);  // same initial parameters on every rank and in every trainer
@@ -591,8 +619,11 @@ int run(const Args& a) {
   };
   trace();
   for (auto& t : trainers) {
-    for (int i = 0; i < a.warmup; ++i) {
+    // "auto": on until it chose (ReducerStats::bucket_cap_tuning is set from
+    // the start; both ranks see it clear at the same step, agreed by them).
+    for (int i = 0; i < a.warmup || (t->tuning() && i < a.auto_max_warmup); ++i) {
       t->one_step(*pg, x, y, false);
+      t->warmup_steps = i + 1;
       trace();
     }
   }
@@ -627,6 +658,8 @@ int run(const Args& a) {
          << " chosen_bucket_cap_mb=" << (is_ddp ? stat_bucket_cap_mb(t.model->stats()) : std::nan(""))
          << " comm_ms=" << (is_ddp ? median_or_nan(t.comm_ms) : std::nan(""))
          << " overlap_ms=" << (is_ddp ? median_or_nan(t.overlap_ms) : std::nan(""))
+         << " warmup_steps=" << t.warmup_steps << " tuning=" << static_cast<int>(t.tuning())
+         << " bucket_cap_trials=" << (is_ddp ? bucket_cap_trials(t.model->stats()) : std::string("-"))
          << " allreduce_mb=" << (t.kind == "allreduce" ? allreduce_mb : 0.0) << " params=" << param_count
          << " image=" << (a.model == "resnet18" ? a.image : 0) << " first_bucket_mb=" << t.first_bucket_mb
          << " param_mb=" << param_bytes / 1048576.0 << " peak_rss_mb=" << peak / 1024.0

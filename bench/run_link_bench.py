@@ -1,46 +1,60 @@
 #!/usr/bin/python3
 """DDP measured across two hosts on limited links (issue 13): two network
 namespaces joined by a veth pair, shaped with tc tbf at each --links rate (or
-unshaped: none), one rank per namespace, Gloo bound to the veth addresses.
-Needs root. Reuses Link and run_pair of bench/run_netns_bench.py.
+unshaped: none), one rank per namespace (one core, OMP_NUM_THREADS=1), Gloo
+bound to the veth addresses. Needs root. Reuses Link and run_pair of
+bench/run_netns_bench.py, and ddp_bench_lenet (build-bench/ or build/) and
+bench/pytorch_lenet_bench.py as the two ranks' programs.
 
-  /usr/bin/python3 bench/run_link_bench.py                          # the full run (about 40 min here)
-  /usr/bin/python3 bench/run_link_bench.py --links 1gbit --models resnet18 --rounds 1 \\
-      --iters 2 --warmup 1 --auto-warmup 4 --out /tmp/linkbench     # a smoke test
+  /usr/bin/python3 bench/run_link_bench.py                          # the full run, about 40 min on the 2-core VM
+  /usr/bin/python3 bench/run_link_bench.py --links 1gbit --models resnet18,mlp100 --rounds 1 \
+      --iters 2 --warmup 1 --out /tmp/linkbench                     # a smoke test, about 4 min
   /usr/bin/python3 bench/run_link_bench.py --report-only bench/results/links.csv   # tables and charts again
 
-Per link, first the all-reduce of one flat tensor alone at --allreduce-sizes
-(MiB; for a latency + bandwidth fit), then --rounds rounds; each round runs,
-for each model, every mode once as its own pair of processes, the order
-rotating from round to round:
+Per link, first the all-reduce of one flat tensor alone at each of
+--allreduce-sizes (MiB, once; for a latency + bandwidth fit), then --rounds
+rounds; each round runs, for each model, every mode once as its own pair of
+processes, the order rotating from round to round:
 
   local          libddp's binary, no communication (the compute-only step)
   ddp            ddp::DistributedDataParallel, the library's defaults (25 MB buckets)
   pytorch_ddp    torch.nn.parallel.DistributedDataParallel (python3-torch), its defaults (25 MB)
   allreduce      the whole gradient's all-reduce alone, no compute (ddp_bench_lenet --mode allreduce)
   ddp_timeline   ddp with DDP_TIMELINE set: the hidden fraction from the trace (rank 0, timed steps)
-  ddp_auto       ddp with --bucket-cap-mb auto, --auto-warmup warm-up steps for the tuning to settle
+  ddp_auto       ddp with --bucket-cap-mb auto; it warms up until the tuning chose (at most --auto-warmup steps)
   ddp_bC, pytorch_bC   the bucket-size sweep at C MB (--sweep; 25 MB is ddp / pytorch_ddp itself)
   pytorch_local  (not by default) PyTorch without DDP
 
-Every run is printed as it finishes and appended to OUT/links.csv (one row
-per run and rank; ms_per_step is the mean over the timed steps, for allreduce
-rows the all-reduce's time and allreduce_mb its size). At the end OUT/links.txt
-gets the console log and a markdown summary (it/s of every round and the
-median, libddp / PyTorch, the hidden fraction as 1 - (step - local step) /
-all-reduce and from the timeline, the sweep, auto against the best fixed cap,
-the goals: libddp >= PyTorch, >= 75 % hidden where the all-reduce takes no
-longer than local backward), and gnuplot draws OUT/links_its.png,
-OUT/links_hidden.png and OUT/links_sweep.png. The namespaces are removed at
-the end, also on failure or Ctrl-C; a run past --timeout is killed and
-recorded as failed, and the others go on.
+ddp_auto and the sweep run in the first --sweep-rounds rounds only (default
+1): at 100 Mbit/s they are most of the time. The defaults: resnet18 (d2l's,
+11.2 M parameters, 28x28 inputs) at batch 192 per rank and mlp100 (25.2 M) at
+48, where local backward (about 320 and 840 ms here) matches the whole
+gradient's all-reduce at 1 Gbit/s (about 375 and 845 ms): at 100 Mbit/s
+backward is a tenth of it, at 10 Gbit/s and unshaped 5 to 10 times it. Steps
+per run, timed:warm-up: 100 Mbit/s 2:1 (a step takes 4 to 10 s there),
+1 Gbit/s 3:2, 10 Gbit/s and unshaped 4:2 (--iters-per-link; --iters and
+--warmup set every link).
 
-Steps per run are per link (--iters-per-link, ITERS:WARMUP; --iters and
---warmup override every link); batches per model (--batch). Defaults: see
-DEFAULT_BATCH and DEFAULT_STEPS below, chosen so that at 1 Gbit/s backward
-takes about as long as the whole gradient's all-reduce (100 Mbit/s is then
-communication-bound, 10 Gbit/s and unshaped compute-bound). Timings are only
-valid on an otherwise idle machine.
+Every run is printed as it finishes and appended to OUT/links.csv, one row per
+run and rank: ms_per_step is the mean over the timed steps (for allreduce rows
+the all-reduce's time; allreduce_mb its size in MiB, model '-' for the size
+series); backward_ms is the local run's backward call, libddp's
+ReducerStats::backward_ms (first gradient ready -> end of backward) or
+PyTorch's backward compute time; comm_ms and overlap_ms are what the reducer
+reports (ReducerStats; PyTorch's DDP logging data), medians over the timed
+steps; hidden_timeline and the tl_* columns come from rank 0's trace;
+veth_mb_per_step is what rank 1's end sent (warm-up and the construction
+broadcast included), in 10^6 bytes. Bucket caps are MiB, as both libraries
+mean them. At the end OUT/links.txt gets the console log and a markdown
+summary (it/s of every round and the median, libddp / PyTorch, the hidden
+fraction as 1 - (step - local step) / all-reduce alone and from the timeline,
+what the reducers report, the timeline's breakdown, the sweep, auto against
+the best fixed cap, the all-reduce fit; the goals: libddp >= PyTorch, >= 75 %
+hidden where the all-reduce takes no longer than local backward), and gnuplot
+draws OUT/links_its.png, OUT/links_hidden.png and OUT/links_sweep.png. The
+namespaces are removed at the end, also on failure or Ctrl-C; a run past
+--timeout is killed and recorded as failed, and the others go on. Timings are
+only valid on an otherwise idle machine.
 """
 import argparse
 import csv
@@ -62,9 +76,9 @@ import run_netns_bench as nb
 DEFAULT_LINKS = "100mbit,1gbit,10gbit,none"
 DEFAULT_MODELS = "resnet18,mlp100"
 # Batch per rank: at 1 Gbit/s, local backward about the whole gradient's all-reduce.
-DEFAULT_BATCH = {"resnet18": 128, "mlp100": 48}
+DEFAULT_BATCH = {"resnet18": 192, "mlp100": 48}
 # link -> (timed steps, warm-up steps) per run.
-DEFAULT_STEPS = {"100mbit": (3, 1), "1gbit": (4, 2), "10gbit": (6, 2), "none": (6, 2)}
+DEFAULT_STEPS = {"100mbit": (2, 1), "1gbit": (3, 2), "10gbit": (4, 2), "none": (4, 2)}
 DEFAULT_SWEEP = "1,5,100"
 DEFAULT_ALLREDUCE_SIZES = "0.25,1,5,25,100"
 BASE_MODES = ["local", "ddp", "pytorch_ddp", "allreduce", "ddp_timeline", "ddp_auto"]
@@ -72,7 +86,10 @@ LINK_WORDS = {"none": "unshaped"}
 
 CSV_COLUMNS = ["date", "link", "model", "batch", "mode", "impl", "bucket_cap_mb", "round", "rank", "ms_per_step",
                "backward_ms", "comm_ms", "exposed_ms", "overlap_ms", "allreduce_mb", "chosen_bucket_cap_mb",
-               "hidden_timeline", "veth_mb_per_step", "iters", "warmup", "fwd_ms", "bwd_call_ms", "params"]
+               "hidden_timeline", "veth_mb_per_step", "iters", "warmup", "fwd_ms", "bwd_call_ms", "params",
+               "auto_trials", "tl_backward_ms", "tl_comm_ms", "tl_comm_in_backward_ms", "tl_first_launch_ms",
+               "tl_comm_after_backward_ms", "tl_buckets"]
+TIMELINE_KEYS = ["backward_ms", "comm_ms", "comm_in_backward_ms", "first_launch_ms", "comm_after_backward_ms", "buckets"]
 
 
 class Log:
@@ -106,6 +123,11 @@ def mode_spec(name):
     return ("cpp" if m.group(1) == "ddp" else "py", ["--mode", "ddp", "--bucket-cap-mb", cap], cap, False)
 
 
+def is_sweep(mode):
+    """ddp_auto and the sweep's modes (--sweep-rounds)."""
+    return mode == "ddp_auto" or re.fullmatch(r"(ddp|pytorch)_b([0-9]*\.?[0-9]+)", mode) is not None
+
+
 def cap_of_mode(mode):
     """The fixed bucket cap (MB) a ddp / PyTorch mode runs at, else None."""
     if mode in ("ddp", "pytorch_ddp"):
@@ -124,29 +146,37 @@ def parse_map(text, what, convert):
     return out
 
 
-def timeline_hidden(path, warmup):
-    """Per timed step of rank 0 (step >= warmup): the communication-span time
-    that overlaps the step's backward span, over all its communication-span
-    time. A bucket belongs to the step whose backward began last before the
-    bucket's launch (events also carry their step)."""
+def timeline_steps(path, warmup):
+    """Rank 0's timed steps (step >= warmup) in a DDP_TIMELINE trace, each a
+    dict: hidden (the communication-span time that overlaps the step's
+    backward span, over all its communication-span time), backward_ms,
+    comm_ms (the communication spans' total), comm_in_backward_ms,
+    first_launch_ms (backward's start to the first bucket's launch),
+    comm_after_backward_ms (backward's end to the last bucket done) and
+    buckets. A bucket belongs to the step whose backward began last before
+    the bucket's launch (events also carry their step)."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     backward = sorted((e["ts"], e["ts"] + e["dur"], e["args"]["step"]) for e in events
                       if e.get("pid") == 0 and e.get("ph") == "X" and e.get("name") == "backward")
     comms = [(e["ts"], e["ts"] + e["dur"], e["args"].get("launch_us", e["ts"])) for e in events
              if e.get("pid") == 0 and e.get("ph") == "X" and e.get("cat") == "communication"]
-    fractions = []
+    steps = []
     for i, (b0, b1, step) in enumerate(backward):
         if step < warmup:
             continue
         until = backward[i + 1][0] if i + 1 < len(backward) else math.inf
-        spans = [(c0, c1) for c0, c1, launch in comms if b0 <= launch < until]
-        total = sum(c1 - c0 for c0, c1 in spans)
+        mine = [(c0, c1, launch) for c0, c1, launch in comms if b0 <= launch < until]
+        total = sum(c1 - c0 for c0, c1, _ in mine)
         if total <= 0:
             continue
-        hidden = sum(max(0, min(c1, b1) - max(c0, b0)) for c0, c1 in spans)
-        fractions.append(hidden / total)
-    return fractions
+        hidden = sum(max(0, min(c1, b1) - max(c0, b0)) for c0, c1, _ in mine)
+        steps.append({"hidden": hidden / total, "backward_ms": (b1 - b0) / 1e3, "comm_ms": total / 1e3,
+                      "comm_in_backward_ms": hidden / 1e3,
+                      "first_launch_ms": (min(launch for _, _, launch in mine) - b0) / 1e3,
+                      "comm_after_backward_ms": max(0, max(c1 for _, c1, _ in mine) - b1) / 1e3,
+                      "buckets": len(mine)})
+    return steps
 
 
 def num(x):
@@ -171,8 +201,8 @@ def steps_for(a, link, mode):
         iters = a.iters
     if a.warmup is not None:
         warmup = a.warmup
-    if mode == "ddp_auto":
-        warmup = a.auto_warmup
+    if mode == "ddp_auto":  # at most; the bench stops warming up once the tuning chose
+        warmup = max(warmup, a.auto_warmup)
     return iters, warmup
 
 
@@ -200,6 +230,9 @@ class Bench:
             common += ["--image", str(a.image)]
         if allreduce_mb is not None:
             flags = flags + ["--allreduce-mb", str(allreduce_mb)]
+        if mode == "ddp_auto":
+            common[common.index("--warmup") + 1] = str(steps_for(a, link_name, "")[1])
+            common += ["--auto-max-warmup", str(warmup)]
         env = {}
         trace = None
         if timeline:
@@ -219,23 +252,30 @@ class Bench:
                 self.log(f"  {label} FAILED after {time.time() - t0:.0f} s: {msg.splitlines()[-1] if msg else msg}")
             self.failures.append(f"{label}: {msg}")
             return
-        hidden = None
+        hidden, tl = None, {}
         if trace:
             try:
-                fr = timeline_hidden(trace, warmup)
-                hidden = statistics.median(fr) if fr else None
-                steps_txt = " ".join(f"{x:.2f}" for x in fr)
+                tl_steps = timeline_steps(trace, warmup)
+                if tl_steps:
+                    hidden = statistics.median(x["hidden"] for x in tl_steps)
+                    tl = {k: statistics.median(x[k] for x in tl_steps) for k in TIMELINE_KEYS}
+                steps_txt = " ".join(f"{x['hidden']:.2f}" for x in tl_steps)
             except (OSError, ValueError, KeyError) as e:
                 steps_txt = f"unreadable ({e})"
             for f in os.listdir(self.tmp):
                 os.remove(os.path.join(self.tmp, f))
         rows = []
+        if mode == "ddp_auto" and res[0].get("warmup_steps"):  # the warm-up steps it took
+            ran = iters + int(res[0]["warmup_steps"])
+            for x in res:
+                x["veth_bytes_per_step"] *= (iters + warmup) / ran
+            warmup = int(res[0]["warmup_steps"])
         for x in sorted(res, key=lambda x: x["rank"]):
             is_ddp = x["mode"] == "ddp"
             row = {
                 "date": self.date, "link": link_name, "model": "-" if allreduce_mb is not None else model,
                 "batch": "" if mode == "allreduce" else batch,
-                "mode": "allreduce_size" if allreduce_mb is not None else mode,
+                "mode": mode,
                 "impl": "libddp" if impl == "cpp" else "pytorch", "bucket_cap_mb": cap, "round": rnd,
                 "rank": int(x["rank"]), "ms_per_step": cell(num(x["ms_per_iter"]), 3),
                 "backward_ms": cell(num(x.get("backward_ms")) if is_ddp else
@@ -249,7 +289,10 @@ class Bench:
                 "veth_mb_per_step": cell(x["veth_bytes_per_step"] / 1e6, 3),
                 "iters": iters, "warmup": warmup, "fwd_ms": cell(num(x.get("fwd_ms"))),
                 "bwd_call_ms": cell(num(x.get("bwd_ms"))), "params": x.get("params", ""),
+                "auto_trials": x.get("bucket_cap_trials", "") if mode == "ddp_auto" else "",
             }
+            for k in TIMELINE_KEYS:
+                row["tl_" + k] = cell(tl.get(k), 3) if trace and x["rank"] == 0 and k in tl else ""
             rows.append(row)
             self.csv.writerow(row)
         self.csv_file.flush()
@@ -262,7 +305,9 @@ class Bench:
             if r0[key]:
                 extra.append(f"{name} {float(r0[key]):.0f}")
         if r0["chosen_bucket_cap_mb"] and mode == "ddp_auto":
-            extra.append(f"auto chose {float(r0['chosen_bucket_cap_mb']):.2f} MB")
+            still = res[0].get("tuning") == 1
+            extra.append(f"auto {'still tuning at' if still else 'chose'} {float(r0['chosen_bucket_cap_mb']):g} MB "
+                         f"after {warmup} warm-up steps (trials cap:ms {r0['auto_trials']})")
         if trace:
             extra.append(f"hidden (timeline) {r0['hidden_timeline'] or '?'} [per step: {steps_txt}]")
         extra.append(f"veth {float(r0['veth_mb_per_step']):.1f} MB/step")
@@ -279,7 +324,7 @@ def read_csv(path):
         rows = list(csv.DictReader(f))
     for r in rows:
         for k in CSV_COLUMNS[9:]:
-            if k in r:
+            if k in r and k != "auto_trials":  # the rest are numbers
                 r[k] = num(r[k])
         r["round"] = int(r["round"])
         r["rank"] = int(r["rank"])
@@ -359,7 +404,7 @@ class Summary:
         """The all-reduce size series: [(MiB, ms)]."""
         pts = {}
         for r in self.rows:
-            if r["link"] == link and r["mode"] == "allreduce_size" and r["ms_per_step"] is not None:
+            if r["link"] == link and r["mode"] == "allreduce" and r["model"] == "-" and r["ms_per_step"] is not None:
                 mb = r["allreduce_mb"]
                 pts.setdefault(mb, {}).setdefault(r["round"], 0)
                 pts[mb][r["round"]] = max(pts[mb][r["round"]], r["ms_per_step"])
@@ -441,6 +486,22 @@ def report(rows):
                            f"{cell(s.field(link, model, mode, 'exposed_ms'), 0) or '-'} | "
                            f"{pct(s.hidden_logged(link, model, mode))} |")
 
+    out += ["", "### Timeline of libddp's steps (ddp_timeline, rank 0, medians over timed steps and rounds, ms)", "",
+            "Communication is the time the communication row's bucket spans cover (a bucket's span starts when the "
+            "link could start on it: its launch, or the end of the bucket before it); where less than 75 % of it "
+            "falls within backward, the first launch and the tail after backward tell why.", "",
+            "| link | model | backward span | communication | of it within backward | first bucket launched after "
+            "backward began | communication after backward ended | buckets | hidden (timeline) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for link in s.links:
+        for model in s.models:
+            if not s.select(link, model, "ddp_timeline"):
+                continue
+            f = lambda k: cell(s.field(link, model, "ddp_timeline", "tl_" + k), 0) or "-"
+            out.append(f"| {LINK_WORDS.get(link, link)} | {model} | {f('backward_ms')} | {f('comm_ms')} | "
+                       f"{f('comm_in_backward_ms')} | {f('first_launch_ms')} | {f('comm_after_backward_ms')} | "
+                       f"{f('buckets')} | {pct(s.field(link, model, 'ddp_timeline', 'hidden_timeline'))} |")
+
     out += ["", "### Bucket-size sweep (it/s, every round and the median)", "",
             "| link | model | bucket cap MB | libddp | PyTorch | libddp / PyTorch |", "|---|---|---|---|---|---|"]
     for link in s.links:
@@ -453,13 +514,16 @@ def report(rows):
                            f"{cell(lib / pt if lib and pt else None, 2) or '-'} |")
 
     out += ["", "### Automatic bucket size against the best fixed cap of the sweep (libddp)", "",
-            "| link | model | auto: chosen cap MB (every round) | auto it/s | best fixed cap MB | its it/s | auto / best |",
-            "|---|---|---|---|---|---|---|"]
+            "| link | model | auto: chosen cap MB (every round) | auto it/s | best fixed cap MB | its it/s | auto / best | "
+            "auto's trials, cap:ms (every round) |",
+            "|---|---|---|---|---|---|---|---|"]
     for link in s.links:
         for model in s.models:
             if not s.select(link, model, "ddp_auto"):
                 continue
-            chosen = [r["chosen_bucket_cap_mb"] for r in s.select(link, model, "ddp_auto") if r["rank"] == 0]
+            mine = [r for r in s.select(link, model, "ddp_auto") if r["rank"] == 0]
+            chosen = [r["chosen_bucket_cap_mb"] for r in mine]
+            trials = "; ".join((r.get("auto_trials") or "-").replace("/", " ") for r in mine)
             auto = s.its(link, model, "ddp_auto")
             fixed = [(s.sweep_its(link, model, "libddp", c), c) for c in s.caps(link, model)]
             fixed = [f for f in fixed if f[0]]
@@ -468,7 +532,7 @@ def report(rows):
                        f"{' '.join('?' if c is None else f'{c:g}' for c in chosen)} | "
                        f"{fmt_rounds(s.ms_rounds(link, model, 'ddp_auto'))} | "
                        f"{'-' if best[1] is None else f'{best[1]:g}'} | {cell(best[0], 2) or '-'} | "
-                       f"{cell(auto / best[0] if auto and best[0] else None, 2) or '-'} |")
+                       f"{cell(auto / best[0] if auto and best[0] else None, 2) or '-'} | {trials} |")
 
     series_links = [link for link in s.links if s.series(link)]
     if series_links:
@@ -521,7 +585,7 @@ def draw_charts(s, outdir):
     gp += [f"set terminal pngcairo size {600 * len(models)},500 noenhanced", f"set output {gp_str(path)}",
            f"set multiplot layout 1,{len(models)} title 'it/s per link (2 ranks, median of rounds)'",
            "set style data histograms", "set style histogram clustered gap 1", "set style fill solid 0.8 border -1",
-           "set ylabel 'it/s'", "set yrange [0:*]", "set xtics nomirror"]
+           "set ylabel 'it/s'", "set yrange [0:*]", "set xtics nomirror", "set key below horizontal"]
     for k, model in enumerate(models):
         block = [f"{gp_data_str(lab)} {nan(s.its(link, model, 'local'))} {nan(s.its(link, model, 'ddp'))} "
                  f"{nan(s.its(link, model, 'pytorch_ddp'))}" for link, lab in zip(links, labels)]
@@ -564,11 +628,11 @@ def draw_charts(s, outdir):
 
     # 3. it/s against the bucket cap, a panel per model and link.
     path = os.path.join(outdir, "links_sweep.png")
-    gp += [f"set terminal pngcairo size {max(700, 340 * len(links))},{40 + 320 * len(models)} noenhanced",
+    gp += [f"set terminal pngcairo size {max(700, 340 * len(links))},{40 + 340 * len(models)} noenhanced",
            f"set output {gp_str(path)}",
-           f"set multiplot layout {len(models)},{len(links)} title 'it/s against bucket_cap_mb (diamond: libddp auto, "
-           f"at the cap it chose)'", "set logscale x", "set xlabel 'bucket cap (MB)'", "set ylabel 'it/s'",
-           "set key inside bottom right font ',8'", "set yrange [0:*]", "set xrange [0.7:150]", "set xtics (1, 5, 25, 100)"]
+           f"set multiplot layout {len(models)},{len(links)} title 'it/s against the bucket cap, MB (diamond: libddp auto, "
+           f"at the cap it chose)'", "set logscale x", "unset xlabel", "set ylabel 'it/s'",
+           "set key below horizontal font ',8'", "set yrange [0:*]", "set xrange [0.7:150]", "set xtics (1, 5, 25, 100)"]
     n = 0
     for model in models:
         for link, lab in zip(links, labels):
@@ -582,7 +646,7 @@ def draw_charts(s, outdir):
             gp.append(f"set title {gp_str(model + ', ' + lab)}")
             gp.append(f"plot $sw{n} using 1:2 with linespoints lw 2 pt 7 title 'libddp', "
                       f"$sw{n} using 1:3 with linespoints lw 2 pt 5 title 'PyTorch', "
-                      f"$au{n} using 1:2 with points pt 9 ps 2 lc rgb 'dark-green' title 'libddp auto'")
+                      f"$au{n} using 1:2 with points pt 13 ps 2 lc rgb 'dark-green' title 'libddp auto'")
             n += 1
     gp += ["unset multiplot"]
     drawn.append(path)
@@ -625,6 +689,8 @@ def main():
                     help="per-rank batch per model, MODEL=B,...")
     ap.add_argument("--image", type=int, default=28, help="resnet18's input size")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--sweep-rounds", type=int, default=1,
+                    help="ddp_auto and the sweep's modes run in the first N rounds only (they cost the most)")
     ap.add_argument("--modes", default=None, help="default: " + ",".join(BASE_MODES) + " and the sweep's")
     ap.add_argument("--sweep", default=DEFAULT_SWEEP, help="bucket caps (MB) of the sweep besides 25; '' for none")
     ap.add_argument("--allreduce-sizes", default=DEFAULT_ALLREDUCE_SIZES,
@@ -633,7 +699,9 @@ def main():
                     help="timed:warm-up steps per run, per link, LINK=I:W,...")
     ap.add_argument("--iters", type=int, help="timed steps per run on every link (overrides --iters-per-link)")
     ap.add_argument("--warmup", type=int, help="warm-up steps per run on every link (overrides --iters-per-link)")
-    ap.add_argument("--auto-warmup", type=int, default=24, help="warm-up steps of ddp_auto (its tuning must settle)")
+    ap.add_argument("--auto-warmup", type=int, default=40,
+                    help="ddp_auto's warm-up steps, at most: the bench warms up until the tuning chose (the library "
+                         "tries up to 7 caps for 4 steps each, after the first step)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run (both ranks), then killed")
     ap.add_argument("--out", default=os.path.join(lb.HERE, "results"), help="folder for links.csv, links.txt, PNGs")
@@ -681,10 +749,11 @@ def main():
         f"{os.cpu_count()} cores")
     log("command: " + " ".join(["/usr/bin/python3"] + sys.argv))
     log(f"binary {binary}; links {links}; models {models}, batch/rank {args.batch}, resnet18 inputs "
-        f"{args.image}x{args.image}; {args.rounds} round(s) of {modes}; all-reduce sizes {sizes} MiB; "
+        f"{args.image}x{args.image}; {args.rounds} round(s) of {modes} (ddp_auto and the sweep in the first "
+        f"{args.sweep_rounds}); all-reduce sizes {sizes} MiB; "
         f"{args.threads} thread(s)/rank; steps per run (timed:warm-up) "
         + ", ".join(f"{link} " + "%d:%d" % steps_for(args, link, "") for link in links)
-        + f", ddp_auto {args.auto_warmup} warm-up")
+        + f", ddp_auto up to {args.auto_warmup} warm-up")
     csv_path = os.path.join(args.out, "links.csv")
     with open(csv_path, "w", newline="") as csv_file:
         bench = Bench(args, binary, log, csv_file)
@@ -697,9 +766,10 @@ def main():
                     for mb in sizes:
                         bench.run(link, link_name, "lenet", "allreduce", 1, allreduce_mb=mb)
                     for rnd in range(1, args.rounds + 1):
+                        these = [m for m in modes if rnd <= args.sweep_rounds or not is_sweep(m)]
                         for model in models:
-                            k = (rnd - 1) % len(modes)
-                            for mode in modes[k:] + modes[:k]:
+                            k = (rnd - 1) % len(these)
+                            for mode in these[k:] + these[:k]:
                                 bench.run(link, link_name, model, mode, rnd)
                 log(f"== link {link_name} done in {time.time() - t_link:.0f} s")
         finally:
