@@ -64,6 +64,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -93,14 +94,18 @@ TIMELINE_KEYS = ["backward_ms", "comm_ms", "comm_in_backward_ms", "first_launch_
 
 
 class Log:
-    """The console, also kept for links.txt."""
+    """The console, kept for links.txt (and written there as it goes, so that
+    an interrupted run leaves its log: --report-only adds the summary)."""
 
-    def __init__(self):
+    def __init__(self, path):
         self.lines = []
+        self.file = open(path, "w")
 
     def __call__(self, text=""):
         print(text, flush=True)
         self.lines.append(text)
+        self.file.write(text + "\n")
+        self.file.flush()
 
 
 def mode_spec(name):
@@ -440,7 +445,8 @@ def report(rows):
     s = Summary(rows)
     out = [f"Run of {s.date}; a run's figure is its slower rank's; it/s of every round, then the median. "
            f"Hidden (formula) = 1 - (step - local step) / all-reduce alone; hidden (timeline) = communication "
-           f"overlapping backward / all communication, rank 0's timed steps, median; hidden (reducer) = "
+           f"overlapping backward / all communication, rank 0's timed steps, median (PyTorch's formula uses the "
+           f"same local step: libddp's binary, the same kernels); hidden (reducer) = "
            f"overlap_ms / comm_ms as the reducer reports them (libddp's ReducerStats, PyTorch's DDP logging data).",
            "", "### Throughput and overlap", "",
            "| link | model | batch | local it/s | libddp it/s | PyTorch it/s | libddp / PyTorch | all-reduce alone ms | "
@@ -716,6 +722,13 @@ def main():
         write_report(rows, outdir, txt_path=txt)
         return
 
+    # Ctrl-C, kill (SIGTERM) and a SIGINT that a background start ignored all
+    # unwind through the finally blocks: the ranks killed, the namespaces removed.
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     if os.geteuid() != 0:
         sys.exit("run_link_bench.py: needs root (it creates network namespaces and shapes them with tc); "
                  "run it with sudo, or use --report-only CSV")
@@ -743,7 +756,7 @@ def main():
     sizes = [float(x) for x in args.allreduce_sizes.split(",") if x]
 
     os.makedirs(args.out, exist_ok=True)
-    log = Log()
+    log = Log(os.path.join(args.out, "links.txt"))
     start = time.time()
     log(f"run_link_bench.py, {datetime.datetime.now().isoformat(timespec='seconds')}, host {os.uname().nodename}, "
         f"{os.cpu_count()} cores")
@@ -777,8 +790,13 @@ def main():
     log(f"\nall runs done in {(time.time() - start) / 60:.1f} min; {len(bench.failures)} failed")
     for f in bench.failures:
         log("  failed: " + f.replace("\n", " | ")[:1500])
+    log.file.close()
     write_report(read_csv(csv_path), args.out, log_lines=log.lines)
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        sys.exit(f"run_link_bench.py: stopped ({e}); the namespaces are removed; the runs so far are in the CSV "
+                 f"(--report-only CSV summarises them)")
