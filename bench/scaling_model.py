@@ -7,19 +7,27 @@ and projected to 8, 64 and 256 GPUs (docs/scaling.md explains it).
   /usr/bin/python3 bench/scaling_model.py --make-synthetic /tmp/links_synthetic.csv   # for development only
   /usr/bin/python3 bench/scaling_model.py --csv /tmp/links_synthetic.csv --outdir /tmp/scaling
 
-Writes OUTDIR/scaling.txt (every table, then a markdown block ready to paste)
-and OUTDIR/scaling.png (gnuplot). Four parts:
+Writes OUTDIR/scaling.txt (the models' layouts and buckets, every table,
+then a markdown block ready to paste) and OUTDIR/scaling.png (gnuplot). Pure
+Python (no numpy). Four parts:
 
 1. All-reduce: per link, T(S, p) = 2(p-1) alpha + 2(p-1)/p * S / B, fitted by
-   least squares (relative residuals) to the `allreduce` rows (p = 2).
-2. Overlap: per model, the buckets DDP builds (reverse registration order,
-   1 MiB first bucket, then bucket_cap_mb), each gradient ready at a point of
-   backward given by the work of the layers behind it, buckets reduced one
-   after another on the link; exposed = how far the last one ends after
-   backward. Checked against the ddp/pytorch rows' exposed_ms and ms_per_step.
+   least squares (relative residuals) to the `allreduce` rows (p = 2): the
+   size series (model '-') and each model's whole gradient. Their
+   allreduce_mb is MiB (--allreduce-unit, MiB by default).
+2. Overlap: per model, the buckets DDP builds after its rebuild (gradients in
+   ready order, 1 MiB first bucket, then bucket_cap_mb MiB), each gradient
+   ready at a point of backward given by the work of the layers behind it,
+   buckets reduced one after another on the link; exposed = how far the last
+   one ends after backward. Checked against the ddp/pytorch rows' exposed_ms,
+   comm_ms and ms_per_step. The models are the benchmark's, parameter for
+   parameter: resnet18 = d2l.ai's ResNet-18 at 28x28 (bench/lenet_bench.cpp,
+   11,178,378 parameters), mlp100 = 6 x Linear(2048, 2048) + Linear(2048, 10)
+   (25,198,602); the CSV's params column is checked against them.
 3. The measured configuration (CPU hosts, Gloo ring) extrapolated to p ranks.
 4. Projection to GPUs on published interconnect figures (SCENARIOS) and
-   assumed per-GPU compute times (COMPUTE); independent of the CSV.
+   assumed per-GPU compute times (COMPUTE), with torchvision's ResNet-18, -50
+   and -101 (ImageNet, 224x224) and the MLP; independent of the CSV.
 
 Missing links, modes or models are skipped with a note. The synthetic CSV is
 for trying the script; its numbers are not measurements and are never to be
@@ -37,39 +45,62 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
 MiB = 1024 * 1024
 
 # --------------------------------------------------------------------------
-# Models: parameter tensors in registration order, with the work of the layer
-# each belongs to (multiply-adds per sample, forward; backward is about twice
-# that for every layer, so only the proportions matter).
+# Models: parameter tensors in registration order (the order of
+# model.parameters()), each with the work of the layer it belongs to
+# (multiply-adds per sample, forward; backward is about twice that for every
+# layer, so only the proportions matter) and the layer's place in forward.
 
 
 class Param:
-    __slots__ = ("name", "numel", "work")
+    __slots__ = ("name", "numel", "work", "layer", "pos")
 
-    def __init__(self, name, numel, work):
-        self.name, self.numel, self.work = name, numel, work
+    def __init__(self, name, numel, work, layer, pos):
+        # layer: the module the tensor belongs to; pos: that module's place
+        # in forward (its backward runs in the reverse order).
+        self.name, self.numel, self.work, self.layer, self.pos = name, numel, work, layer, pos
+
+
+class Layout(list):
+    """Params in registration order, plus the order their gradients become
+    ready in backward (`ready`, indices into the list)."""
+
+    def finish(self):
+        # Layers in reverse forward order; inside a layer, reverse registration
+        # order (bias before weight: the two come out of the same backward op).
+        self.ready = sorted(range(len(self)), key=lambda i: (-self[i].pos, -i))
+        return self
+
+
+def conv_out(hw, k, stride, pad):
+    return (hw + 2 * pad - k) // stride + 1
+
+
+def bn_params(ps, name, c, hw, pos):
+    # Elementwise, a few operations per activation: small against the
+    # convolutions, and memory-bound (rough).
+    for t in ("weight", "bias"):
+        ps.append(Param(f"{name}.{t}", c, 2 * c * hw * hw, name, pos))
 
 
 def resnet_layout(depth, num_classes=1000, image=224):
-    """torchvision's ResNet (v1.5: the stride on the 3x3 convolution), its
-    parameters in registration order (the order of model.parameters())."""
+    """torchvision's ResNet (v1.5: the stride on the 3x3 convolution; 3 input
+    channels, convolutions without bias), for the GPU projection only: the
+    benchmark's ResNet-18 is d2l_resnet18_layout. Registration order is forward
+    order (the downsample branch runs after bn2), so the ready order is the
+    reverse registration order."""
     kind, blocks = {18: ("basic", [2, 2, 2, 2]), 34: ("basic", [3, 4, 6, 3]),
                     50: ("bottleneck", [3, 4, 6, 3]), 101: ("bottleneck", [3, 4, 23, 3])}[depth]
-    ps = []
+    ps = Layout()
 
     def conv(name, cin, cout, k, hw):
         n = cin * cout * k * k
-        ps.append(Param(name + ".weight", n, n * hw * hw))
+        ps.append(Param(name + ".weight", n, n * hw * hw, name, len(ps)))
 
     def bn(name, c, hw):
-        # Elementwise, a few operations per activation: small against the
-        # convolutions, and memory-bound (rough).
-        for t in ("weight", "bias"):
-            ps.append(Param(f"{name}.{t}", c, 2 * c * hw * hw))
+        bn_params(ps, name, c, hw, len(ps))
 
     hw = image // 2
     conv("conv1", 3, 64, 7, hw)
@@ -100,58 +131,133 @@ def resnet_layout(depth, num_classes=1000, image=224):
                 bn(pre + ".downsample.1", planes * expansion, hw_out)
             cin = planes * expansion
             hw = hw_out
-    ps.append(Param("fc.weight", cin * num_classes, cin * num_classes))
-    ps.append(Param("fc.bias", num_classes, num_classes))
-    return ps
+    pos = len(ps)
+    ps.append(Param("fc.weight", cin * num_classes, cin * num_classes, "fc", pos))
+    ps.append(Param("fc.bias", num_classes, num_classes, "fc", pos))
+    return ps.finish()
+
+
+def d2l_resnet18_layout(image=28, num_classes=10):
+    """The benchmark's ResNet-18: d2l.ai's, as bench/lenet_bench.cpp's
+    `resnet18`, examples/resnet18_fmnist/main.cpp and
+    bench/pytorch_lenet_bench.py's ResNet18 build it. 1 input channel, 10
+    classes, N x N inputs (--image, 28 by default); every Conv2d has a bias.
+    stem = Sequential(Conv2d(1, 64, 7, stride 2, pad 3), BatchNorm2d(64),
+    ReLU, MaxPool2d(3, stride 2, pad 1)); resnet_block1..4 = Sequentials of
+    two Residuals, 64, 128, 256, 512 channels, the first Residual of blocks
+    2..4 with stride 2 and a 1x1 conv3 on the shortcut; fc = Linear(512, 10).
+    At 28 x 28: stem 28 -> 14, max pool -> 7, the blocks at 7, 4, 2, 1.
+
+    A Residual registers conv1, conv2, bn1, bn2, then conv3 (its constructor
+    body), but runs conv1, bn1, conv2, bn2, then conv3 on the shortcut; so in
+    backward (autograd runs the node created last first) the gradients come
+    conv3, bn2, conv2, bn1, conv1: the ready order differs from the reverse
+    registration order inside each Residual (bn1 and conv2 swap)."""
+    ps = Layout()
+
+    def conv(name, cin, cout, k, stride, pad, hw_in, at):
+        hw = conv_out(hw_in, k, stride, pad)
+        n = cin * cout * k * k
+        ps.append(Param(name + ".weight", n, n * hw * hw, name, at))
+        ps.append(Param(name + ".bias", cout, cout * hw * hw, name, at))
+        return hw
+
+    hw = conv("stem.0", 1, 64, 7, 2, 3, image, 0)
+    bn_params(ps, "stem.1", 64, hw, 1)
+    hw = conv_out(hw, 3, 2, 1)  # max pool
+    at = 2
+    cin = 64
+    for s, cout in enumerate([64, 128, 256, 512]):
+        for r in range(2):
+            first = r == 0 and s > 0  # stride 2 and the 1x1 shortcut conv
+            stride = 2 if first else 1
+            pre = f"resnet_block{s + 1}.{r}"
+            hw_in = hw
+            # Registration: conv1, conv2, bn1, bn2, conv3; forward positions
+            # at + 0 conv1, 1 bn1, 2 conv2, 3 bn2, 4 conv3.
+            hw = conv(pre + ".conv1", cin, cout, 3, stride, 1, hw_in, at + 0)
+            conv(pre + ".conv2", cout, cout, 3, 1, 1, hw, at + 2)
+            bn_params(ps, pre + ".bn1", cout, hw, at + 1)
+            bn_params(ps, pre + ".bn2", cout, hw, at + 3)
+            if first:
+                conv(pre + ".conv3", cin, cout, 1, stride, 0, hw_in, at + 4)
+            at += 5
+            cin = cout
+    ps.append(Param("fc.weight", cin * num_classes, cin * num_classes, "fc", at))
+    ps.append(Param("fc.bias", num_classes, num_classes, "fc", at))
+    return ps.finish()
 
 
 def mlp_layout(width=2048, layers=6, classes=10):
-    """bench/lenet_bench.cpp's mlp100: 6 x Linear(2048, 2048) + Linear(2048, 10)."""
-    ps = []
+    """bench/lenet_bench.cpp's mlp100: fc0..fc5 = Linear(2048, 2048), head =
+    Linear(2048, 10) (and bench/pytorch_lenet_bench.py's MLP, whose names are
+    layers.0..5 and head: the same tensors in the same order)."""
+    ps = Layout()
     for i in range(layers):
-        ps.append(Param(f"fc{i}.weight", width * width, width * width))
-        ps.append(Param(f"fc{i}.bias", width, width))
-    ps.append(Param("head.weight", classes * width, classes * width))
-    ps.append(Param("head.bias", classes, classes))
-    return ps
+        ps.append(Param(f"fc{i}.weight", width * width, width * width, f"fc{i}", i))
+        ps.append(Param(f"fc{i}.bias", width, width, f"fc{i}", i))
+    ps.append(Param("head.weight", classes * width, classes * width, "head", layers))
+    ps.append(Param("head.bias", classes, classes, "head", layers))
+    return ps.finish()
 
 
+# key -> (label, layout, parameter count the real model reports). resnet18 and
+# mlp are the benchmark's (bench/lenet_bench.cpp and pytorch_lenet_bench.py
+# print params=11178378 and params=25198602); the torchvision ResNets are for
+# the GPU projection and the Horovod cross-check only.
 MODELS = {
-    "resnet18": ("ResNet-18", resnet_layout(18), 11_689_512),
+    "resnet18": ("ResNet-18 (d2l, 28x28)", d2l_resnet18_layout(), 11_178_378),
+    "mlp": ("MLP 6x2048", mlp_layout(), 25_198_602),
+    "resnet18_tv": ("ResNet-18 (torchvision)", resnet_layout(18), 11_689_512),
     "resnet50": ("ResNet-50", resnet_layout(50), 25_557_032),
     "resnet101": ("ResNet-101", resnet_layout(101), 44_549_160),
-    "mlp": ("MLP 6x2048", mlp_layout(), 25_198_602),
 }
+MEASURED_MODELS = ["resnet18", "mlp"]
 for _key, (_label, _layout, _expect) in MODELS.items():
     assert sum(p.numel for p in _layout) == _expect, (_key, sum(p.numel for p in _layout))
+    assert sorted(_layout.ready) == list(range(len(_layout))), _key
 
 
 def model_key(name):
-    """The CSV's model name -> a key of MODELS (None if unknown)."""
+    """The CSV's model name -> a key of MEASURED_MODELS (None if unknown, or
+    '-', the all-reduce size series)."""
     n = re.sub(r"[^a-z0-9]", "", (name or "").lower())
     if n.startswith("mlp"):
         return "mlp"
-    return n if n in MODELS else None
+    return n if n in MEASURED_MODELS else None
+
+
+def n_params(key):
+    return sum(p.numel for p in MODELS[key][1])
 
 
 def grad_bytes(key):
-    return 4 * sum(p.numel for p in MODELS[key][1])  # float32 gradients
+    return 4 * n_params(key)  # float32 gradients
 
 
 # --------------------------------------------------------------------------
 # Buckets and the overlap model
 
 
-def buckets_for(key, cap_mb=25.0, first_mb=1.0):
+def param_order(key, order="ready"):
+    """Indices into the layout in the order DDP assigns buckets: `ready`, the
+    order the gradients become ready in backward (what PyTorch 1.13 and libddp
+    record in the first iteration and rebuild the buckets in), or `reverse`,
+    the reverse registration order (the rule of thumb)."""
+    layout = MODELS[key][1]
+    return list(layout.ready) if order == "ready" else list(reversed(range(len(layout))))
+
+
+def buckets_for(key, cap_mb=25.0, first_mb=1.0, order="ready"):
     """DDP's buckets after the rebuild (PyTorch 1.13 and libddp alike,
-    src/bucket_assignment.cpp): parameters in ready order (reverse
-    registration order for a plain stack of layers), a bucket closes at the
-    first parameter that brings it to its cap; the first cap is first_mb.
-    Returns a list of lists of indices into the layout."""
+    src/bucket_assignment.cpp): parameters in ready order, a bucket closes at
+    the first parameter that brings it to its cap; the first cap is first_mb.
+    Caps in MiB, as both libraries mean them. Returns a list of lists of
+    indices into the layout, in launch order."""
     layout = MODELS[key][1]
     limits = [int(first_mb * MiB), int(cap_mb * MiB)]
     out, cur, size, li = [], [], 0, 0
-    for i in reversed(range(len(layout))):
+    for i in param_order(key, order):
         cur.append(i)
         size += 4 * layout[i].numel
         if size >= limits[li]:
@@ -165,15 +271,24 @@ def buckets_for(key, cap_mb=25.0, first_mb=1.0):
 def ready_fractions(key, profile="flops"):
     """When each gradient is ready, as a fraction of the backward window
     (0 = the first gradient ready, 1 = the last), walking the layers in
-    reverse. profile: flops (the layer's work), bytes (its parameters), uniform
+    backward order; a layer's gradients are ready once its whole backward is
+    done. profile: flops (the layer's work), bytes (its parameters), uniform
     (every parameter tensor the same)."""
     layout = MODELS[key][1]
-    order = list(reversed(range(len(layout))))
-    w = {"flops": lambda p: p.work, "bytes": lambda p: p.numel, "uniform": lambda p: 1.0}[profile]
-    cum, acc = {}, 0.0
-    for i in order:
-        acc += w(layout[i])
-        cum[i] = acc
+    order = param_order(key)
+    if profile == "uniform":
+        cum = {i: float(k + 1) for k, i in enumerate(order)}
+    else:
+        w = {"flops": lambda p: p.work, "bytes": lambda p: p.numel}[profile]
+        per_layer = {}
+        for p in layout:
+            per_layer[p.layer] = per_layer.get(p.layer, 0.0) + w(p)
+        cum, acc, prev = {}, 0.0, None
+        for i in order:
+            if layout[i].layer != prev:
+                prev = layout[i].layer
+                acc += per_layer[prev]
+            cum[i] = acc
     first, last = cum[order[0]], cum[order[-1]]
     return {i: (cum[i] - first) / (last - first) for i in order}
 
@@ -212,11 +327,15 @@ def num(v):
 
 
 def load_csv(path):
+    """bench/run_link_bench.py's CSV (its CSV_COLUMNS; columns this model does
+    not use are kept as text). allreduce_mb and the bucket caps are MiB,
+    veth_mb_per_step 10^6 bytes; model is resnet18 or mlp100, '-' for the
+    all-reduce size series; bucket_cap_mb is 'auto' for ddp_auto."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     for r in rows:
         for k in ("ms_per_step", "backward_ms", "comm_ms", "exposed_ms", "overlap_ms", "allreduce_mb",
-                  "bucket_cap_mb", "chosen_bucket_cap_mb", "veth_mb_per_step", "batch"):
+                  "bucket_cap_mb", "chosen_bucket_cap_mb", "veth_mb_per_step", "batch", "params"):
             r[k] = num(r.get(k))
         r["link"] = (r.get("link") or "").strip().lower()
         r["mode"] = (r.get("mode") or "").strip()
@@ -265,19 +384,21 @@ class Fit:
 
     def __init__(self, link, impl, points):
         self.link, self.impl, self.points = link, impl, points  # [(bytes, ms median, n)]
-        S = np.array([p[0] for p in points], float)
-        t = np.array([p[1] for p in points], float)
-        # Least squares on relative residuals, so that the 0.25 MB point (the
-        # latency) weighs as much as the 100 MB one (the bandwidth).
-        A = np.stack([np.ones_like(S), S], axis=1) / t[:, None]
-        (a, b), *_ = np.linalg.lstsq(A, np.ones_like(t), rcond=None)
-        self.intercept_ms, self.ms_per_byte = float(a), float(b)
+        # Least squares on relative residuals, so that the 0.25 MiB point (the
+        # latency) weighs as much as the 100 MiB one (the bandwidth): minimise
+        # sum(((a + b S) / t - 1)^2), a 2 x 2 linear system (no numpy needed).
+        x = [1.0 / p[1] for p in points]
+        y = [p[0] / p[1] for p in points]
+        sxx, sxy, syy = sum(v * v for v in x), sum(u * v for u, v in zip(x, y)), sum(v * v for v in y)
+        det = sxx * syy - sxy * sxy
+        a = (syy * sum(x) - sxy * sum(y)) / det
+        b = (sxx * sum(y) - sxy * sum(x)) / det
+        self.intercept_ms, self.ms_per_byte = a, b
         # Standard errors from the scatter around the line (none with 2 sizes).
         self.se_intercept = self.se_slope = None
         if len(points) > 2:
-            r = A @ np.array([a, b]) - 1
-            cov = float(r @ r) / (len(points) - 2) * np.linalg.inv(A.T @ A)
-            self.se_intercept, self.se_slope = math.sqrt(cov[0, 0]), math.sqrt(cov[1, 1])
+            s2 = sum((a * u + b * v - 1) ** 2 for u, v in zip(x, y)) / (len(points) - 2)
+            self.se_intercept, self.se_slope = math.sqrt(s2 * syy / det), math.sqrt(s2 * sxx / det)
         self.alpha_us = 1e3 * self.intercept_ms / 2  # p = 2: 2(p-1) alpha = 2 alpha
         self.B = 1e3 / self.ms_per_byte if self.ms_per_byte > 0 else float("inf")  # bytes/s
         self.resid = [(s, ms, (self.predict(s) - ms) / ms) for s, ms, _ in points]
@@ -339,9 +460,9 @@ def local_baseline(rows, key, link, impl, notes):
     """Local training's step (slower rank, median over rounds) and backward
     window: the same link's rows if there are any (the link does not matter
     without communication, the day's machine speed does), else all links."""
-    for imp in (impl, "libddp"):
+    for mode, imp in ((("pytorch_local", "pytorch"),) if impl == "pytorch" else ()) + (("local", "libddp"),):
         for same_link in (True, False):
-            sel = [r for r in rows if r["mode"] == "local" and r["key"] == key and r["impl"] == imp
+            sel = [r for r in rows if r["mode"] == mode and r["key"] == key and r["impl"] == imp
                    and (r["link"] == link or not same_link)]
             step = per_run(sel, "ms_per_step", max)
             if step is None:
@@ -354,6 +475,25 @@ def local_baseline(rows, key, link, impl, notes):
     return None
 
 
+def ddp_modes(rows):
+    """The ddp and pytorch modes in the CSV, DDP_MODES' order first, then any
+    other bucket sizes of the sweep (ddp_bC, pytorch_bC)."""
+    seen = {r["mode"] for r in rows}
+    extra = sorted((m for m in seen - set(DDP_MODES) if re.fullmatch(r"(ddp|pytorch)_b[0-9]*\.?[0-9]+", m)),
+                   key=lambda m: (m.split("_")[0], float(m.split("_b")[1])))
+    return [m for m in DDP_MODES if m in seen] + extra
+
+
+def check_params(rows, notes):
+    """The CSV's params column (what the benchmark's model reports) against
+    the layouts here."""
+    for key in MEASURED_MODELS:
+        got = sorted({int(r["params"]) for r in rows if r["key"] == key and r["params"]})
+        if got and got != [n_params(key)]:
+            notes.append(f"model {key}: the benchmark reports {', '.join(map(str, got))} parameters, the layout here "
+                         f"has {n_params(key)}: the bucket and timeline figures are for a different model")
+
+
 class Check:
     pass
 
@@ -362,8 +502,8 @@ def validate(rows, fits, profile, notes):
     out = []
     for link in links_in(rows):
         fit = fit_for(fits, link)
-        for key in [k for k in MODELS if any(r["key"] == k and r["link"] == link for r in rows)]:
-            for mode in DDP_MODES:
+        for key in [k for k in MEASURED_MODELS if any(r["key"] == k and r["link"] == link for r in rows)]:
+            for mode in ddp_modes(rows):
                 sel = [r for r in rows if r["link"] == link and r["key"] == key and r["mode"] == mode]
                 if not sel:
                     continue
@@ -453,14 +593,17 @@ FLOPS_RN18_RN50 = 1.82 / 4.11  # forward GFLOPs per 224x224 image
 MLP_FLOP = 6 * 25_198_602 * 1024  # 2 (multiply-add) x 3 (forward, two backward products) x params x batch
 COMPUTE = {
     ("a100", "resnet50"): (A100_RN50_MS, 256, "~2,600 img/s, AMP (NVIDIA's published order)"),
-    ("a100", "resnet18"): (A100_RN50_MS * FLOPS_RN18_RN50, 256, "ResNet-50's x 1.82/4.11 GFLOPs"),
+    ("a100", "resnet18_tv"): (A100_RN50_MS * FLOPS_RN18_RN50, 256, "ResNet-50's x 1.82/4.11 GFLOPs"),
     ("a100", "mlp"): (MLP_FLOP / 150e12 * 1e3, 1024, "6 N batch FLOPs at 150 TFLOP/s (half of FP16 peak)"),
     ("h100", "resnet50"): (A100_RN50_MS / 1.7, 256, "A100's / 1.7"),
-    ("h100", "resnet18"): (A100_RN50_MS * FLOPS_RN18_RN50 / 1.7, 256, "A100's / 1.7"),
+    ("h100", "resnet18_tv"): (A100_RN50_MS * FLOPS_RN18_RN50 / 1.7, 256, "A100's / 1.7"),
     ("h100", "mlp"): (MLP_FLOP / 495e12 * 1e3, 1024, "at 495 TFLOP/s (half of FP16 dense peak)"),
     ("p100", "resnet101"): (64 / 130 * 1e3, 64, "~130 img/s FP32 at batch 64 (recollection)"),
 }
-PROJ_MODELS = ["resnet18", "resnet50", "mlp"]
+# The projection's ResNets are torchvision's (ImageNet, 224 x 224), whose
+# published GPU throughputs the compute times come from; the MLP is the
+# benchmark's.
+PROJ_MODELS = ["resnet18_tv", "resnet50", "mlp"]
 BWD_FRAC = 2 / 3  # backward window / step on a GPU: backward costs about twice forward
 COMPUTE_SWEEP = [10, 25, 50, 100, 200, 400]
 
@@ -491,13 +634,14 @@ def md_table(header, rows, align=None):
     return "\n".join(out)
 
 
-def fmt_buckets(key, cap):
+def fmt_buckets(key, cap, unit=1e6, order="ready"):
     layout = MODELS[key][1]
-    return " + ".join(f"{mb(sum(4 * layout[i].numel for i in b)):.1f}" for b in buckets_for(key, cap))
+    return " + ".join(f"{sum(4 * layout[i].numel for i in b) / unit:.1f}" for b in buckets_for(key, cap, order=order))
 
 
-def measured_block(rows, fits, checks, profile, unit_name):
-    """The tables that depend on the CSV."""
+def measured_block(rows, fits, checks, profile, unit, unit_name):
+    """The tables that depend on the CSV; sizes in the CSV's unit (unit bytes,
+    named unit_name: MiB for bench/run_link_bench.py)."""
     if rows is None:
         return "_No measurements given (run with --csv bench/results/links.csv)._"
     parts = []
@@ -514,42 +658,48 @@ def measured_block(rows, fits, checks, profile, unit_name):
             share = (host.ms_per_byte / fit.ms_per_byte) if (host and link != "none" and fit.ms_per_byte > 0) else None
             worst = max(fit.resid, key=lambda x: abs(x[2]))
             t.append([link, impl, f"{rate / 1e9:g} Gbit/s" if rate else "unshaped",
-                      " ".join(f"{mb(s):g}" for s, _, _ in fit.points),
+                      " ".join(f"{s / unit:g}" for s, _, _ in fit.points),
                       f(fit.alpha_us, 0) + (f" ± {1e3 * fit.se_intercept / 2:.0f}" if fit.se_intercept else ""),
                       f(fit.B * 8 / 1e9, 3) + (f" ± {100 * fit.se_slope / fit.ms_per_byte:.1f} %"
                                                 if fit.se_slope and fit.ms_per_byte > 0 else ""),
                       f(fit.B / 1e9, 3), f(rr, 3) if rr else "–",
-                      f"{100 * worst[2]:+.1f} % at {mb(worst[0]):g} MB", f(share, 2) if share is not None else "–"])
+                      f"{100 * worst[2]:+.1f} % at {worst[0] / unit:g} {unit_name}",
+                      f(share, 2) if share is not None else "–"])
     if t:
         parts.append("**All-reduce fit, 2 ranks** (T = 2α + S/B; sizes in " + unit_name +
                      "; residual = (model − measured) / measured; host share = the unshaped link's "
                      "time per byte over this link's; ± one standard error)\n\n" +
-                     md_table(["link", "impl", "tbf rate", "sizes MB", "α µs", "B Gbit/s", "B GB/s",
+                     md_table(["link", "impl", "tbf rate", f"sizes {unit_name}", "α µs", "B Gbit/s", "B GB/s",
                                "B / tbf rate", "worst residual", "host share"], t,
                               ["---", "---", "---", "---", "---:", "---:", "---:", "---:", "---:", "---:"]))
     # Residuals per size
     t = []
     for (link, impl), fit in fits.items():
-        t.append([f"{link} {impl}"] + [f"{mb(s):g} MB: {ms:.2f} ms ({100 * e:+.1f} %)" for s, ms, e in fit.resid])
+        t.append([f"{link} {impl}"] + [f"{s / unit:g} {unit_name}: {ms:.2f} ms ({100 * e:+.1f} %)"
+                                       for s, ms, e in fit.resid])
     if t:
         parts.append("Measured all-reduce medians and residuals:\n\n" + "\n".join(
             "- " + r[0] + ": " + "; ".join(r[1:]) for r in t))
     # Models
     t = []
-    for key in MODELS:
+    for key in MEASURED_MODELS:
         if not any(r["key"] == key for r in rows):
             continue
         loc = local_baseline(rows, key, "", "libddp", [])
-        t.append([MODELS[key][0], f"{sum(p.numel for p in MODELS[key][1]) / 1e6:.2f} M",
-                  f"{mb(grad_bytes(key)):.1f}", fmt_buckets(key, 25),
+        reported = sorted({int(r["params"]) for r in rows if r["key"] == key and r["params"]})
+        batch = sorted({int(r["batch"]) for r in rows if r["key"] == key and r["batch"]})
+        t.append([MODELS[key][0], f"{n_params(key):,}",
+                  ", ".join(f"{n:,}" for n in reported) or "–", ", ".join(map(str, batch)) or "–",
+                  f"{grad_bytes(key) / MiB:.2f}", fmt_buckets(key, 25, MiB),
                   f(loc.step if loc else None, 0),
                   (f(loc.backward, 0) + (" (assumed 2/3)" if loc.backward_assumed else "")) if loc else "–"])
     if t:
-        parts.append("**Models and their buckets** (25 MiB cap, 1 MiB first bucket; local step and backward: "
+        parts.append("**Models and their buckets** (parameters: this layout's and the benchmark's `params`; "
+                     "25 MiB cap, 1 MiB first bucket, gradients in ready order; local step and backward: "
                      "median over rounds of the slower rank, all links)\n\n" +
-                     md_table(["model", "parameters", "gradient MB", "buckets MB, launch order",
-                               "local ms/step", "backward ms"], t,
-                              ["---", "---:", "---:", "---", "---:", "---:"]))
+                     md_table(["model", "parameters", "benchmark's", "batch/rank", "gradient MiB",
+                               "buckets MiB, launch order", "local ms/step", "backward ms"], t,
+                              ["---", "---:", "---:", "---:", "---:", "---", "---:", "---:"]))
     # Validation
     t = []
     for c in checks:
@@ -580,17 +730,17 @@ def measured_block(rows, fits, checks, profile, unit_name):
     pick = next((c for c in checks if c.mode == "ddp" and c.link == "1gbit" and c.key == "resnet18"),
                 next((c for c in checks if c.mode == "ddp"), None))
     if pick:
-        t = [[k, f"{mb(s):.1f}", f"{r:.0f}", f"{a:.0f}", f"{e:.0f}"] for k, (s, r, a, e) in enumerate(pick.rows)]
+        t = [[k, f"{s / MiB:.2f}", f"{r:.0f}", f"{a:.0f}", f"{e:.0f}"] for k, (s, r, a, e) in enumerate(pick.rows)]
         parts.append(f"**Bucket timeline, {MODELS[pick.key][0]} on {pick.link}** (ms from the first gradient; "
                      f"backward ends at {pick.local.backward:.0f}; exposed {pick.p_exposed:.0f} ms)\n\n" +
-                     md_table(["bucket", "MB", "ready", "start", "end"], t))
+                     md_table(["bucket", "MiB", "ready", "start", "end"], t))
     # The measured configuration at p ranks
     t = []
     for link in links_in(rows):
         fit = fit_for(fits, link)
         if not fit:
             continue
-        for key in MODELS:
+        for key in MEASURED_MODELS:
             loc = local_baseline(rows, key, link, "libddp", [])
             if not loc:
                 continue
@@ -677,9 +827,30 @@ def projection_block(profile):
     return "\n\n".join(parts)
 
 
-def text_report(rows, fits, checks, profile, notes):
-    """Everything the markdown has, plus per-link, per-model timelines."""
+def layout_report():
+    """The benchmark's models as laid out here: parameter counts and the
+    buckets at the caps the benchmark runs, in ready order and in reverse
+    registration order."""
     out = []
+    for key in MEASURED_MODELS:
+        label, layout, _ = MODELS[key]
+        work = sum(p.work for p in layout if p.name.endswith("weight") or p.name.endswith("bias"))
+        out.append(f"layout {key} ({label}): {len(layout)} tensors, {n_params(key):,} parameters, "
+                   f"{grad_bytes(key) / MiB:.2f} MiB of float32 gradients, about {work / 1e6:.1f} M multiply-adds "
+                   "per sample forward (parameter layers)")
+        for cap in (1, 5, 25, 100):
+            for order in ("ready", "reverse"):
+                bs = buckets_for(key, cap, order=order)
+                desc = "; ".join(f"{sum(4 * layout[i].numel for i in b) / MiB:.2f} MiB "
+                                 f"{layout[b[0]].name} .. {layout[b[-1]].name}" for b in bs)
+                out.append(f"    cap {cap:g} MiB, {order:7s} order: {len(bs)} buckets: {desc}")
+    return "\n".join(out)
+
+
+def text_report(rows, fits, checks, profile, notes, unit=MiB, unit_name="MiB"):
+    """Everything the markdown has, plus the layouts and per-link, per-model
+    timelines."""
+    out = [layout_report(), ""]
     if rows is not None:
         for (link, impl), fit in fits.items():
             se = (f" (standard errors: intercept {fit.se_intercept:.3f} ms, slope {100 * fit.se_slope / fit.ms_per_byte:.1f} %)"
@@ -688,7 +859,7 @@ def text_report(rows, fits, checks, profile, notes):
                        f"B {fit.B / 1e9:.4f} GB/s = {fit.B * 8 / 1e9:.4f} Gbit/s"
                        + (f", {fit.rate_ratio():.3f} x the tbf rate" if fit.rate_ratio() else "") + se)
             for s, ms, e in fit.resid:
-                out.append(f"    {mb(s):9.3f} MB  measured {ms:10.3f} ms  model {fit.predict(s):10.3f} ms  "
+                out.append(f"    {s / unit:9.3f} {unit_name:3s}  measured {ms:10.3f} ms  model {fit.predict(s):10.3f} ms  "
                            f"residual {100 * e:+6.1f} %")
             if fit.intercept_ms < 0:
                 out.append("    negative intercept (a tbf burst lets small transfers through faster than the rate, "
@@ -699,10 +870,11 @@ def text_report(rows, fits, checks, profile, notes):
                        + (" (assumed 2/3 of the step)" if c.local.backward_assumed else "")
                        + (f"; measured ddp backward {c.backward:.1f}" if c.backward is not None else ""))
             for k, (s, r, a, e) in enumerate(c.rows):
-                out.append(f"    bucket {k}: {mb(s):8.2f} MB  ready {r:9.1f}  start {a:9.1f}  end {e:9.1f}")
+                out.append(f"    bucket {k}: {s / MiB:8.2f} MiB  ready {r:9.1f}  start {a:9.1f}  end {e:9.1f}")
             out.append(f"    exposed: measured {f(c.exposed)} model {c.p_exposed:.1f}; step: measured {f(c.step)} "
                        f"model {c.p_step:.1f}; comm: measured {f(c.comm)} model {c.p_comm:.1f}"
-                       + (f"; veth {c.veth:.2f} MB/step (gradient {mb(grad_bytes(c.key)):.2f} MB)" if c.veth else ""))
+                       + (f"; veth {c.veth:.2f} MB/step (gradient {mb(grad_bytes(c.key)):.2f} MB = 10^6 bytes)"
+                          if c.veth else ""))
     out.append("")
     out.append(constants_block())
     out.append("")
@@ -724,13 +896,13 @@ def text_report(rows, fits, checks, profile, notes):
 # Chart
 
 
-def plot(path, fits, profile):
+def plot(path, fits, profile, unit=MiB, unit_name="MiB"):
     gp = shutil.which("gnuplot")
     if not gp:
         print("gnuplot not found: no chart", file=sys.stderr)
         return
     with tempfile.TemporaryDirectory() as d:
-        cmds = [f"set terminal pngcairo size 800,500 noenhanced font ',9'", f"set output '{path}'"]
+        cmds = ["set terminal pngcairo size 800,500 noenhanced font ',9'", f"set output '{path}'"]
         have_fit = bool(fits)
         if have_fit:
             cmds += ["set multiplot layout 1,2"]
@@ -742,15 +914,16 @@ def plot(path, fits, profile):
                 pf = os.path.join(d, f"pts{k}.dat")
                 with open(pf, "w") as fh:
                     for s, ms, _ in fit.points:
-                        fh.write(f"{mb(s)} {ms}\n")
+                        fh.write(f"{s / unit} {ms}\n")
                 lf = os.path.join(d, f"fit{k}.dat")
                 with open(lf, "w") as fh:
-                    for x in np.logspace(math.log10(0.1), math.log10(300), 60):
-                        fh.write(f"{x} {max(fit.predict(x * 1e6), 1e-3)}\n")
+                    for k2 in range(60):
+                        x = 0.1 * 3000 ** (k2 / 59)  # 0.1 to 300, log-spaced
+                        fh.write(f"{x} {max(fit.predict(x * unit), 1e-3)}\n")
                 plots.append(f"'{pf}' using 1:2 with points pt 7 lc {k + 1} title '{link}'")
                 plots.append(f"'{lf}' using 1:2 with lines lc {k + 1} notitle")
             cmds += ["set title 'All-reduce, 2 ranks: measured (points), fitted (lines)'",
-                     "set logscale xy", "set xlabel 'MB'", "set ylabel 'ms'", "set key top left",
+                     "set logscale xy", f"set xlabel '{unit_name}'", "set ylabel 'ms'", "set key top left",
                      "set grid", "plot " + ", ".join(plots), "unset logscale", "unset title"]
         curves = []
         # ResNet-50 only: the MLP's assumed GPU step (1 ms) would squash the
@@ -799,9 +972,12 @@ def make_synthetic(path, seed=1):
     that the validation has something to disagree with."""
     rnd = random.Random(seed)
     cols = ("date,link,model,batch,mode,impl,bucket_cap_mb,round,rank,ms_per_step,backward_ms,comm_ms,"
-            "exposed_ms,overlap_ms,allreduce_mb,chosen_bucket_cap_mb,hidden_timeline,veth_mb_per_step").split(",")
+            "exposed_ms,overlap_ms,allreduce_mb,chosen_bucket_cap_mb,hidden_timeline,veth_mb_per_step,iters,warmup,"
+            "fwd_ms,bwd_call_ms,params,auto_trials,tl_backward_ms,tl_comm_ms,tl_comm_in_backward_ms,"
+            "tl_first_launch_ms,tl_comm_after_backward_ms,tl_buckets").split(",")  # run_link_bench.py's CSV_COLUMNS
     rate = {"100mbit": 100e6 / 8 * 0.95, "1gbit": 1e9 / 8 * 0.94, "10gbit": 10e9 / 8 * 0.6, "none": 2.2e9}
-    local = {"resnet18": (300.0, 190.0, 32), "mlp100": (250.0, 160.0, 16)}
+    # model -> (local step ms, local backward ms, batch per rank: run_link_bench.py's defaults)
+    local = {"resnet18": (480.0, 320.0, 192), "mlp100": (1250.0, 840.0, 48)}
     keymap = {"resnet18": "resnet18", "mlp100": "mlp"}
     out = []
 
@@ -816,36 +992,44 @@ def make_synthetic(path, seed=1):
     for link in ["100mbit", "1gbit", "10gbit", "none"]:
         B = rate[link]
         ar = lambda S: 0.2 + S / B * 1e3  # noqa: E731
-        for rd in range(3):
-            for sz in [0.25, 1, 5, 25, 100] + [mb(grad_bytes(keymap[m])) for m in local]:
-                t = noise(ar(sz * 1e6))
-                for rank in (0, 1):
-                    row(link=link, model="" if sz in (0.25, 1, 5, 25, 100) else "-", batch="", mode="allreduce",
-                        impl="libddp", round=rd, rank=rank, ms_per_step=t + rank * abs(rnd.gauss(0, 0.2)),
-                        allreduce_mb=float(sz))
+        # The size series, once per link (round 1, model '-', sizes in MiB).
+        for sz in [0.25, 1, 5, 25, 100]:
+            t = noise(ar(sz * MiB))
+            for rank in (0, 1):
+                row(link=link, model="-", mode="allreduce", impl="libddp", round=1, rank=rank,
+                    ms_per_step=t + rank * abs(rnd.gauss(0, 0.2)), allreduce_mb=float(sz), params=129068)
+        for rd in range(1, 4):
             for m, (step, bwd, batch) in local.items():
                 key = keymap[m]
+                # Each model's whole gradient, every round (batch empty, as the benchmark writes it).
+                t = noise(ar(grad_bytes(key)))
+                for rank in (0, 1):
+                    row(link=link, model=m, mode="allreduce", impl="libddp", round=rd, rank=rank,
+                        ms_per_step=t + rank * abs(rnd.gauss(0, 0.2)), allreduce_mb=grad_bytes(key) / MiB,
+                        params=n_params(key))
                 for rank in (0, 1):
                     row(link=link, model=m, batch=batch, mode="local", impl="libddp", round=rd, rank=rank,
-                        ms_per_step=noise(step), backward_ms=noise(bwd))
-                modes = [("ddp", 25), ("pytorch_ddp", 25), ("ddp_auto", 25)]
-                if link != "100mbit":  # as if the slow link's sweep had been left out
-                    modes += [("ddp_b1", 1), ("ddp_b5", 5), ("ddp_b100", 100), ("pytorch_b5", 5)]
-                for mode, cap in modes:
+                        ms_per_step=noise(step), backward_ms=noise(bwd), params=n_params(key))
+                modes = [("ddp", "25"), ("pytorch_ddp", "25"), ("ddp_timeline", "25")]
+                if rd == 1:  # the sweep and auto in the first round only (--sweep-rounds 1)
+                    modes += [("ddp_auto", "auto"), ("ddp_b1", "1"), ("ddp_b5", "5"), ("ddp_b100", "100"),
+                              ("pytorch_b1", "1"), ("pytorch_b5", "5"), ("pytorch_b100", "100")]
+                for mode, cap_s in modes:
+                    cap = 5.0 if cap_s == "auto" else float(cap_s)
                     slow = 1.05 if link != "100mbit" else 1.02  # Gloo's threads take CPU from backward
                     b = noise(bwd * slow)
                     rows = timeline(key, cap, b, lambda S: noise(ar(S)), "uniform")
                     exp = exposed_ms(rows, b)
                     st = noise(step) * slow + exp
                     skew = abs(rnd.gauss(0, 5))
+                    py = mode.startswith("pytorch")
                     for rank in (0, 1):
-                        row(link=link, model=m, batch=batch, mode=mode,
-                            impl="pytorch" if mode.startswith("pytorch") else "libddp",
-                            bucket_cap_mb=float(cap), round=rd, rank=rank, ms_per_step=st + skew,
+                        row(link=link, model=m, batch=batch, mode=mode, impl="pytorch" if py else "libddp",
+                            bucket_cap_mb=cap_s, round=rd, rank=rank, ms_per_step=st + skew,
                             backward_ms=b, comm_ms=rows[-1][3] - rows[0][2] + rank * skew,
-                            exposed_ms=exp + rank * skew, overlap_ms=max(0.0, b - rows[0][2]),
-                            chosen_bucket_cap_mb=float(cap) if mode == "ddp_auto" else "",
-                            veth_mb_per_step=mb(grad_bytes(key)) * 1.0025)
+                            exposed_ms="" if py else exp + rank * skew, overlap_ms=max(0.0, b - rows[0][2]),
+                            chosen_bucket_cap_mb="" if py else cap,
+                            veth_mb_per_step=mb(grad_bytes(key)) * 1.0025, params=n_params(key))
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
@@ -882,8 +1066,9 @@ def main():
     ap.add_argument("--outdir", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--ready", choices=["flops", "bytes", "uniform"], default="flops",
                     help="when gradients become ready during backward (default: by the layers' work)")
-    ap.add_argument("--allreduce-unit", choices=["MB", "MiB"], default="MB",
-                    help="unit of the CSV's allreduce_mb column (default MB = 10^6 bytes)")
+    ap.add_argument("--allreduce-unit", choices=["MiB", "MB"], default="MiB",
+                    help="unit of the CSV's allreduce_mb column (default MiB = 2^20 bytes, what "
+                         "bench/run_link_bench.py writes; MB = 10^6 bytes)")
     ap.add_argument("--update-doc", metavar="MD", help="replace the generated blocks of this markdown file")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--make-synthetic", metavar="CSV", help="write a synthetic CSV for development and exit")
@@ -892,6 +1077,7 @@ def main():
         make_synthetic(a.make_synthetic)
         return
     notes, rows, fits, checks = [], None, {}, []
+    unit = MiB if a.allreduce_unit == "MiB" else 1e6
     if a.csv:
         if not os.path.exists(a.csv):
             sys.exit(f"{a.csv}: no such file (run bench/run_link_bench.py first, or leave --csv out "
@@ -900,14 +1086,14 @@ def main():
         unknown = sorted({r.get("model") for r in rows if r["mode"] != "allreduce" and r["key"] is None})
         if unknown:
             notes.append(f"models not modelled, skipped: {', '.join(str(u) for u in unknown)}")
-        unit = MiB if a.allreduce_unit == "MiB" else 1e6
+        check_params(rows, notes)
         fits = fit_links(rows, unit, notes)
         checks = validate(rows, fits, a.ready, notes)
         if any(r.get("hidden_timeline") for r in rows):
             notes.append("hidden_timeline is not read by this model (ddp_timeline rows are checked as ddp)")
-    measured = measured_block(rows, fits, checks, a.ready, a.allreduce_unit)
+    measured = measured_block(rows, fits, checks, a.ready, unit, a.allreduce_unit)
     projection = projection_block(a.ready)
-    text = text_report(rows, fits, checks, a.ready, notes)
+    text = text_report(rows, fits, checks, a.ready, notes, unit, a.allreduce_unit)
     block = "\n".join(["", "=" * 72, "markdown (paste into docs/scaling.md, or use --update-doc):", "=" * 72,
                        BEGIN_M, measured, END_M, "", BEGIN_P, projection, END_P])
     os.makedirs(a.outdir, exist_ok=True)
@@ -918,7 +1104,7 @@ def main():
     print(text)
     print(block)
     if not a.no_plot:
-        plot(os.path.join(a.outdir, "scaling.png"), fits, a.ready)
+        plot(os.path.join(a.outdir, "scaling.png"), fits, a.ready, unit, a.allreduce_unit)
     print(f"\nwrote {txt}" + ("" if a.no_plot else f" and {os.path.join(a.outdir, 'scaling.png')}"))
     if a.update_doc:
         update_doc(a.update_doc, measured if rows is not None else None, projection)
