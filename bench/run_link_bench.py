@@ -705,7 +705,7 @@ def main():
                     help="timed:warm-up steps per run, per link, LINK=I:W,...")
     ap.add_argument("--iters", type=int, help="timed steps per run on every link (overrides --iters-per-link)")
     ap.add_argument("--warmup", type=int, help="warm-up steps per run on every link (overrides --iters-per-link)")
-    ap.add_argument("--auto-warmup", type=int, default=40,
+    ap.add_argument("--auto-warmup", type=int, default=48,
                     help="ddp_auto's warm-up steps, at most: the bench warms up until the tuning chose (the library "
                          "tries up to 7 caps for 4 steps each, after the first step)")
     ap.add_argument("--threads", type=int, default=1)

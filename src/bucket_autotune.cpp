@@ -6,22 +6,25 @@
 
 namespace ddp {
 
-BucketAutotune::BucketAutotune(std::vector<double> caps_mb, int warmup, int timed)
+BucketAutotune::BucketAutotune(std::vector<double> caps_mb, int warmup, int timed, int passes)
     : caps_(std::move(caps_mb)), warmup_(warmup), timed_(std::max(timed, 1)), times_(caps_.size()) {
   if (caps_.empty()) throw std::logic_error("BucketAutotune: no candidate");
+  for (int pass = 0; pass < std::max(passes, 1); ++pass)
+    for (size_t k = 0; k < caps_.size(); ++k) visits_.push_back(pass % 2 == 0 ? k : caps_.size() - 1 - k);
 }
 
 BucketAutotune::Next BucketAutotune::after_step(double ms) {
   if (done_) return Next::keep;
-  if (++steps_ <= warmup_) return Next::keep;
-  times_[current_].push_back(ms);
-  if (static_cast<int>(times_[current_].size()) < timed_) return Next::keep;
-  if (current_ + 1 < caps_.size()) {
-    ++current_;
-    steps_ = 0;
-    return Next::switch_;
-  }
-  return Next::agree;
+  const size_t cap = visits_[visit_];
+  // A visit that goes on with the cap before it (where the order turns)
+  // needs no warm-up: the buckets stay.
+  const int warmup = visit_ > 0 && visits_[visit_ - 1] == cap ? 0 : warmup_;
+  if (++steps_ <= warmup) return Next::keep;
+  times_[cap].push_back(ms);
+  if (steps_ - warmup < timed_) return Next::keep;
+  steps_ = 0;
+  if (++visit_ == visits_.size()) return Next::agree;
+  return visits_[visit_] == cap ? Next::keep : Next::switch_;
 }
 
 double BucketAutotune::agree(ProcessGroup& pg) {
@@ -42,7 +45,8 @@ double BucketAutotune::agree(ProcessGroup& pg) {
     trials_.push_back({caps_[k], cost[k]});
     if (cost[k] < cost[best]) best = k;
   }
-  current_ = best;
+  visits_ = {best};
+  visit_ = 0;
   done_ = true;
   return caps_[best];
 }

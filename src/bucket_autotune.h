@@ -4,6 +4,7 @@
 // file only decides (and, once, agrees across ranks).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -14,9 +15,12 @@ namespace ddp {
 
 class BucketAutotune {
  public:
-  // `caps_mb`: the candidates, in the order they are tried (at least one).
-  // Each runs `warmup` uncounted steps, then `timed` counted ones.
-  BucketAutotune(std::vector<double> caps_mb, int warmup, int timed);
+  // `caps_mb`: the candidates (at least one). They are visited in order,
+  // then in reverse order (`passes` 2: a slow start or a drift of the
+  // machine then weighs on all alike), and so on; each visit runs `warmup`
+  // uncounted steps (none where the order turns and the cap stays), then
+  // `timed` counted ones.
+  BucketAutotune(std::vector<double> caps_mb, int warmup, int timed, int passes = 2);
 
   enum class Next {
     keep,     // go on with the current cap
@@ -28,7 +32,7 @@ class BucketAutotune {
   // shadowed the step under ddp::Join).
   Next after_step(double ms);
 
-  double current_cap_mb() const { return caps_[current_]; }
+  double current_cap_mb() const { return caps_[visits_[std::min(visit_, visits_.size() - 1)]]; }
   bool done() const { return done_; }
 
   // Collective (an all-gather on `pg`): each candidate's cost is the slowest
@@ -48,8 +52,9 @@ class BucketAutotune {
  private:
   std::vector<double> caps_;
   int warmup_, timed_;
-  size_t current_ = 0;
-  int steps_ = 0;  // with the current cap
+  std::vector<size_t> visits_;  // candidate indices, in the order visited
+  size_t visit_ = 0;
+  int steps_ = 0;  // in the current visit
   std::vector<std::vector<double>> times_;
   std::vector<Trial> trials_;
   bool done_ = false;

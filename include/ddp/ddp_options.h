@@ -56,16 +56,18 @@ struct DistributedDataParallelOptions {
     return bucket_cap_mb(mb);
   }
   bool bucket_cap_auto() const { return bucket_cap_auto_; }
-  // The caps "auto" tries, in MiB, in this order (positive; checked when the
-  // model is wrapped). Each one that packs different buckets than those
-  // before it runs kAutoBucketCapWarmupSteps steps that are not counted, then
-  // kAutoBucketCapTimedSteps timed ones (the median counts): with the
-  // defaults and a model that fills them, 28 steps.
+  // The caps "auto" tries, in MiB (positive; checked when the model is
+  // wrapped). Those that pack different buckets than an earlier one are
+  // visited in this order, then in reverse order; each visit runs
+  // kAutoBucketCapWarmupSteps steps that are not counted (none where the
+  // order turns), then kAutoBucketCapTimedSteps timed ones; a candidate's
+  // cost is the median of its timed steps. With the defaults and a model
+  // that fills them, 41 steps.
   TORCH_ARG(std::vector<double>, bucket_cap_candidates_mb) = std::vector<double>{1, 2, 5, 10, 25, 50, 100};
 
  public:
   static constexpr int kAutoBucketCapWarmupSteps = 1;
-  static constexpr int kAutoBucketCapTimedSteps = 3;
+  static constexpr int kAutoBucketCapTimedSteps = 2;
   // The first bucket (the last layers' gradients, ready first) is smaller so
   // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
   // Must be > 0.

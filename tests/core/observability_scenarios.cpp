@@ -56,7 +56,7 @@ int scenario_auto_bucket(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   ddp::DistributedDataParallel model(net, pg, options);
   EXPECT_OR_FAIL(model.stats().bucket_cap_tuning, "tuning has not started before the first step");
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  const int steps = 16 + (join ? 3 * rank : 0);
+  const int steps = 20 + (join ? 3 * rank : 0);
   std::set<size_t> bucket_counts;
   auto loop = [&] {
     for (int step = 0; step < steps; ++step) {
