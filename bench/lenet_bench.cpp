@@ -64,6 +64,7 @@
 #include "ddp/ddp.h"
 #include "ddp/default_hooks.h"
 #include "ddp/powersgd_hook.h"
+#include "resnet18_fmnist/resnet18.h"
 
 namespace {
 
@@ -145,65 +146,9 @@ struct MLPImpl : torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-// d2l.ai's ResNet-18 as examples/resnet18_fmnist/main.cpp (and the same in
-// bench/pytorch_lenet_bench.py, parameter for parameter): a 7x7 stride-2 stem
-// with BatchNorm and a 3x3 max-pool, four stages of two residuals (64..512
-// channels), global average pooling, a linear layer.
-namespace nn = torch::nn;
-struct ResidualImpl : nn::Module {
-  ResidualImpl(int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
-      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).stride(stride)))),
-        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1)))),
-        bn1(register_module("bn1", nn::BatchNorm2d(out))),
-        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
-    if (use_1x1conv) conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(bn1(conv1(x)));
-    y = bn2(conv2(y));
-    if (conv3) x = conv3(x);
-    return torch::relu(y + x);
-  }
-  nn::Conv2d conv1, conv2, conv3{nullptr};
-  nn::BatchNorm2d bn1, bn2;
-};
-TORCH_MODULE(Residual);
-
-nn::Sequential resnet_block(int64_t in, int64_t out, int num_residuals, bool first_block) {
-  nn::Sequential blk;
-  for (int i = 0; i < num_residuals; ++i) {
-    if (i == 0 && !first_block)
-      blk->push_back(Residual(in, out, true, 2));
-    else
-      blk->push_back(Residual(i == 0 ? in : out, out, false, 1));
-  }
-  return blk;
-}
-
-struct ResNet18Impl : nn::Module {
-  ResNet18Impl()
-      : stem(register_module("stem", nn::Sequential(nn::Conv2d(nn::Conv2dOptions(1, 64, 7).stride(2).padding(3)),
-                                                    nn::BatchNorm2d(64), nn::ReLU(),
-                                                    nn::MaxPool2d(nn::MaxPool2dOptions(3).stride(2).padding(1))))),
-        block1(register_module("resnet_block1", resnet_block(64, 64, 2, true))),
-        block2(register_module("resnet_block2", resnet_block(64, 128, 2, false))),
-        block3(register_module("resnet_block3", resnet_block(128, 256, 2, false))),
-        block4(register_module("resnet_block4", resnet_block(256, 512, 2, false))),
-        fc(register_module("fc", nn::Linear(512, 10))) {
-    torch::NoGradGuard no_grad;
-    for (auto& m : modules(/*include_self=*/false)) {
-      if (auto* conv = m->as<nn::Conv2d>()) conv->weight.normal_(0, 0.01);
-      if (auto* linear = m->as<nn::Linear>()) linear->weight.normal_(0, 0.01);
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = block4->forward(block3->forward(block2->forward(block1->forward(stem->forward(x)))));
-    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
-  }
-  nn::Sequential stem, block1, block2, block3, block4;
-  nn::Linear fc;
-};
-TORCH_MODULE(ResNet18);
+// d2l.ai's ResNet-18, the resnet18_fmnist example's model (and the same in
+// bench/pytorch_lenet_bench.py, parameter for parameter).
+using resnet18_fmnist::ResNet18;
 
 // What this build of the library offers, found at compile time so that the
 // bench builds before and after the library gains it: bucket_cap_mb("auto")

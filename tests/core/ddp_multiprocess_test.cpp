@@ -156,7 +156,7 @@ TEST_P(DDPWorld, LoggingDataHasPyTorchsKeysAndConsistentFigures) {
 TEST_P(DDPWorld, TimelineSkewTableEveryNStepsAndAtTheEnd) {
   char tmpl[] = "/tmp/ddp_skew_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
-  auto results = run_ranks(GetParam(), DDP_WORKER, {"skew_every", "--steps", "5"},
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"timeline", "--steps", "5"},
                            {{"DDP_TIMELINE", dir + "/trace.json"}, {"DDP_TIMELINE_SKEW_EVERY", "2"}});
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
   const std::string tables = read_file(dir + "/trace.skew.txt");
@@ -171,7 +171,7 @@ TEST_P(DDPWorld, TimelineSkewTableEveryNStepsAndAtTheEnd) {
 }
 
 TEST_P(DDPWorld, TimelineSkewEveryThatIsNotANumberIsAUsageErrorOnEveryRank) {
-  auto results = run_ranks(GetParam(), DDP_WORKER, {"skew_every", "--steps", "1"},
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"timeline", "--steps", "1"},
                            {{"DDP_TIMELINE", "/tmp/unused_trace.json"}, {"DDP_TIMELINE_SKEW_EVERY", "2x"}});
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_NE(results[r].exit_code, 0) << describe(results);

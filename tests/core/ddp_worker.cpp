@@ -349,7 +349,6 @@ int main(int argc, char** argv) {
     else if (scenario == "stall") rc = scenario_stall(pg, flags);
     else if (scenario == "auto_bucket") rc = scenario_auto_bucket(pg, flags);
     else if (scenario == "logging_data") rc = scenario_logging_data(pg, flags);
-    else if (scenario == "skew_every") rc = scenario_skew_every(pg, flags);
     else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
     else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
     else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);

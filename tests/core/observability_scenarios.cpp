@@ -1,6 +1,6 @@
 // ddp_worker scenarios of what DDP reports about itself and tunes: the
-// automatic bucket size (bucket_cap_mb("auto")), PyTorch's DDP logging data,
-// and the timeline's periodic skew reports.
+// automatic bucket size (bucket_cap_mb("auto")) and PyTorch's DDP logging
+// data. (The timeline's periodic skew reports use the timeline scenario.)
 #include <fstream>
 
 #include "worker_common.h"
@@ -141,24 +141,6 @@ int scenario_logging_data(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const std::string json = d.to_json();
   EXPECT_OR_FAIL(json.find("\"avg_backward_compute_comm_overlap_time\": ") != std::string::npos, "to_json");
   if (pg->rank() == 0 && flags.count("--out")) std::ofstream(flags["--out"]) << json;
-  return 0;
-}
-
-// DDP_TIMELINE_SKEW_EVERY=N: every N steps every rank joins a gather and rank
-// 0 prints the table of those steps and appends it beside the trace.
-int scenario_skew_every(std::shared_ptr<ProcessGroup> pg, Flags flags) {
-  const int steps = std::stoi(flags["--steps"]);
-  torch::manual_seed(37);
-  Net net(false, false);
-  ddp::DistributedDataParallel model(net, pg, tiny_buckets());
-  EXPECT_OR_FAIL(model.timeline() != nullptr, "DDP_TIMELINE starts a timeline");
-  torch::optim::SGD opt(net->parameters(), 0.1);
-  for (int step = 0; step < steps; ++step) {
-    auto [x, y] = global_batch(step, 6);
-    opt.zero_grad();
-    torch::mse_loss(model(x), y).backward();
-    opt.step();
-  }
   return 0;
 }
 

@@ -198,7 +198,6 @@ int scenario_timeline(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_stall(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_auto_bucket(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_logging_data(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_skew_every(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
 // powersgd_scenarios.cpp: the models of pytorch_powersgd_parity.py, and the hook's contract.
 int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
