@@ -628,7 +628,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     stats.at_ns = {wall_ns(forward_start), wall_ns(output_ready), wall_ns(backward_end),
                    launched ? wall_ns(comm_start) : 0, launched ? wall_ns(comm_end) : 0};
     stats.unused_parameter_bytes = unused_bytes;
-    stats.ready_order = step_ready_order;
+    stats.ready_order.swap(step_ready_order);  // reset_iteration() clears the other, keeping its capacity
     const double n = static_cast<double>(stats.iterations);
     auto& m = stats.mean;
     m.forward_ms += (stats.forward_ms - m.forward_ms) / n;
@@ -647,10 +647,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   }
 
   void lay_out_for(double cap_mb) {
-    auto assignment = layout_for(cap_mb);
-    bool same = assignment.size() == buckets.size();
-    for (size_t b = 0; same && b < buckets.size(); ++b) same = assignment[b] == buckets[b].vars;
-    if (!same) initialize_buckets(assignment);
+    adopt_buckets(layout_for(cap_mb));
     stats.bucket_cap_mb = cap_mb;
   }
 
@@ -730,16 +727,19 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
     if (data[0] != 1) return;  // rank 0 did not see every hook: keep the buckets
     std::vector<size_t> agreed(data + 1, data + 1 + params.size());
     layout_order = agreed;
-    auto assignment =
-        compute_bucket_assignment(params, agreed, bytes(options.first_bucket_mb()), bytes(options.bucket_cap_mb()));
-    // Often the real order packs the same buckets as the guess: then
-    // reallocating would only cost a bucket's worth of peak memory and a copy
-    // of every gradient. Every rank sees the same order and the same buckets,
-    // so all of them decide alike.
+    adopt_buckets(
+        compute_bucket_assignment(params, agreed, bytes(options.first_bucket_mb()), bytes(options.bucket_cap_mb())));
+    stats.buckets_rebuilt = true;
+  }
+
+  // Often a new order or cap packs the same buckets as before: then
+  // reallocating would only cost a bucket's worth of peak memory and a copy
+  // of every gradient. Every rank sees the same assignment, so all of them
+  // decide alike.
+  void adopt_buckets(const std::vector<std::vector<size_t>>& assignment) {
     bool same = assignment.size() == buckets.size();
     for (size_t b = 0; same && b < buckets.size(); ++b) same = assignment[b] == buckets[b].vars;
     if (!same) initialize_buckets(assignment);
-    stats.buckets_rebuilt = true;
   }
 
   // ---- ddp::Join --------------------------------------------------------
