@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 
 namespace informer {
 
@@ -25,6 +26,27 @@ struct InformerOptions {
   TORCH_ARG(int64_t, factor) = 5;  // ProbSparse: c in u = c * ln L
   TORCH_ARG(double, dropout) = 0.05;
 };
+
+// Empty when `o` makes a model that runs, else what is wrong with it and what
+// to do, for the command line's usage error.
+inline std::string options_problem(const InformerOptions& o) {
+  auto n = [](int64_t v) { return std::to_string(v); };
+  if (o.seq_len() < 1) return "--seq-len must be at least 1, got " + n(o.seq_len());
+  if (o.pred_len() < 1) return "--pred-len must be at least 1, got " + n(o.pred_len());
+  if (o.label_len() < 0 || o.label_len() > o.seq_len())
+    return "--label-len " + n(o.label_len()) + " must lie in 0.." + n(o.seq_len()) +
+           " (--seq-len): the decoder starts from the last label-len steps of the encoder's input";
+  if (o.d_model() < 1) return "--d-model must be at least 1, got " + n(o.d_model());
+  if (o.heads() < 1) return "--heads must be at least 1, got " + n(o.heads());
+  if (o.d_model() % o.heads() != 0)
+    return "--d-model " + n(o.d_model()) + " does not divide by --heads " + n(o.heads()) +
+           ": each head takes d-model / heads features; pick a multiple of " + n(o.heads());
+  if (o.variables() < 1) return "the series has no variables";
+  if (o.e_layers() < 1 || o.d_layers() < 1 || o.d_ff() < 1 || o.factor() < 1)
+    return "layers, feed-forward width and the ProbSparse factor must be at least 1";
+  if (!(o.dropout() >= 0 && o.dropout() < 1)) return "dropout must lie in [0, 1)";
+  return "";
+}
 
 // Multi-head attention; `prob` selects ProbSparse (top-u queries by the
 // max-mean sparsity measure on sampled keys; the others take the mean, or

@@ -25,9 +25,11 @@ int main(int argc, char** argv) {
         ("seq-len", po::value(&model_opts.seq_len())->default_value(model_opts.seq_len()), "encoder input length")
         ("label-len", po::value(&model_opts.label_len())->default_value(model_opts.label_len()), "decoder start token")
         ("pred-len", po::value(&model_opts.pred_len())->default_value(model_opts.pred_len()), "forecast horizon")
-        ("d-model", po::value(&model_opts.d_model())->default_value(model_opts.d_model()), "model width");
+        ("d-model", po::value(&model_opts.d_model())->default_value(model_opts.d_model()), "model width")
+        ("heads", po::value(&model_opts.heads())->default_value(model_opts.heads()), "attention heads (divide --d-model)");
     const auto opts = ddp::parse_train_options(
         argc, argv, ddp::TrainOptions().epochs(6).global_batch_size(64).lr(1e-3).run_dir("runs/informer_csv"), &extra);
+    if (const auto problem = informer::options_problem(model_opts); !problem.empty()) throw ddp::UsageError(problem);
     auto pg = ddp::init_process_group(opts.process_group_options());
     const int rank = pg->rank(), world = pg->size();
     const torch::Device device = pg->device();

@@ -71,6 +71,15 @@ class Preempted : public Error {
   using Error::Error;
 };
 
+// The training loss became NaN or infinite on some rank (the training kit's
+// train_epoch, unless --nonfinite-loss continue). Every rank throws it at the
+// same step, before a checkpoint of the diverged model can be written; the
+// message names the first rank and step and the last good checkpoint.
+class NonFiniteLoss : public Error {
+ public:
+  using Error::Error;
+};
+
 // EX_TEMPFAIL of sysexits.h: "a temporary failure; try again later".
 constexpr int kPreemptedExitCode = 75;
 

@@ -237,6 +237,17 @@ std::string restart_reason() {
   return "";
 }
 
+// Collective: whether the run folder holds a checkpoint or its previous one
+// (rank 0 looks: the others may not share its disk).
+bool run_has_checkpoint(RunDir& run, ProcessGroup& pg) {
+  const std::string path = run.checkpoint_path();
+  const bool here = pg.rank() == 0 && (std::filesystem::exists(path) ||
+                                       std::filesystem::exists(previous_checkpoint_path(path)));
+  auto found = torch::tensor({here ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
+  pg.broadcast(found, 0).wait();
+  return found.cpu().item<int64_t>() != 0;
+}
+
 std::string position(const TrainState& s) {
   return "epoch " + std::to_string(s.epoch) +
          (s.epoch_step > 0 ? " and " + std::to_string(s.epoch_step) + " batches of epoch " + std::to_string(s.epoch + 1)
@@ -251,22 +262,22 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
   std::string from = opts.resume_path();
   std::string why;
   // A requeued or restarted job continues from its own checkpoint, if it got
-  // as far as writing one (rank 0 looks: the others may not share its disk).
-  if (from.empty()) {
-    const std::string restart = restart_reason();
-    if (!restart.empty()) {
-      auto found = torch::tensor({pg.rank() == 0 && std::filesystem::exists(run.checkpoint_path()) ? int64_t(1) : int64_t(0)},
-                                 torch::kLong)
-                       .to(pg.device());
-      pg.broadcast(found, 0).wait();
-      if (found.cpu().item<int64_t>() != 0) {
-        from = run.checkpoint_path();
-        why = " (" + restart + ": the job was requeued or restarted)";
-      }
+  // as far as writing one; so does --resume auto, which otherwise starts fresh.
+  const std::string restart = restart_reason();
+  const bool auto_resume = opts.resume() == "auto";
+  if (!restart.empty() || auto_resume) {
+    if (run_has_checkpoint(run, pg)) {
+      from = run.checkpoint_path();
+      if (!restart.empty()) why = " (" + restart + ": the job was requeued or restarted)";
+    } else if (auto_resume) {
+      from.clear();
+      run.log("--resume auto: no checkpoint in " + opts.run_dir() + " yet; starting fresh");
     }
   }
   if (!from.empty()) {
     state = load_checkpoint(from, model, &optimizer, pg);
+    state.last_checkpoint = from;
+    state.last_checkpoint_epoch = state.epoch;
     run.log("resumed from " + from + " after " + position(state) + why);
   }
   state.config = opts.to_config();

@@ -2,11 +2,97 @@
 
 #include "atomic_file.h"
 
+#include <cmath>
 #include <cstdio>
+#include <iostream>
+#include <sstream>
 
 #include "ddp/object_collectives.h"
 
 namespace ddp {
+
+namespace detail {
+
+bool RankCheck::any_nonfinite() const {
+  for (const auto& n : nonfinite)
+    if (n.step > 0) return true;
+  return false;
+}
+
+RankCheck check_ranks(ProcessGroup& pg, bool preempt, const NonFiniteStep& mine) {
+  // float64 holds step counts exactly (below 2^53); each rank fills its own
+  // four slots, so the sum hands every rank everyone's.
+  constexpr int kSlots = 4;
+  const int world = pg.size(), rank = pg.rank();
+  auto t = torch::zeros({1 + kSlots * world}, torch::kDouble);
+  auto a = t.accessor<double, 1>();
+  a[0] = preempt ? 1 : 0;
+  if (mine.step > 0) {
+    a[1 + kSlots * rank] = static_cast<double>(mine.step);
+    a[2 + kSlots * rank] = static_cast<double>(mine.epoch);
+    a[3 + kSlots * rank] = static_cast<double>(mine.batch);
+    a[4 + kSlots * rank] = mine.loss;
+  }
+  auto on_device = t.to(pg.device());
+  pg.allreduce(on_device).wait();
+  t = on_device.cpu();
+  a = t.accessor<double, 1>();
+  RankCheck check;
+  check.preempt = a[0] > 0;
+  check.nonfinite.resize(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    auto& n = check.nonfinite[static_cast<size_t>(r)];
+    n.step = static_cast<int64_t>(a[1 + kSlots * r]);
+    n.epoch = static_cast<int64_t>(a[2 + kSlots * r]);
+    n.batch = static_cast<int64_t>(a[3 + kSlots * r]);
+    n.loss = a[4 + kSlots * r];
+  }
+  return check;
+}
+
+namespace {
+
+std::string describe(const NonFiniteStep& n, int rank) {
+  std::ostringstream s;
+  s << (std::isnan(n.loss) ? "nan" : n.loss > 0 ? "inf" : "-inf") << " on rank " << rank << " at step " << n.step
+    << " (epoch " << n.epoch + 1 << ", batch " << n.batch << ")";
+  return s.str();
+}
+
+}  // namespace
+
+void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned, const TrainOptions& opts,
+                       const TrainState& state, ProcessGroup& pg) {
+  int first = -1;
+  std::vector<std::string> others;
+  for (int r = 0; r < static_cast<int>(check.nonfinite.size()); ++r) {
+    const auto& n = check.nonfinite[static_cast<size_t>(r)];
+    if (n.step == 0) continue;
+    if (first < 0 || n.step < check.nonfinite[static_cast<size_t>(first)].step) first = r;
+  }
+  for (int r = 0; r < static_cast<int>(check.nonfinite.size()); ++r)
+    if (r != first && check.nonfinite[static_cast<size_t>(r)].step > 0)
+      others.push_back(describe(check.nonfinite[static_cast<size_t>(r)], r));
+  std::string what = "the training loss is " + describe(check.nonfinite[static_cast<size_t>(first)], first);
+  for (size_t i = 0; i < others.size(); ++i) what += (i ? ", " : "; then ") + others[i];
+  mine = NonFiniteStep{};
+  if (opts.nonfinite_loss() == "continue") {
+    if (!warned && pg.rank() == 0)
+      std::cout << "warning: " << what << "; training on (--nonfinite-loss continue)" << std::endl;
+    warned = true;
+    return;
+  }
+  const std::string last = state.last_checkpoint.empty()
+                               ? "no checkpoint was written before it"
+                               : "the last good checkpoint is " + state.last_checkpoint + " (after epoch " +
+                                     std::to_string(state.last_checkpoint_epoch) + ")";
+  throw NonFiniteLoss(rank_tag(pg) + ": " + what + ". Training stopped before a checkpoint of the diverged model; " +
+                      last + ". Lower --lr or check the input data" +
+                      (state.last_checkpoint.empty() ? std::string() : " and resume (--resume " + state.last_checkpoint + ")") +
+                      ", or pass --nonfinite-loss continue to train on regardless");
+}
+
+}  // namespace detail
 
 void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,
                const torch::nn::Module& model, const torch::optim::Optimizer& optimizer, const TrainOptions& opts,
@@ -15,7 +101,11 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   state.sampler_epoch = epoch + 1;
   run.record({state.epoch, train.loss, test_loss, test_metric, train.samples_per_s(), train.seconds});
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
-  if (opts.checkpoint_due(state.epoch)) save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+  if (opts.checkpoint_due(state.epoch)) {
+    save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+    state.last_checkpoint = run.checkpoint_path();
+    state.last_checkpoint_epoch = state.epoch;
+  }
 }
 
 std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval) {

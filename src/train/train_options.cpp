@@ -2,6 +2,7 @@
 
 #include "parse_number.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -69,7 +70,8 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"limit_batches", std::to_string(limit_batches())},
           {"preemption_check_every", std::to_string(preemption_check_every())},
           {"timeline", timeline() ? "1" : "0"},
-          {"timeline_skew_every", std::to_string(timeline_skew_every())}};
+          {"timeline_skew_every", std::to_string(timeline_skew_every())},
+          {"nonfinite_loss", nonfinite_loss()}};
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
@@ -98,7 +100,8 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("checkpoint-every", po::value(&o.checkpoint_every())->default_value(o.checkpoint_every()),
        "write a checkpoint every N epochs (0: only after the last)")
     ("resume", po::value(&o.resume())->implicit_value("auto"),
-       "continue from a checkpoint file or run folder (alone: --run-dir's checkpoint)")
+       "continue from a checkpoint file or run folder (alone, or 'auto': --run-dir's checkpoint if there is one, "
+       "else a fresh start)")
     ("workers", po::value(&o.workers())->default_value(o.workers()), "data loader threads")
     ("limit-batches", po::value(&o.limit_batches())->default_value(o.limit_batches()),
        "at most N batches per epoch, training and evaluation (-1: all), for quick runs")
@@ -110,7 +113,10 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
      "<run-dir>/timeline.skew.txt (as DDP_TIMELINE_SKEW_EVERY=N)")
     ("preemption-check-every", po::value(&o.preemption_check_every())->default_value(o.preemption_check_every()),
        "every N steps, ask all ranks whether SIGUSR1 (a preemption warning) arrived; if so checkpoint and exit 75 "
-       "(0: SIGUSR1 not watched)");
+       "(0: SIGUSR1 not watched); the ranks also compare their losses then, and at every epoch's end")
+    ("nonfinite-loss", po::value(&o.nonfinite_loss())->default_value(o.nonfinite_loss()),
+       "when the loss is NaN or infinite on any rank: stop (an error naming the rank, the step and the last good "
+       "checkpoint) or continue (a warning)");
   // clang-format on
   po::options_description all;
   all.add(common);
@@ -137,7 +143,11 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     throw UsageError("give --batch-size (per process) or --global-batch-size, not both");
   if (o.epochs() < 0) throw UsageError("--epochs must be >= 0");
   if (o.batch_size() < 0 || o.global_batch_size() < 0) throw UsageError("batch sizes must be positive");
-  if (o.lr() <= 0) throw UsageError("--lr must be > 0");
+  // Boost reads "inf" and "nan" as numbers: a run would train on NaN.
+  if (!std::isfinite(o.lr()) || o.lr() <= 0)
+    throw UsageError("--lr must be a finite number > 0, got " + std::to_string(o.lr()));
+  if (o.nonfinite_loss() != "stop" && o.nonfinite_loss() != "continue")
+    throw UsageError("--nonfinite-loss must be stop or continue, got '" + o.nonfinite_loss() + "'");
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");

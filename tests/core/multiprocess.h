@@ -113,6 +113,61 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   return results;
 }
 
+// Runs `program args...` (a launcher such as ddprun, not a rank: no rank
+// variables are set) with `env` added, in its own session, and waits at most
+// `timeout`; at the deadline its whole session is killed (signal 9).
+inline RankResult run_program(const std::string& program, const std::vector<std::string>& args,
+                              const std::map<std::string, std::string>& env = {},
+                              std::chrono::seconds timeout = std::chrono::seconds(240)) {
+  char dir_template[] = "/tmp/ddp_prog_XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  const std::string out = dir + "/out.log";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setsid();
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv{const_cast<char*>(program.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(program.c_str(), argv.data());
+    ::_exit(127);
+  }
+  RankResult result;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    if (std::chrono::steady_clock::now() > deadline) ::kill(-pid, SIGKILL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  result.output = read_file(out);
+  std::filesystem::remove_all(dir);
+  return result;
+}
+
+// The pid of a live process whose environment holds DDP_TEST_DIR=`dir` and
+// RANK=`rank` (a rank started by run_ranks or by a launcher given that
+// DDP_TEST_DIR), or 0.
+inline pid_t find_rank_pid(const std::string& dir, int rank) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const pid_t pid = std::atoi(e.path().filename().c_str());
+    if (pid <= 0) continue;
+    std::string env = read_file(e.path().string() + "/environ");
+    for (char& c : env) c = c == '\0' ? '\n' : c;
+    env = "\n" + env;
+    if (env.find("\nDDP_TEST_DIR=" + dir + "\n") != std::string::npos &&
+        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
+      return pid;
+  }
+  return 0;
+}
+
 // Where mpirun is, or "" (then MPI tests skip).
 inline std::string mpirun_path() {
   for (const char* p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun", "/usr/bin/orterun"})

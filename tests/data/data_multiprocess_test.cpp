@@ -23,3 +23,27 @@ TEST(Checkpoint, RankZeroWritesEveryRankRestoresAndFailuresReachEveryRank) {
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoint.pt"));
   std::filesystem::remove_all(dir);
 }
+
+// A NaN loss on one rank stops every rank at the same step, at a mid-epoch
+// check (every 2 steps) or at the epoch's end (check every 10), before a
+// checkpoint of the diverged model; --nonfinite-loss continue trains on.
+TEST(NonFiniteLoss, EveryRankStopsNamingTheRankTheStepAndTheLastGoodCheckpoint) {
+  struct Case {
+    int world, bad_rank;
+    int64_t bad_step, check_every;
+    std::string mode;
+  };
+  for (const Case& c : {Case{2, 1, 6, 2, "stop"}, Case{2, 0, 7, 10, "stop"}, Case{3, 2, 2, 10, "stop"},
+                        Case{2, 1, 6, 2, "continue"}}) {
+    const auto dir = ddp::testing::temp_dir("nonfinite");
+    auto results = run_ranks(c.world, DDP_DATA_WORKER,
+                             {"nonfinite", std::to_string(c.bad_rank), std::to_string(c.bad_step),
+                              std::to_string(c.check_every), c.mode},
+                             {{"DDP_TEST_DIR", dir}});
+    for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << c.mode << " step " << c.bad_step << "\n" << describe(results);
+    if (c.mode == "continue")
+      EXPECT_NE(results[0].output.find("training on (--nonfinite-loss continue)"), std::string::npos)
+          << results[0].output;
+    std::filesystem::remove_all(dir);
+  }
+}

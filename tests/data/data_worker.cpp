@@ -1,6 +1,7 @@
 // One rank of the data layer's multi-process tests (started through
 // tests/core/multiprocess.h). Exits 0 when its checks hold, 1 with a message
 // otherwise. The scenario is argv[1].
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 
@@ -87,6 +88,60 @@ void scenario_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGrou
   throw Fail("writing to an impossible path did not fail");
 }
 
+// The loss turns NaN on rank `bad_rank` at step `bad_step` (4 steps an
+// epoch, a checkpoint after each): with "stop" every rank throws
+// NonFiniteLoss at the same step naming that rank and step, and the newest
+// checkpoint is the last good one; with "continue" the run ends.
+void scenario_nonfinite(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr, const std::string& dir,
+                        int bad_rank, int64_t bad_step, int64_t check_every, const std::string& mode) {
+  torch::manual_seed(3);
+  auto x = torch::randn({64, 4}), y = torch::randn({64, 2});
+  torch::nn::Linear net(4, 2);
+  ddp::DistributedDataParallel model(net, pg_ptr);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01));
+  const auto opts = ddp::TrainOptions().epochs(3).run_dir(dir).preemption_check_every(check_every).nonfinite_loss(mode);
+  ddp::RunDir run(dir, pg, "loss");
+  ddp::TensorDataset data(x, y);
+  ddp::DistributedSampler sampler(64, pg);
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(8));
+  ddp::TrainState state;
+  run.start(0);
+  int64_t epoch = 0;
+  try {
+    for (; epoch < opts.epochs(); ++epoch) {
+      const auto train = ddp::train_epoch(*loader, sampler, epoch, 8, opts, state, pg, [&](auto& b) {
+        opt.zero_grad();
+        auto loss = (model(b.data) - b.target).pow(2).mean();
+        loss.backward();
+        opt.step();
+        if (pg.rank() == bad_rank && state.step + 1 == bad_step) return loss.detach() * std::nan("");
+        return loss.detach();
+      });
+      ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, pg);
+    }
+  } catch (const ddp::NonFiniteLoss& e) {
+    const std::string what = e.what();
+    std::cout << "caught: " << what << std::endl;
+    CHECK_OR_FAIL(mode == "stop", "continue does not throw");
+    CHECK_OR_FAIL(what.find("rank " + std::to_string(pg.rank())) == 0, "names this rank first");
+    CHECK_OR_FAIL(what.find("nan on rank " + std::to_string(bad_rank) + " at step " + std::to_string(bad_step)) !=
+                      std::string::npos, "names the rank and step");
+    const int64_t good = (bad_step - 1) / 4;
+    CHECK_OR_FAIL(epoch == good, "stopped in the epoch of the bad step");
+    if (good > 0) {
+      CHECK_OR_FAIL(what.find("last good checkpoint is " + run.checkpoint_path() + " (after epoch " +
+                              std::to_string(good) + ")") != std::string::npos, "names the last good checkpoint");
+      torch::nn::Linear other(4, 2);
+      auto restored = ddp::load_checkpoint(run.checkpoint_path(), *other, nullptr, pg);
+      CHECK_OR_FAIL(restored.epoch == good, "no checkpoint after the bad step");
+      CHECK_OR_FAIL(torch::isfinite(other->weight).all().item<bool>(), "the checkpoint's weights are finite");
+    }
+    return;
+  }
+  CHECK_OR_FAIL(mode == "continue", "stop mode stopped");
+  CHECK_OR_FAIL(state.epoch == 3, "continue trains every epoch");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,6 +155,8 @@ int main(int argc, char** argv) {
     const char* dir = std::getenv("DDP_TEST_DIR");
     if (scenario == "eval") scenario_eval(*pg);
     else if (scenario == "checkpoint") scenario_checkpoint(*pg, pg, dir ? dir : "/tmp");
+    else if (scenario == "nonfinite" && argc == 6)
+      scenario_nonfinite(*pg, pg, dir ? dir : "/tmp", std::atoi(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), argv[5]);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();
     return 0;

@@ -126,21 +126,6 @@ TEST_F(Examples, LenetResumeEndsWithTheSameParametersAsOneRun) {
   EXPECT_NE(results[0].output.find("was written by 2 ranks; resuming with 1"), std::string::npos) << results[0].output;
 }
 
-// The pid of the rank `rank` started by run_ranks with DDP_TEST_DIR=dir, or 0.
-pid_t rank_pid(const std::string& dir, int rank) {
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const pid_t pid = std::atoi(e.path().filename().c_str());
-    if (pid <= 0) continue;
-    std::string env = ddp::testing::read_file(e.path().string() + "/environ");
-    for (char& c : env) c = c == '\0' ? '\n' : c;
-    env = "\n" + env;
-    if (env.find("\nDDP_TEST_DIR=" + dir + "\n") != std::string::npos &&
-        env.find("\nRANK=" + std::to_string(rank) + "\n") != std::string::npos)
-      return pid;
-  }
-  return 0;
-}
-
 TEST_F(Examples, LenetPreemptedInsideAnEpochResumesToTheSameParametersAsOneRun) {
   ddp::testing::write_fashion_mnist(dir_ + "/data", 1024, 64);
   auto args = [&](const std::string& run) {
@@ -157,7 +142,7 @@ TEST_F(Examples, LenetPreemptedInsideAnEpochResumesToTheSameParametersAsOneRun) 
   pid_t rank1 = 0;
   for (int i = 0; i < 6000 && !rank1; ++i) {
     if (ddp::testing::read_file(run + "/log.txt").find("epoch 1: train loss") != std::string::npos)
-      rank1 = rank_pid(ranks_dir, 1);
+      rank1 = ddp::testing::find_rank_pid(ranks_dir, 1);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   if (rank1) ::kill(rank1, SIGUSR1);

@@ -43,6 +43,10 @@ struct TrainState {
   // (ddp/train/preemption.h): writes the checkpoint for this state and throws
   // ddp::Preempted. train_epoch() calls it at the step all ranks agreed on.
   std::function<void(const TrainState&)> checkpoint_and_stop;
+  // Not saved. The checkpoint this run last wrote or resumed from ("" when
+  // none yet) and the epochs it covers: what a NaN loss error points to.
+  std::string last_checkpoint;
+  int64_t last_checkpoint_epoch = 0;
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
@@ -63,10 +67,12 @@ std::string previous_checkpoint_path(const std::string& path);
 
 // Where training starts: with --resume, the checkpoint's model, optimizer,
 // epoch, step, sampler epoch and RNG state (collective; logged to the run),
-// else a fresh state. Without --resume, a job that Slurm requeued
-// (SLURM_RESTART_COUNT > 0) or whose workers ddprun/torchrun restarted
-// (TORCHELASTIC_RESTART_COUNT > 0) continues from the run folder's
-// checkpoint when there is one. Either way the configuration is recorded and
+// else a fresh state. --resume alone (or "auto") takes the run folder's
+// checkpoint when it has one (or only its previous one) and starts fresh when
+// it has none. A job that Slurm requeued (SLURM_RESTART_COUNT > 0) or whose
+// workers ddprun/torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0)
+// continues from the run folder's newest readable checkpoint when there is
+// one, whatever --resume says (that names where the first attempt started). Either way the configuration is recorded and
 // metrics.csv keeps only the epochs already done. Unless
 // --preemption-check-every is 0, SIGUSR1 is watched and
 // state.checkpoint_and_stop set (ddp/train/preemption.h).

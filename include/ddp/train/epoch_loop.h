@@ -17,8 +17,10 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
@@ -41,6 +43,35 @@ struct TrainEpoch {
   double samples_per_s() const { return seconds > 0 ? static_cast<double>(samples) / seconds : 0.0; }
 };
 
+namespace detail {
+
+// A rank's first step whose loss was not finite (step 0: none yet).
+struct NonFiniteStep {
+  int64_t step = 0;   // optimizer steps taken, counting this one
+  int64_t epoch = 0;  // 0-based
+  int64_t batch = 0;  // 1-based, within the epoch
+  double loss = 0;
+};
+
+// What the ranks told each other at a check.
+struct RankCheck {
+  bool preempt = false;                 // some rank got the preemption warning
+  std::vector<NonFiniteStep> nonfinite;  // by rank
+  bool any_nonfinite() const;
+};
+
+// Collective, one all-reduce: the preemption flags and every rank's first
+// non-finite step.
+RankCheck check_ranks(ProcessGroup& pg, bool preempt, const NonFiniteStep& mine);
+
+// The ranks found a non-finite loss: throws NonFiniteLoss naming the first
+// rank and step and the last good checkpoint, or with --nonfinite-loss
+// continue warns (on rank 0, once per epoch) and forgets `mine`.
+void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned, const TrainOptions& opts,
+                       const TrainState& state, ProcessGroup& pg);
+
+}  // namespace detail
+
 // One training epoch: the sampler's epoch set, at most
 // opts.steps_per_epoch(...) batches, a progress bar on rank 0, state.step
 // counted, the loss summed over ranks in one all-reduce (collective).
@@ -48,20 +79,26 @@ struct TrainEpoch {
 // batch's size is batch.data.size(0).
 // After a checkpoint written inside this epoch (state.epoch_step > 0), the
 // batches it covers are drawn and skipped, so the epoch sees each sample
-// once; the epoch's loss then covers the batches after the resume. Every
-// opts.preemption_check_every() steps, when state.checkpoint_and_stop is
-// set, the ranks ask each other whether a preemption warning arrived, and if
-// one did, every rank calls it at the same step (it throws ddp::Preempted).
+// once; the epoch's loss then covers the batches after the resume.
+// Every opts.preemption_check_every() steps the ranks compare notes in one
+// all-reduce: when any rank's loss was NaN or infinite, every rank throws
+// ddp::NonFiniteLoss (or warns, with --nonfinite-loss continue); when
+// state.checkpoint_and_stop is set and any rank got a preemption warning,
+// every rank calls it at the same step (it throws ddp::Preempted). The
+// epoch's end checks the losses too, so no checkpoint of a diverged model is
+// written.
 template <typename Loader, typename Step>
 TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                        const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
   sampler.set_epoch(epoch);
   const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size);
   const int64_t skip = std::min(state.epoch_step, steps);
-  const int64_t check_every = state.checkpoint_and_stop ? opts.preemption_check_every() : 0;
+  const int64_t check_every = opts.preemption_check_every();
   Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps - skip,
                pg.rank() == 0);
   MetricSums sums({"loss"});
+  detail::NonFiniteStep nonfinite;
+  bool warned = false;
   int64_t taken = 0;
   for (auto& batch : loader) {
     if (taken == steps) break;
@@ -69,17 +106,23 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
       ++taken;
       continue;
     }
-    if (check_every > 0 && (taken - skip) % check_every == 0 && preemption_requested(pg)) {
-      TrainState here = state;
-      here.epoch = epoch;
-      here.sampler_epoch = epoch;
-      here.epoch_step = taken;
-      state.checkpoint_and_stop(here);
+    if (check_every > 0 && (taken - skip) % check_every == 0) {
+      const bool preempt = state.checkpoint_and_stop && preemption_signal_received() != 0;
+      const auto check = detail::check_ranks(pg, preempt, nonfinite);
+      if (check.any_nonfinite()) detail::on_nonfinite_loss(check, nonfinite, warned, opts, state, pg);
+      if (check.preempt && state.checkpoint_and_stop) {
+        TrainState here = state;
+        here.epoch = epoch;
+        here.sampler_epoch = epoch;
+        here.epoch_step = taken;
+        state.checkpoint_and_stop(here);
+      }
     }
     ++taken;
     const int64_t n = batch.data.size(0);
     const double loss = step(batch).template item<double>();
     ++state.step;
+    if (!std::isfinite(loss) && nonfinite.step == 0) nonfinite = {state.step, epoch, taken, loss};
     sums.add("loss", loss * static_cast<double>(n));
     sums.add_count(n);
     bar.update(loss, n * pg.size());
@@ -87,6 +130,11 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
   state.epoch_step = 0;
   bar.finish();
   const auto total = sums.all_reduced(pg);
+  // The same sum on every rank, so all of them take this branch or none.
+  if (!std::isfinite(total.sum("loss"))) {
+    const auto check = detail::check_ranks(pg, false, nonfinite);
+    if (check.any_nonfinite()) detail::on_nonfinite_loss(check, nonfinite, warned, opts, state, pg);
+  }
   return {total.mean("loss"), total.count(), bar.elapsed_seconds()};
 }
 

@@ -42,7 +42,9 @@ struct TrainOptions {
   TORCH_ARG(std::string, run_dir) = "runs/run";
   // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.
   TORCH_ARG(int64_t, checkpoint_every) = 1;
-  // A checkpoint file or a run folder to continue from; "" for a fresh start.
+  // A checkpoint file or a run folder to continue from; "" for a fresh start;
+  // "auto" (--resume alone): the run folder's checkpoint if it has one, else
+  // a fresh start.
   TORCH_ARG(std::string, resume) = "";
   // DataLoader worker threads (0: load in the training thread).
   TORCH_ARG(int64_t, workers) = 0;
@@ -60,6 +62,10 @@ struct TrainOptions {
   // synchronised steps (DDP_TIMELINE_SKEW_EVERY); 0: at the end only. N > 0
   // turns the timeline on.
   TORCH_ARG(int64_t, timeline_skew_every) = 0;
+  // What a loss that is not finite (NaN, inf) on any rank does: "stop"
+  // (ddp::NonFiniteLoss on every rank, before the next checkpoint) or
+  // "continue" (a warning on rank 0, and training goes on).
+  TORCH_ARG(std::string, nonfinite_loss) = "stop";
 
  public:
   // The per-process batch: --batch-size if given, else --global-batch-size / world.
