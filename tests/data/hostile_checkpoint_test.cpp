@@ -315,8 +315,8 @@ TEST_F(HostileCheckpoint, ZipOffsetsOutsideTheFileAreRefused) {
   expect_error("name_length.pt", patch(central + 28, 0xffff, 2), {"central directory"});
   // A local header offset that lands on another entry: names disagree.
   expect_error("wrong_entry.pt", patch(central + 42, base.local_offsets[1], 4), {"archive/data.pkl"});
-  // Compressed entries: PyTorch never writes them, and nothing here inflates them unchecked.
-  expect_error("deflated.pt", patch(central + 10, 8, 2), {"compress"});
+  // A compression method PyTorch never uses (bzip2).
+  expect_error("bzip2.pt", patch(central + 10, 12, 2), {"compressed with method"});
 }
 
 TEST_F(HostileCheckpoint, ReadStateDictReadsOurOwnCheckpoint) {
