@@ -7,6 +7,7 @@
 #include "ddp/train/train_options.h"
 #include "parse_number.h"
 #include "state_dict_io.h"
+#include "zip_archive.h"
 
 #include <unistd.h>
 
@@ -188,10 +189,12 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   if (optimizer) {
     auto opt = root->get("optimizer");
     if (!opt || !opt->is_tensor()) throw CheckpointError(used + ": checkpoint has no optimizer state");
-    std::istringstream in(tensor_bytes(opt->tensor));
+    const std::string opt_bytes = tensor_bytes(opt->tensor);
+    // LibTorch's reader checks no CRC: ours looks at the embedded archive first.
+    zip::Archive(opt_bytes.data(), opt_bytes.size(), used + ": its optimizer state").verify_all();
     torch::serialize::InputArchive archive;
     try {
-      archive.load_from(in, device);
+      archive.load_from(opt_bytes.data(), opt_bytes.size(), device);
       optimizer->load(archive);
     } catch (const std::exception& e) {
       std::string msg = e.what();
@@ -213,7 +216,15 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   // This rank's generator; with another world size, the old ranks' round-robin.
   if (auto rng = root->get("rng_states"); rng && rng->kind == pickle::Value::Kind::List && !rng->items.empty()) {
     const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
-    if (mine->is_tensor()) set_cpu_rng_state(mine->tensor.contiguous());
+    if (mine->is_tensor()) {
+      try {
+        set_cpu_rng_state(mine->tensor.contiguous());
+      } catch (const std::exception& e) {
+        std::string msg = e.what();
+        throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" is not a CPU generator "
+                              "state (" + msg.substr(0, msg.find('\n')) + "); corrupt file?");
+      }
+    }
   }
   if (state.world_size != pg.size() && pg.rank() == 0)
     std::cout << "notice: " << used << " was written by " << state.world_size << " ranks; resuming with "

@@ -2,10 +2,12 @@
 
 #include "atomic_file.h"
 #include "state_dict_io.h"
+#include "zip_archive.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -18,9 +20,15 @@ namespace ddp {
 
 namespace {
 
-bool is_zip_with(const std::vector<char>& bytes, const std::string& needle) {
-  // Entry names are stored in the clear in a zip's local headers.
-  return std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end()) != bytes.end();
+// torch::save(module) writes a TorchScript-style archive: constants.pkl
+// beside data.pkl at its top level. Judged from the zip's directory, not by
+// searching the bytes: our checkpoint.pt holds an optimizer archive (with a
+// constants.pkl of its own) as a tensor's bytes.
+bool is_libtorch_module_archive(const std::vector<char>& bytes, const std::string& path) {
+  if (bytes.size() < 4 || std::memcmp(bytes.data(), "PK\x03\x04", 4) != 0) return false;
+  const zip::Archive zip(bytes.data(), bytes.size(), path);
+  const auto records = zip.top_level_records();
+  return std::find(records.begin(), records.end(), "constants.pkl") != records.end();
 }
 
 // torch::save(module)'s archive: nested archives of parameters and buffers.
@@ -75,11 +83,13 @@ c10::impl::GenericDict to_ivalue(const StateDict& state) {
 StateDict read_state_dict(const std::string& path, torch::Device device) {
   const auto bytes = pickle::read_file(path);
   StateDict sd;
-  if (bytes.size() >= 4 && std::memcmp(bytes.data(), "PK\x03\x04", 4) == 0 && is_zip_with(bytes, "constants.pkl")) {
-    // A TorchScript-style archive: LibTorch's torch::save(module, path).
+  if (is_libtorch_module_archive(bytes, path)) {
+    // LibTorch's torch::save(module, path), read by LibTorch from the bytes
+    // checked above (zip structure and every entry's CRC-32).
+    zip::Archive(bytes.data(), bytes.size(), path).verify_all();
     try {
       torch::serialize::InputArchive archive;
-      archive.load_from(path, torch::Device(torch::kCPU));
+      archive.load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));
       flatten_archive(archive, "", sd);
     } catch (const std::exception& e) {
       std::string msg = e.what();
