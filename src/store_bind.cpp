@@ -55,6 +55,7 @@ int real_bind(int fd, const sockaddr* addr, socklen_t len) {
 
 }  // namespace
 
+#ifdef DDP_STORE_BIND_SUBSTITUTION
 // What this thread's bind() of the wildcard address gets instead, while a
 // store is being constructed.
 struct Substitution {
@@ -63,6 +64,7 @@ struct Substitution {
   bool done = false;
 };
 thread_local Substitution* t_substitution = nullptr;
+#endif
 
 namespace {
 
@@ -93,6 +95,7 @@ struct AddrInfo {
   }
 };
 
+#ifdef DDP_STORE_BIND_SUBSTITUTION
 bool is_wildcard(const sockaddr* a, socklen_t len, uint16_t port) {
   if (!a) return false;
   if (a->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
@@ -105,6 +108,7 @@ bool is_wildcard(const sockaddr* a, socklen_t len, uint16_t port) {
   }
   return false;
 }
+#endif
 
 bool is_loopback(const sockaddr* a) {
   if (a->sa_family == AF_INET)
@@ -237,6 +241,7 @@ bool reaches(const addrinfo* list, int listener, std::chrono::milliseconds budge
   return false;
 }
 
+#ifdef DDP_STORE_BIND_SUBSTITUTION
 // Restores the thread's substitution slot on every path.
 class SubstitutionScope {
  public:
@@ -245,6 +250,7 @@ class SubstitutionScope {
   SubstitutionScope(const SubstitutionScope&) = delete;
   SubstitutionScope& operator=(const SubstitutionScope&) = delete;
 };
+#endif
 
 // The server on every interface, as c10d makes it itself.
 ServedStore serve_everywhere(const std::string& host, const c10d::TCPStoreOptions& opts, std::string notice) {
@@ -355,6 +361,7 @@ ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions op
 
 }  // namespace ddp::store_bind
 
+#ifdef DDP_STORE_BIND_SUBSTITUTION
 // The interposed bind(): see the top of this file. Not in any namespace:
 // it replaces the C library's for this process.
 extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
@@ -368,3 +375,4 @@ extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   }
   return ddp::store_bind::real_bind(fd, addr, len);
 }
+#endif  // DDP_STORE_BIND_SUBSTITUTION
