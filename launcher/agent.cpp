@@ -166,6 +166,7 @@ Agent::State Agent::start_workers() {
   round_ = assignment_.round;
   failure_.reset();
   local_failures_.clear();
+  stalled_.reset();
   killed_ = false;
   workers_.clear();
   workers_.resize(static_cast<size_t>(o_.nproc));
@@ -189,6 +190,7 @@ Agent::State Agent::monitor_workers(const Events& e) {
     begin_stop(e.signo);
     return State::Unhealthy;
   }
+  look_for_stopped();
   for (size_t i = 0; i < workers_.size(); ++i)
     if (failed(*workers_[i].process) && !workers_[i].reported) {
       workers_[i].reported = true;
@@ -201,6 +203,8 @@ Agent::State Agent::monitor_workers(const Events& e) {
     // script requeues on it, and a restart here would only be killed.
     FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
     if (auto error = read_error_file(first.error_file)) r.message = error->message;
+    // A worker stopped meanwhile is why the others timed out: it is the cause.
+    if ((stalled_ = first_stopped())) r.text = stalled_text(first);
     failure_ = rdzv_->report_failure(r);
     if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
     say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
@@ -236,6 +240,7 @@ Agent::State Agent::stop_workers(const Events& e) {
     end_group();
     return stop_signal_ ? State::Stopped : State::Failed;
   }
+  kill_stopped();
   if (!killed_ && Clock::now() >= kill_deadline_) {
     say("workers still running " + std::to_string(static_cast<int>(o_.term_timeout)) +
         " s after SIGTERM; sending SIGKILL (see --term-timeout)");
@@ -423,6 +428,7 @@ void Agent::kill_running() {
 
 void Agent::begin_stop(int signo) {
   kill_deadline_ = Clock::now() + seconds(o_.term_timeout);
+  kill_stopped();
   if (o_.term_timeout > 0)
     signal_running(signo);
   else
@@ -516,13 +522,18 @@ void Agent::print_summary() const {
     }
     return s;
   };
-  bool root_here = false;
+  bool root_here = false, stalled_here = false;
   if (!local_failures_.empty()) {
     const Worker& first = workers_[local_failures_.front()];
     root_here = failure_ && failure_->text == failure_text(first);
+    stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
   }
   out += "Root Cause (first observed failure):\n";
-  if (root_here) {
+  if (stalled_here) {
+    const Worker& w = workers_[*stalled_];
+    out += "  " + w.stop.describe(w.rank, w.process->pid()) + "; the other ranks' failures follow from it\n";
+    out += block(w);
+  } else if (root_here) {
     out += block(workers_[local_failures_.front()]);
   } else if (failure_) {
     out += "  " + failure_->text + "\n";

@@ -8,7 +8,8 @@
 //              every worker                                        -> Unhealthy
 //              every worker exited 0                               -> Succeeded
 //   Unhealthy  stop_workers: SIGKILL after --term-timeout, or at once
-//              on a further signal; when every worker has exited   -> Failed,
+//              on a further signal, or to a stopped worker (it cannot
+//              handle SIGTERM); when every worker has exited       -> Failed,
 //              or Stopped if ddprun got a signal
 //   Succeeded  exit_barrier: wait for the other nodes' workers      -> Exited (0)
 //              another node failed                                 -> Failed
@@ -31,6 +32,7 @@
 #include "output.h"
 #include "rendezvous.h"
 #include "signals.h"
+#include "stopped_workers.h"
 #include "watchdog.h"
 #include "worker_process.h"
 
@@ -61,6 +63,8 @@ class Agent {
     std::string error_file;  // its TORCHELASTIC_ERROR_FILE
     std::chrono::system_clock::time_point exit_time;
     bool reported = false;  // counted as a failure already
+    StopWatch stop;         // stopped (SIGSTOP, a debugger), and since when
+    bool killed_stopped = false;
   };
 
   // What one wait of the monitor loop brought.
@@ -89,9 +93,17 @@ class Agent {
   void signal_running(int signo);
   void kill_running();
   void begin_stop(int signo);
+  // Stopped workers (stopped_workers.h; agent_stopped.cpp): noted on every
+  // pass, named as the root cause when the group fails, SIGKILLed at once
+  // when it stops.
+  void look_for_stopped();
+  std::optional<size_t> first_stopped() const;
+  void kill_stopped();
   void end_group();
   std::vector<std::string> worker_env(const Worker& w) const;
   std::string failure_text(const Worker& w) const;
+  // The failure's text when stalled_ is set: the stopped rank, then `first`.
+  std::string stalled_text(const Worker& first) const;
   void print_summary() const;
 
   Options o_;
@@ -108,6 +120,7 @@ class Agent {
   std::optional<FailureRecord> failure_;
   int exit_code_ = 0;
   std::vector<size_t> local_failures_;
+  std::optional<size_t> stalled_;  // the stopped worker named as the root cause
   Clock::time_point kill_deadline_{};
   bool killed_ = false;
   Clock::time_point next_poll_{};

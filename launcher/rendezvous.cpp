@@ -14,6 +14,7 @@
 #include "net.h"
 #include "output.h"
 #include "parse_number.h"
+#include "store_bind.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -171,6 +172,22 @@ class StoreRendezvous : public Rendezvous {
     return o;
   }
 
+  // What to change when this node cannot serve the store where it should.
+  std::string fix_for(ddp::store_bind::ListenError::Kind kind) const {
+    const std::string flag = c_.dynamic ? "--rdzv-endpoint" : "--master-addr";
+    switch (kind) {
+      case ddp::store_bind::ListenError::Kind::Unresolved:
+        return "check " + flag + ": it must name the first node as every node resolves it";
+      case ddp::store_bind::ListenError::Kind::NotLocal:
+        return flag + " must be an address of the node that serves the store (this is host " + this_hostname() + ")";
+      case ddp::store_bind::ListenError::Kind::InUse:
+        return std::string("pick another ") + (c_.dynamic ? "port in --rdzv-endpoint" : "--master-port") +
+               ", or stop the process that holds it";
+      default:
+        return "check " + flag;
+    }
+  }
+
   void connect(const Tick& tick) {
     auto deadline = Clock::now() + seconds(c_.conf.join_timeout);
     if (c_.host_store && c_.fall_back_to_client &&
@@ -185,13 +202,18 @@ class StoreRendezvous : public Rendezvous {
         throw LaunchError("cannot host the rendezvous store on port " + std::to_string(c_.port) + " (" + why +
                           "); pick another --master-port, or stop the process that holds it");
       try {
-        store_ = std::make_shared<c10d::TCPStore>(c_.host, options(true));
+        // On the endpoint's address only (store_bind.h).
+        auto served = ddp::store_bind::serve_tcp_store(c_.host, options(true));
+        if (!served.notice.empty()) say("rendezvous store: " + c_.host + " " + served.notice);
+        store_ = served.store;
         hosting_ = true;
+      } catch (const ddp::store_bind::ListenError& e) {
+        if (!c_.fall_back_to_client || e.kind() != ddp::store_bind::ListenError::Kind::InUse)
+          throw LaunchError("cannot host the rendezvous store at " + where() + ": " + e.what() + "; " +
+                            fix_for(e.kind()));
       } catch (const std::exception& e) {
         if (!c_.fall_back_to_client)
-          throw LaunchError("cannot host the rendezvous store on port " + std::to_string(c_.port) + ": " +
-                            first_line(e.what()) + "; the port is in use: pick another --master-port, or stop the "
-                            "process that holds it");
+          throw LaunchError("cannot host the rendezvous store at " + where() + ": " + first_line(e.what()));
       }
     }
     if (!store_) {
@@ -204,7 +226,7 @@ class StoreRendezvous : public Rendezvous {
                           (c_.dynamic ? "--rdzv-endpoint" : "--master-addr/--master-port") +
                           ", that the first node is running ddprun, and that the port is open");
       try {
-        store_ = std::make_shared<c10d::TCPStore>(c_.host, options(false));
+        store_ = c10::make_intrusive<c10d::TCPStore>(c_.host, options(false));
       } catch (const std::exception& e) {
         throw LaunchError("cannot connect to the rendezvous store at " + where() + ": " + first_line(e.what()));
       }
@@ -377,7 +399,7 @@ class StoreRendezvous : public Rendezvous {
   }
 
   StoreConfig c_;
-  std::shared_ptr<c10d::TCPStore> store_;
+  c10::intrusive_ptr<c10d::TCPStore> store_;
   bool hosting_ = false;
   bool acknowledged_ = false;
   int round_ = 0;

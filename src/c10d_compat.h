@@ -34,16 +34,23 @@ using Backend = c10d::ProcessGroup;
 using Work = c10d::Work;
 
 // TCPStore's options grew fields in 2.x (libuv, master listen fd); the ones
-// set here exist in both.
-inline c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, uint16_t port, bool is_server,
-                                                         int world_size, std::chrono::milliseconds timeout) {
+// set here exist in both. A server is made by store_bind::serve_tcp_store
+// (store_bind.h), which also decides where it listens.
+inline c10d::TCPStoreOptions tcp_store_options(uint16_t port, bool is_server, int world_size,
+                                               std::chrono::milliseconds timeout) {
   c10d::TCPStoreOptions opts;
   opts.port = port;
   opts.isServer = is_server;
   opts.numWorkers = world_size;
   opts.waitWorkers = false;  // rank 0 must not block here; the backend's own handshake waits for everyone
   opts.timeout = timeout;
-  return c10::make_intrusive<c10d::TCPStore>(host, opts);
+  return opts;
+}
+
+// A client of the store at host:port.
+inline c10::intrusive_ptr<c10d::TCPStore> connect_tcp_store(const std::string& host, uint16_t port, int world_size,
+                                                            std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<c10d::TCPStore>(host, tcp_store_options(port, false, world_size, timeout));
 }
 
 }  // namespace ddp::compat

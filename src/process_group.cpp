@@ -1,12 +1,16 @@
 #include "ddp/process_group.h"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <iostream>
 #include <mutex>
 
 #include "c10d_compat.h"
 #include "comm_threads.h"
 #include "parse_number.h"
 #include "process_group_mpi.h"
+#include "store_bind.h"
 
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -136,6 +140,53 @@ void check_same_job(c10d::Store& store, const LaunchEnv& env, const std::string&
                     "or leave it unset so that it comes from the job id");
 }
 
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "?";
+}
+
+// Rank 0 serves the store on MASTER_ADDR's address (store_bind.h), and says
+// which of MASTER_ADDR, MASTER_PORT or the machine is wrong when it cannot.
+c10::intrusive_ptr<c10d::Store> serve_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                            const std::string& who) {
+  const std::string at = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    auto served = store_bind::serve_tcp_store(
+        env.master_addr, compat::tcp_store_options(env.master_port, true, env.world_size, timeout));
+    if (!served.notice.empty()) std::cerr << who << "MASTER_ADDR " << served.notice << std::endl;
+    return served.store;
+  } catch (const store_bind::ListenError& e) {
+    using Kind = store_bind::ListenError::Kind;
+    switch (e.kind()) {
+      case Kind::Unresolved:
+        throw CommError(who + "cannot serve the rendezvous store: MASTER_ADDR " + e.what() +
+                        "; set MASTER_ADDR to rank 0's host name or IP address, as every rank can resolve it");
+      case Kind::NotLocal:
+        throw CommError(who + "cannot serve the rendezvous store: MASTER_ADDR " + e.what() +
+                        "; rank 0 serves the store, so MASTER_ADDR must be an address of rank 0's host (this is " +
+                        "host " + this_host() + ")");
+      case Kind::InUse:
+        throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what() +
+                        "; choose another MASTER_PORT, or stop the process that holds it");
+      case Kind::Other: break;
+    }
+    throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> join_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                           const std::string& who) {
+  try {
+    return compat::connect_tcp_store(env.master_addr, env.master_port, env.world_size, timeout);
+  } catch (const std::exception& e) {
+    throw CommError(who + "could not reach the rendezvous store at " + env.master_addr + ":" +
+                    std::to_string(env.master_port) + ": " + e.what() +
+                    "\n  (is rank 0 running, and is MASTER_ADDR reachable from this host?)");
+  }
+}
+
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
@@ -260,16 +311,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
     throw LaunchEnvError(who + "MASTER_ADDR is not set; set it to the host of rank 0 on every rank");
 #endif
   }
-  c10::intrusive_ptr<c10d::Store> store;
-  try {
-    store = compat::make_tcp_store(env.master_addr, env.master_port, env.rank == 0, env.world_size, timeout);
-  } catch (const std::exception& e) {
-    throw CommError(who + (env.rank == 0 ? "could not serve the rendezvous store on port " : "could not reach the rendezvous store at ") +
-                    (env.rank == 0 ? std::to_string(env.master_port) : env.master_addr + ":" + std::to_string(env.master_port)) +
-                    ": " + e.what() +
-                    (env.rank == 0 ? "\n  (is the port already in use? choose another MASTER_PORT)"
-                                   : "\n  (is rank 0 running, and is MASTER_ADDR reachable from this host?)"));
-  }
+  c10::intrusive_ptr<c10d::Store> store =
+      env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
   if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
   int generation;
   {

@@ -1,10 +1,8 @@
 // Two nodes in two network namespaces joined by a veth pair: one ddprun in
 // each, training the library's DDP check model (ddp_train_check) across the
 // link. Needs root and working `ip netns`; skips with the reason otherwise.
-// Only addresses inside the namespaces this test creates are used, and the
-// namespaces are deleted on every path (RAII, plus TearDown, plus a sweep of
-// namespaces left by earlier test processes that died).
-#include "netns_pair.h"
+// The namespaces come from netns_util.h.
+#include "netns_util.h"
 
 namespace ddprun_test {
 namespace {

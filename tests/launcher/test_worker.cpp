@@ -13,6 +13,7 @@
 //   --fail-rank R --exit C   rank R exits with C (after --wait-all)
 //   --signal-self S    rank R kills itself with signal S instead
 //   --wait-all         rank R first waits for every rank's pid file
+//   --fail-when-file F rank R first waits (at most 180 s) for file F
 //   --error-json T     rank R writes T to $TORCHELASTIC_ERROR_FILE before failing
 //   --error-bytes N    rank R writes N bytes of '[' there instead
 //   --error-fifo       rank R makes $TORCHELASTIC_ERROR_FILE a FIFO before failing
@@ -112,7 +113,7 @@ void write_raw(int fd, const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string env_dir, pid_dir, trap_dir, until_file, error_json;
+  std::string env_dir, pid_dir, trap_dir, until_file, error_json, fail_when_file;
   bool error_fifo = false;
   long error_bytes = 0;
   bool grandchild = false, escapee = false, partial = false, wait_all = false, ignore_term = false;
@@ -126,6 +127,7 @@ int main(int argc, char** argv) {
     else if (a == "--pid-dir") pid_dir = next();
     else if (a == "--trap-dir") trap_dir = next();
     else if (a == "--until-file") until_file = next();
+    else if (a == "--fail-when-file") fail_when_file = next();
     else if (a == "--error-json") error_json = next();
     else if (a == "--error-fifo") error_fifo = true;
     else if (a == "--error-bytes") error_bytes = std::stol(next());
@@ -231,6 +233,7 @@ int main(int argc, char** argv) {
     if (restart < fail_until) return 3;
   } else if (fail_rank >= 0 && g_rank == fail_rank) {
     wait_for_all();
+    for (int waited = 0; !fail_when_file.empty() && waited < 1800 && !exists(fail_when_file); ++waited) sleep_s(0.1);
     const char* error_file = std::getenv("TORCHELASTIC_ERROR_FILE");
     if (error_file && !error_json.empty()) write_file(error_file, error_json);
     if (error_file && error_bytes > 0) write_file(error_file, std::string(static_cast<size_t>(error_bytes), '['));

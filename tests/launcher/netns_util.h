@@ -1,10 +1,19 @@
-// Two hosts for the launcher's multi-node tests: two network namespaces
-// joined by a veth pair (root only). Only addresses inside the namespaces are
-// used; the namespaces are deleted on every path (RAII, and a sweep of those
-// left by earlier test processes that died).
+// Network namespaces for the launcher tests (root only): a pair of
+// namespaces joined by a veth pair, one "host" each, and a way to open a TCP
+// connection from inside one. Only addresses inside the namespaces a test
+// creates are used; they are deleted on every path (RAII, plus a sweep of
+// namespaces left by earlier test processes that died).
 #pragma once
 
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sched.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <random>
+#include <thread>
 
 #include "launcher_test_util.h"
 
@@ -90,5 +99,35 @@ class NetnsPair {
   std::string ip_, dir_;
   bool created_[2] = {false, false};
 };
+
+// Connects to addr:port (IPv4) from inside namespace `ns` ("" for this
+// process's own), within 5 s: 0 when it connected, else the errno
+// (ECONNREFUSED: nothing listens there). setns() changes only the calling
+// thread, so a thread of its own enters the namespace.
+inline int connect_from(const std::string& ns, const std::string& addr, uint16_t port) {
+  int result = EINVAL;
+  std::thread t([&] {
+    if (!ns.empty()) {
+      int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+        result = errno;
+        if (fd >= 0) ::close(fd);
+        return;
+      }
+      ::close(fd);
+    }
+    int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    timeval tv{5, 0};
+    ::setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    ::inet_pton(AF_INET, addr.c_str(), &a.sin_addr);
+    result = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+    ::close(s);
+  });
+  t.join();
+  return result;
+}
 
 }  // namespace ddprun_test
