@@ -205,7 +205,15 @@ Agent::State Agent::monitor_workers(const Events& e) {
     if (auto error = read_error_file(first.error_file)) r.message = error->message;
     // A worker stopped meanwhile is why the others timed out: it is the cause.
     if ((stalled_ = first_stopped())) r.text = stalled_text(first);
-    failure_ = rdzv_->report_failure(r);
+    try {
+      failure_ = rdzv_->report_failure(r);
+    } catch (const LaunchError& e) {
+      // The other nodes cannot be told (a link or the store host is down);
+      // they learn it from their own workers' timeouts. This node still
+      // stops its workers and says why they failed.
+      say(std::string(e.what()) + "; the other nodes are not told of this failure");
+      failure_ = r;
+    }
     if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
     say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
         std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
@@ -405,7 +413,15 @@ void Agent::record_stop_signal(int signo) {
 
 bool Agent::failed_elsewhere(const Events& e) {
   if (!e.poll_due) return false;
-  auto f = rdzv_->poll();
+  std::optional<FailureRecord> f;
+  try {
+    f = rdzv_->poll();
+  } catch (const LaunchError& lost) {
+    // The link to the store host, or that host, is down: the workers cannot
+    // reach their peers either. Stop them (restartable: a restart rejoins
+    // once the link is back) rather than wait out their own timeouts.
+    f = FailureRecord{1, true, lost.what()};
+  }
   if (f) failure_ = *f;
   return f.has_value();
 }

@@ -82,17 +82,17 @@ class StoreRendezvous : public Rendezvous {
 
   std::optional<FailureRecord> poll() override {
     return guarded([&]() -> std::optional<FailureRecord> {
-      if (store_->check({key("failed")})) return FailureRecord::parse(text(store_->get(key("failed"))));
+      if (watch().check({key("failed")})) return FailureRecord::parse(text(watch().get(key("failed"))));
       auto now = Clock::now();
       if (now < next_keep_alive_) return std::nullopt;
       next_keep_alive_ = now + seconds(c_.conf.keep_alive_interval);
-      store_->add(key("alive/" + std::to_string(me_)), 1);
+      watch().add(key("alive/" + std::to_string(me_)), 1);
       // A node whose ddprun died without a word (SIGKILL, power) stops
       // counting; after keep_alive_max_attempt intervals it is declared gone.
       auto limit = seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt);
       for (int i = 0; i < n_; ++i) {
         if (i == me_) continue;
-        int64_t v = store_->add(key("alive/" + std::to_string(i)), 0);
+        int64_t v = watch().add(key("alive/" + std::to_string(i)), 0);
         if (v != alive_seen_[i]) {
           alive_seen_[i] = v;
           alive_changed_[i] = now;
@@ -114,18 +114,18 @@ class StoreRendezvous : public Rendezvous {
   }
 
   void mark_done() override {
-    guarded([&] { return store_->add(key("done"), 1); });
+    guarded([&] { return watch().add(key("done"), 1); });
   }
 
   bool all_done() override {
-    return guarded([&] { return store_->add(key("done"), 0) >= n_; });
+    return guarded([&] { return watch().add(key("done"), 0) >= n_; });
   }
 
   void acknowledge_end() override {
     if (acknowledged_ || hosting_) return;
     acknowledged_ = true;
     try {
-      store_->add(key("left"), 1);
+      watch().add(key("left"), 1);
     } catch (const std::exception&) {
       // The host is gone already; nobody is waiting for this acknowledgement.
     }
@@ -147,6 +147,20 @@ class StoreRendezvous : public Rendezvous {
   std::string base() const { return "ddprun/" + c_.run_id + "/"; }
   std::string key(const std::string& k) const { return base() + "r" + std::to_string(round_) + "/" + k; }
   std::string where() const { return c_.host + ":" + std::to_string(c_.port); }
+
+  c10d::TCPStore& watch() {
+    if (hosting_) return *store_;  // in this process: no link to lose
+    if (!watch_) {
+      auto o = options(false);
+      o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+          seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt));
+      watch_ = c10::make_intrusive<c10d::TCPStore>(c_.host, o);
+      // c10d sets a client's socket timeout only in wait() (and keeps it):
+      // without this one, a call on a dead link would block for ever.
+      watch_->wait({"ddprun/run_id"}, o.timeout);
+    }
+    return *watch_;
+  }
 
   template <class F>
   auto guarded(F&& f) -> decltype(f()) {
@@ -245,7 +259,7 @@ class StoreRendezvous : public Rendezvous {
   }
 
   FailureRecord do_report(const FailureRecord& r) {
-    return FailureRecord::parse(text(store_->compareSet(key("failed"), {}, bytes(r.serialize()))));
+    return FailureRecord::parse(text(watch().compareSet(key("failed"), {}, bytes(r.serialize()))));
   }
 
   // Values in the store are ddprun's own; anything else means another
@@ -400,6 +414,12 @@ class StoreRendezvous : public Rendezvous {
 
   StoreConfig c_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
+  // While the workers run: a second connection whose every call gives up
+  // after keep_alive_interval x keep_alive_max_attempt (the time after which a
+  // silent node counts as gone). store_'s calls may wait join_timeout (c10d
+  // keeps the longest wait's socket timeout), and a link that went down must
+  // not keep this node from noticing, and reporting, its own workers' failure.
+  c10::intrusive_ptr<c10d::TCPStore> watch_;
   bool hosting_ = false;
   bool acknowledged_ = false;
   int round_ = 0;
