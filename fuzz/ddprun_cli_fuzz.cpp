@@ -2,7 +2,8 @@
 // of the bytes is one argument after "ddprun", except lines "@NAME=VALUE",
 // which set an environment variable for the parse (PET_*, SLURM_*,
 // DDPRUN_TERM_TIMEOUT). A bad command line must be a UsageError or a
-// LaunchError; anything else is a finding. Run: fuzz/README.md.
+// LaunchError; anything else is a finding. The durations it accepts are
+// turned into deadlines as the agent and the rendezvous do. Run: fuzz/README.md.
 #include <cstdlib>
 #include <optional>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include "cli.h"
 #include "errors.h"
 #include "fuzz_input.h"
+#include "wait.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   // A .py PROGRAM or --module would look for a Python with torch (seconds):
@@ -46,7 +48,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   argv.push_back(nullptr);
   std::ostringstream out;
   try {
-    (void)ddprun::parse_command_line(static_cast<int>(args.size()), argv.data(), out);
+    if (auto o = ddprun::parse_command_line(static_cast<int>(args.size()), argv.data(), out)) {
+      const auto& c = o->rdzv_conf;
+      for (double s : {o->monitor_interval, o->term_timeout, c.join_timeout, c.last_call_timeout, c.close_timeout,
+                       c.keep_alive_interval, c.keep_alive_interval * c.keep_alive_max_attempt})
+        (void)(ddprun::Clock::now() + ddprun::seconds(s));
+    }
   } catch (const ddprun::UsageError&) {
   } catch (const ddprun::LaunchError&) {
   }

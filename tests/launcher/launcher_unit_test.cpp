@@ -161,6 +161,15 @@ TEST(WaitUntil, GivesUpAtTheDeadlineAndStopsWhenTickThrows) {
   EXPECT_EQ(polls, 1);
 }
 
+// Any finite number of seconds the command line accepts is a deadline that
+// does not overflow (fuzz/corpus/ddprun_cli_fuzz/crash-term-timeout-1e300).
+TEST(WaitUntil, HugeSecondsSaturateAtACentury) {
+  const auto century = std::chrono::hours(24 * 365 * 100);
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::hours>(ddprun::seconds(1e300)), century);
+  EXPECT_EQ(ddprun::seconds(0.5), std::chrono::milliseconds(500));
+  EXPECT_GT(Clock::now() + ddprun::seconds(1e300), Clock::now());
+}
+
 // Another program wrote under ddprun's keys: a one-line LaunchError that says
 // which key and value, not an exception from deep inside number parsing.
 TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
