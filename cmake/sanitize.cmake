@@ -19,6 +19,10 @@ if(DDP_SANITIZE)
     -fno-omit-frame-pointer)
   add_compile_options(${DDP_SANITIZE_FLAGS} -g)
   add_link_options(${DDP_SANITIZE_FLAGS})
+  # What every sanitized test runs with (tests/, fuzz/): LibTorch's own
+  # leaks suppressed (cmake/lsan_suppressions.txt says which and why).
+  set(DDP_SANITIZER_TEST_ENV
+    "LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/cmake/lsan_suppressions.txt:print_suppressions=0")
   message(STATUS "libddp: built with AddressSanitizer and UndefinedBehaviorSanitizer")
 endif()
 

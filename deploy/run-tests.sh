@@ -17,6 +17,5 @@ if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then
   exit 0
 fi
 deploy/build-san.sh
-# Sanitizer options: deploy/sanitizer-env.sh says why each is set.
-source deploy/sanitizer-env.sh
+# The sanitizers' options come with the tests (cmake/sanitize.cmake).
 ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" --output-on-failure -j 2 --timeout 600

@@ -99,6 +99,8 @@ TEST(CommandLine, C10dAndStandaloneSettings) {
   EXPECT_NE(s.run_id, "none");
   EXPECT_THROW(parse({"--standalone", "--nnodes", "2", "/bin/true"}), UsageError);
   EXPECT_THROW(parse({"--rdzv-backend", "c10d", "/bin/true"}), UsageError);
+  // An empty flag name matched every option in Boost (fuzz/corpus/ddprun_cli_fuzz/crash-empty-option-name).
+  EXPECT_THROW(parse({"--=tee", "/bin/true"}), UsageError);
 }
 
 TEST(CommandLine, NumbersAreWholeAndInRange) {
