@@ -11,10 +11,11 @@ if(DDP_SANITIZE)
     -fsanitize=address,undefined
     # UB fails the test instead of printing and going on.
     -fno-sanitize-recover=undefined
-    # vptr checks the dynamic type behind every virtual call and downcast:
-    # LibTorch's classes carry no UBSan type info (it was not built with
-    # -fsanitize=vptr), so every call into a torch::nn::Module through our
-    # pointers would be reported. The rest of UBSan stays on.
+    # vptr checks the dynamic type behind virtual calls and downcasts
+    # against type info that only instrumented code carries: objects that
+    # LibTorch (g++, no -fsanitize=vptr) creates, such as autograd nodes
+    # and modules' internals, cannot be checked and give false reports.
+    # The rest of UBSan stays on.
     -fno-sanitize=vptr
     -fno-omit-frame-pointer)
   add_compile_options(${DDP_SANITIZE_FLAGS} -g)
