@@ -23,6 +23,10 @@ packages=(
   # the mpi backend (CMake finds Open MPI and builds it in) and mpirun for its
   # tests and for launching across hosts without MASTER_ADDR
   libopenmpi-dev openmpi-bin
+  # the sanitized build and the fuzz harnesses (deploy/build-san.sh, fuzz/):
+  # clang, and libFuzzer and the sanitizer runtimes for clang 14
+  # (libclang_rt.fuzzer-x86_64.a, libclang_rt.asan-x86_64.a)
+  clang libclang-rt-14-dev
 )
 
 missing=()

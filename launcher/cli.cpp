@@ -157,7 +157,10 @@ SplitArgs split_args(int argc, const char* const* argv, const po::options_descri
     if (a.rfind("--", 0) == 0) {
       size_t eq = a.find('=');
       attached = eq != std::string::npos;
-      od = d.find_nothrow(a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2), false);
+      const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+      // An empty name ("--=x") is a prefix of every option: Boost would throw
+      // ambiguous_option past our usage message (found by fuzz/ddprun_cli_fuzz).
+      if (!name.empty()) od = d.find_nothrow(name, false);
       if (!od) usage("unknown option '" + a.substr(0, a.find('=')) + "'");
     } else {
       od = d.find_nothrow(a.substr(0, 2), false, false, false);  // Boost stores short names as "-r"

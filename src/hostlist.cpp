@@ -3,9 +3,15 @@
 #include <cctype>
 
 #include "ddp/errors.h"
+#include "parse_number.h"
 
 namespace ddp {
 namespace {
+
+// More host names than any cluster has (the largest have ~10^5 nodes): a
+// list that expands past this is corrupt, and expanding it anyway would take
+// gigabytes ("n[0-999999][0-999999]" is 10^12 names).
+constexpr size_t kMaxHosts = size_t(1) << 20;
 
 [[noreturn]] void fail(const std::string& text, size_t pos, const std::string& what) {
   throw LaunchEnvError("malformed Slurm host list '" + text + "' at position " +
@@ -32,12 +38,16 @@ std::vector<std::string> expand_range_set(const std::string& text, size_t at, co
     std::string lo = item.substr(0, dash);
     std::string hi = dash == std::string::npos ? lo : item.substr(dash + 1);
     if (!all_digits(lo) || !all_digits(hi)) fail(text, at + start, "expected N or N-M inside brackets, got '" + item + "'");
-    unsigned long long a = std::stoull(lo), b = std::stoull(hi);
-    if (b < a) fail(text, at + start, "range '" + item + "' runs backwards");
-    if (b - a > 1000000) fail(text, at + start, "range '" + item + "' is too large");
+    // Digits only, so the one way to fail is a number past long long.
+    const auto a = parse_integer(lo, 0), b = parse_integer(hi, 0);
+    if (!a || !b) fail(text, at + start, "number in '" + item + "' is too large");
+    if (*b < *a) fail(text, at + start, "range '" + item + "' runs backwards");
+    if (static_cast<unsigned long long>(*b - *a) >= kMaxHosts - out.size())
+      fail(text, at + start, "range '" + item + "' is too large (more than " + std::to_string(kMaxHosts) + " hosts)");
     size_t width = lo.size();
-    for (unsigned long long v = a; v <= b; ++v) {
-      std::string digits = std::to_string(v);
+    // By count, not `v <= b`: at b = LLONG_MAX that would never end.
+    for (long long k = 0; k <= *b - *a; ++k) {
+      std::string digits = std::to_string(*a + k);
       if (digits.size() < width) digits.insert(0, width - digits.size(), '0');
       out.push_back(digits);
     }
@@ -59,6 +69,8 @@ void expand_entry(const std::string& text, size_t at, const std::string& entry, 
     size_t close = entry.find(']', open);
     if (close == std::string::npos) fail(text, at + open, "'[' without ']'");
     auto values = expand_range_set(text, at + open + 1, entry.substr(open + 1, close - open - 1));
+    if (prefixes.size() * values.size() > kMaxHosts - out.size())
+      fail(text, at + open, "expands to more than " + std::to_string(kMaxHosts) + " hosts");
     std::vector<std::string> next;
     next.reserve(prefixes.size() * values.size());
     for (const auto& p : prefixes)

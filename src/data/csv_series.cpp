@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 
 namespace ddp {
 
@@ -85,6 +86,10 @@ CsvSeries read_csv_series(const std::string& path) {
       if (!parse_number(fields[c], v))
         throw DataError(path + ":" + std::to_string(line_no) + ": column '" + header[c] + "' holds '" + fields[c] +
                         "', not a number");
+      // The values are float32: a double past its range would not convert (undefined behaviour, in practice inf).
+      if (std::fabs(v) > std::numeric_limits<float>::max())
+        throw DataError(path + ":" + std::to_string(line_no) + ": column '" + header[c] + "' holds '" + fields[c] +
+                        "', outside float32's range");
       values.push_back(static_cast<float>(v));
     }
     ++rows;

@@ -160,7 +160,10 @@ int scenario_no_sync(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> 
   net->zero_grad();
   ref->zero_grad();
   for (int micro = 0; micro < 4; ++micro) {
-    auto [x, y] = global_batch(micro, 6 * world);
+    // Not a structured binding: the lambda below captures x and y, which
+    // clang before 16 refuses for bindings (C++20); the sanitized build uses clang.
+    torch::Tensor x, y;
+    std::tie(x, y) = global_batch(micro, 6 * world);
     const bool use_extra = branch && micro < 3;
     torch::mse_loss(ref->forward(x, use_extra), y).backward();
     auto local = [&] {

@@ -278,7 +278,10 @@ int scenario_buffers_once(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGr
   const std::vector<bool> syncs = {true, false, false, true, true, false, true};
   const std::vector<int64_t> expected = {1, 1, 0, 0, 1, 1, 0};
   for (size_t k = 0; k < syncs.size(); ++k) {
-    auto [x, y] = global_batch(static_cast<int>(k), 6 * world);
+    // Not a structured binding: the lambda below captures it, which clang
+    // before 16 refuses (C++20); the sanitized build uses clang.
+    torch::Tensor x, y;
+    std::tie(x, y) = global_batch(static_cast<int>(k), 6 * world);
     const int64_t before = counting->broadcasts;
     auto run = [&] { torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)).backward(); };
     if (syncs[k]) {

@@ -83,7 +83,10 @@ int no_sync(std::shared_ptr<ddp::ProcessGroup> pg) {
     net->zero_grad();
     ref->zero_grad();
     for (int micro = 0; micro < 4; ++micro) {
-      auto [x, y] = global_batch(cycle * 4 + micro, 6 * world);
+      // Not a structured binding: the lambda below captures it, which clang
+      // before 16 refuses (C++20); the sanitized build uses clang.
+      torch::Tensor x, y;
+      std::tie(x, y) = global_batch(cycle * 4 + micro, 6 * world);
       torch::mse_loss(ref->forward(x), y).backward();
       auto local = [&] { return torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)); };
       if (micro < 3) {

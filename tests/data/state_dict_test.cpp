@@ -126,11 +126,14 @@ TEST(StateDict, ForeignTruncatedAndEmptyFilesAreClearErrors) {
   fs::resize_file(dir + "/cut.pt", size / 2);
   std::ofstream(dir + "/text.pt") << "epoch,loss\n1,0.5\n";
   std::ofstream(dir + "/empty.pt");
-  for (const auto& [file, needle] : std::vector<std::pair<std::string, std::string>>{
+  // Not a structured binding: the lambda below captures `file`, which clang
+  // before 16 refuses (C++20); the sanitized build uses clang.
+  for (const auto& [file_, needle] : std::vector<std::pair<std::string, std::string>>{
            {"cut.pt", "truncated or corrupt"},
            {"text.pt", "not a PyTorch file"},
            {"empty.pt", "the file is empty"},
            {"none.pt", "cannot open"}}) {
+    const std::string& file = file_;
     const auto msg = checkpoint_error([&] { ddp::read_state_dict(dir + "/" + file); });
     EXPECT_NE(msg.find(needle), std::string::npos) << file << ": " << msg;
     EXPECT_NE(msg.find(file), std::string::npos) << "names the file: " << msg;

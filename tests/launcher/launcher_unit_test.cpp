@@ -99,6 +99,8 @@ TEST(CommandLine, C10dAndStandaloneSettings) {
   EXPECT_NE(s.run_id, "none");
   EXPECT_THROW(parse({"--standalone", "--nnodes", "2", "/bin/true"}), UsageError);
   EXPECT_THROW(parse({"--rdzv-backend", "c10d", "/bin/true"}), UsageError);
+  // An empty flag name matched every option in Boost (fuzz/corpus/ddprun_cli_fuzz/crash-empty-option-name).
+  EXPECT_THROW(parse({"--=tee", "/bin/true"}), UsageError);
 }
 
 TEST(CommandLine, NumbersAreWholeAndInRange) {
@@ -159,6 +161,15 @@ TEST(WaitUntil, GivesUpAtTheDeadlineAndStopsWhenTickThrows) {
                           std::chrono::milliseconds(1), [&] { return ++polls > 3; }),
                Interrupted);
   EXPECT_EQ(polls, 1);
+}
+
+// Any finite number of seconds the command line accepts is a deadline that
+// does not overflow (fuzz/corpus/ddprun_cli_fuzz/crash-term-timeout-1e300).
+TEST(WaitUntil, HugeSecondsSaturateAtACentury) {
+  const auto century = std::chrono::hours(24 * 365 * 100);
+  EXPECT_EQ(std::chrono::duration_cast<std::chrono::hours>(ddprun::seconds(1e300)), century);
+  EXPECT_EQ(ddprun::seconds(0.5), std::chrono::milliseconds(500));
+  EXPECT_GT(Clock::now() + ddprun::seconds(1e300), Clock::now());
 }
 
 // Another program wrote under ddprun's keys: a one-line LaunchError that says

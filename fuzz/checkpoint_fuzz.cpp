@@ -1,0 +1,21 @@
+// Fuzzes load_checkpoint (src/train/checkpoint.cpp): the bytes are a
+// training checkpoint, restored into a small model and its SGD optimizer on a
+// one-rank group. A malformed checkpoint must be a ddp::CheckpointError;
+// anything else is a finding. Run: fuzz/README.md.
+#include <torch/torch.h>
+
+#include "ddp/train/checkpoint.h"
+#include "fuzz_input.h"
+#include "solo_group.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ddp::fuzz::MemFile file(data, size);
+  ddp::fuzz::SoloGroup pg;
+  torch::nn::Linear model(2, 3);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  try {
+    (void)ddp::load_checkpoint(file.path(), *model, &optimizer, pg);
+  } catch (const ddp::CheckpointError&) {
+  }
+  return 0;
+}
