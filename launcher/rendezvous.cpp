@@ -77,6 +77,7 @@ class StoreRendezvous : public Rendezvous {
   StoreRendezvous(StoreConfig c, const Tick& tick) : c_(std::move(c)) { connect(tick); }
 
   Assignment join(int round, int local_world_size, const Tick& tick) override {
+    watch_.reset();  // a fresh connection for each round's watching
     return guarded([&] { return do_join(round, local_world_size, tick); });
   }
 
@@ -171,6 +172,9 @@ class StoreRendezvous : public Rendezvous {
     } catch (const Interrupted&) {
       throw;
     } catch (const std::exception& e) {
+      // A call that timed out may get its answer later, which the next call
+      // on that connection would read as its own: never reuse it.
+      watch_.reset();
       throw LaunchError("lost contact with the rendezvous store at " + where() +
                         " (the node hosting it may have stopped): " + first_line(e.what()));
     }
