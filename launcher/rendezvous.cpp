@@ -90,21 +90,14 @@ class StoreRendezvous : public Rendezvous {
       watch().add(key("alive/" + std::to_string(me_)), 1);
       // A node whose ddprun died without a word (SIGKILL, power) stops
       // counting; after keep_alive_max_attempt intervals it is declared gone.
-      auto limit = seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt);
       for (int i = 0; i < n_; ++i) {
-        if (i == me_) continue;
-        int64_t v = watch().add(key("alive/" + std::to_string(i)), 0);
-        if (v != alive_seen_[i]) {
-          alive_seen_[i] = v;
-          alive_changed_[i] = now;
-        } else if (now - alive_changed_[i] > limit) {
-          ++gone_;  // it will never acknowledge the end either
-          FailureRecord r;
-          r.text = "node " + std::to_string(i) + " (" + hosts_[i] + ") sent no keep-alive for " +
-                   std::to_string(static_cast<int>(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt)) +
-                   " s; its ddprun is gone";
-          return do_report(r);
-        }
+        if (i == me_ || !silent(i, now)) continue;
+        ++gone_;  // it will never acknowledge the end either
+        FailureRecord r;
+        r.text = "node " + std::to_string(i) + " (" + hosts_[i] + ") sent no keep-alive for " +
+                 std::to_string(static_cast<int>(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt)) +
+                 " s; its ddprun is gone";
+        return do_report(r);
       }
       return std::nullopt;
     });
@@ -136,7 +129,13 @@ class StoreRendezvous : public Rendezvous {
     if (!hosting_) return;
     try {
       wait_until(Clock::now() + seconds(c_.conf.close_timeout), tick, kStorePoll,
-                 [&] { return store_->add(key("left"), 0) >= n_ - 1 - gone_; });
+                 [&] {
+                   // A node silent past the keep-alive limit (its link or host
+                   // is down) will not acknowledge: do not wait for it.
+                   int quiet = 0;
+                   for (int i = 0; i < n_; ++i) quiet += i != me_ && silent(i, Clock::now());
+                   return store_->add(key("left"), 0) >= n_ - 1 - std::max(gone_, quiet);
+                 });
     } catch (const Interrupted&) {
       throw;
     } catch (const std::exception&) {
@@ -148,6 +147,18 @@ class StoreRendezvous : public Rendezvous {
   std::string base() const { return "ddprun/" + c_.run_id + "/"; }
   std::string key(const std::string& k) const { return base() + "r" + std::to_string(round_) + "/" + k; }
   std::string where() const { return c_.host + ":" + std::to_string(c_.port); }
+
+  // Whether node i's keep-alive count has not moved for keep_alive_interval x
+  // keep_alive_max_attempt (reads it; call at most every few hundred ms).
+  bool silent(int i, Clock::time_point now) {
+    const int64_t v = watch().add(key("alive/" + std::to_string(i)), 0);
+    if (v != alive_seen_[i]) {
+      alive_seen_[i] = v;
+      alive_changed_[i] = now;
+      return false;
+    }
+    return now - alive_changed_[i] > seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt);
+  }
 
   c10d::TCPStore& watch() {
     if (hosting_) return *store_;  // in this process: no link to lose

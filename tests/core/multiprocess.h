@@ -52,6 +52,26 @@ inline std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// Starts `program args...` with `env` added, stdout and stderr to `out`, as
+// the leader of its own process group (killed as one with kill(-pid, ...)).
+inline pid_t spawn(const std::string& program, const std::vector<std::string>& args,
+                   const std::map<std::string, std::string>& env, const std::string& out) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    std::vector<char*> argv{const_cast<char*>(program.c_str())};
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(program.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
 // at most `timeout`; stragglers are killed (and reported as signal 9).
 inline std::vector<RankResult> run_ranks(int world, const std::string& program, const std::vector<std::string>& args,
@@ -71,20 +91,7 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
         {"OMP_NUM_THREADS", "1"},             {"DDP_TEST_DIR", dir}};
     for (auto& [k, v] : extra_env) env[k] = v;
     const std::string out = dir + "/rank" + std::to_string(rank) + ".log";
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> argv{const_cast<char*>(program.c_str())};
-      for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(program.c_str(), argv.data());
-      ::_exit(127);
-    }
-    pids.push_back(pid);
+    pids.push_back(spawn(program, args, env, out));
   }
   std::vector<RankResult> results(world);
   std::vector<bool> done(world, false);
@@ -114,27 +121,15 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
 }
 
 // Runs `program args...` (a launcher such as ddprun, not a rank: no rank
-// variables are set) with `env` added, in its own session, and waits at most
-// `timeout`; at the deadline its whole session is killed (signal 9).
+// variables are set) with `env` added, in its own process group, and waits at most
+// `timeout`; at the deadline its whole group is killed (signal 9).
 inline RankResult run_program(const std::string& program, const std::vector<std::string>& args,
                               const std::map<std::string, std::string>& env = {},
                               std::chrono::seconds timeout = std::chrono::seconds(240)) {
   char dir_template[] = "/tmp/ddp_prog_XXXXXX";
   const std::string dir = ::mkdtemp(dir_template);
   const std::string out = dir + "/out.log";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setsid();
-    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> argv{const_cast<char*>(program.c_str())};
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    ::execv(program.c_str(), argv.data());
-    ::_exit(127);
-  }
+  const pid_t pid = spawn(program, args, env, out);
   RankResult result;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

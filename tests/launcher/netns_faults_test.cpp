@@ -13,28 +13,19 @@ namespace {
 
 constexpr int kGroupTimeout = 15;  // seconds: lenet --timeout
 
-class NetnsFaults : public LauncherTest {
+class NetnsFaults : public NetnsHostsTest {
  protected:
   void SetUp() override {
-    LauncherTest::SetUp();
-    ip_ = ip_bin();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+    NetnsHostsTest::SetUp();
+    if (IsSkipped()) return;
 #ifndef LENET_FMNIST
     GTEST_SKIP() << "the examples are not built here (DDP_BUILD_EXAMPLES=OFF)";
 #endif
-    sweep_stale_namespaces(ip_, dir_);
-    pair_ = std::make_unique<NetnsPair>(ip_, dir_);
-    if (std::string err = pair_->create(); !err.empty()) {
-      pair_.reset();
-      GTEST_SKIP() << "network namespaces unavailable here: " << err;
-    }
     ddp::testing::write_fashion_mnist(dir_ + "/data", 2048, 64);
   }
   void TearDown() override {
-    kill_all_children();
-    pair_.reset();
-    LauncherTest::TearDown();
+    nodes_.clear();  // before the namespaces
+    NetnsHostsTest::TearDown();
   }
 
   // One ddprun per namespace; the run folder is shared, as on a cluster's
@@ -66,8 +57,6 @@ class NetnsFaults : public LauncherTest {
     return std::chrono::steady_clock::now();
   }
 
-  std::string ip_;
-  std::unique_ptr<NetnsPair> pair_;
   std::vector<std::unique_ptr<Process>> nodes_;
 };
 

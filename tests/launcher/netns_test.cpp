@@ -7,29 +7,14 @@
 namespace ddprun_test {
 namespace {
 
-class NetnsTest : public LauncherTest {
+class NetnsTest : public NetnsHostsTest {
  protected:
   void SetUp() override {
-    LauncherTest::SetUp();
-    ip_ = ip_bin();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+    NetnsHostsTest::SetUp();
+    if (IsSkipped()) return;
 #ifndef DDP_TRAIN_CHECK
     GTEST_SKIP() << "the ddp_train_check target (tests/core) does not exist in this build";
 #endif
-    sweep_stale_namespaces(ip_, dir_);
-    pair_ = std::make_unique<NetnsPair>(ip_, dir_);
-    std::string err = pair_->create();
-    if (!err.empty()) {
-      pair_.reset();
-      GTEST_SKIP() << "network namespaces unavailable here: " << err;
-    }
-  }
-  void TearDown() override {
-    // Processes first (they keep namespaces alive), then the namespaces.
-    kill_all_children();
-    pair_.reset();
-    LauncherTest::TearDown();
   }
 
   void train_across(const std::vector<std::string>& rendezvous_flags_a,
@@ -56,8 +41,6 @@ class NetnsTest : public LauncherTest {
 #endif
   }
 
-  std::string ip_;
-  std::unique_ptr<NetnsPair> pair_;
 };
 
 TEST_F(NetnsTest, TrainsAcrossTwoNamespacesWithStaticRendezvous) {

@@ -130,4 +130,33 @@ inline int connect_from(const std::string& ns, const std::string& addr, uint16_t
   return result;
 }
 
+// Base fixture: a fresh pair of namespace hosts (pair_) for every test, the
+// processes killed before the namespaces go. Skips, saying why, without root,
+// without `ip`, or where namespaces do not work; a derived SetUp checks
+// IsSkipped() after calling this one.
+class NetnsHostsTest : public LauncherTest {
+ protected:
+  void SetUp() override {
+    LauncherTest::SetUp();
+    ip_ = ip_bin();
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
+    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+    sweep_stale_namespaces(ip_, dir_);
+    pair_ = std::make_unique<NetnsPair>(ip_, dir_);
+    if (std::string err = pair_->create(); !err.empty()) {
+      pair_.reset();
+      GTEST_SKIP() << "network namespaces unavailable here: " << err;
+    }
+  }
+  void TearDown() override {
+    // Processes first (they keep namespaces alive), then the namespaces.
+    kill_all_children();
+    pair_.reset();
+    LauncherTest::TearDown();
+  }
+
+  std::string ip_;
+  std::unique_ptr<NetnsPair> pair_;
+};
+
 }  // namespace ddprun_test

@@ -14,27 +14,8 @@
 namespace ddprun_test {
 namespace {
 
-class StoreBindTest : public LauncherTest {
+class StoreBindTest : public NetnsHostsTest {
  protected:
-  void SetUp() override {
-    LauncherTest::SetUp();
-    ip_ = ip_bin();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
-    sweep_stale_namespaces(ip_, dir_);
-    pair_ = std::make_unique<NetnsPair>(ip_, dir_);
-    std::string err = pair_->create();
-    if (!err.empty()) {
-      pair_.reset();
-      GTEST_SKIP() << "network namespaces unavailable here: " << err;
-    }
-  }
-  void TearDown() override {
-    kill_all_children();
-    pair_.reset();
-    LauncherTest::TearDown();
-  }
-
   // ddprun in the first namespace.
   std::unique_ptr<Process> ddprun_in_a(const std::vector<std::string>& args) {
     std::vector<std::string> argv{ip_, "netns", "exec", pair_->ns[0], DDPRUN_BIN, "--term-timeout", "5"};
@@ -43,9 +24,6 @@ class StoreBindTest : public LauncherTest {
   }
 
   static std::string random_port() { return std::to_string(20000 + std::random_device{}() % 20000); }
-
-  std::string ip_;
-  std::unique_ptr<NetnsPair> pair_;
 };
 
 TEST_F(StoreBindTest, StandaloneServesTheWorkersStoreOnLoopbackOnly) {
