@@ -1,4 +1,5 @@
-// The one place where LibTorch 1.13 and 2.x differ for us. Everything else in
+// The one place where LibTorch 1.13 and 2.x differ for us (and 2.x's minor
+// versions: where a store server can be told to listen). Everything else in
 // libddp includes this header instead of naming c10d's base classes directly.
 //
 //   1.13: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup, and the
@@ -46,6 +47,16 @@ inline c10d::TCPStoreOptions tcp_store_options(uint16_t port, bool is_server, in
   opts.timeout = timeout;
   return opts;
 }
+
+// Where a store server listens (store_bind.cpp): from 2.8 on, c10d takes a
+// socket we bound (TCPStoreOptions::masterListenFd); before, it binds the
+// wildcard address itself, and store_bind.cpp substitutes our socket.
+#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8)
+#define DDP_STORE_BIND_SUBSTITUTION 1
+#else
+// Hands the listening socket `fd` to the server `opts` makes; it owns it from then on.
+inline void set_master_listen_fd(c10d::TCPStoreOptions& opts, int fd) { opts.masterListenFd = fd; }
+#endif
 
 // A client of the store at host:port.
 inline c10::intrusive_ptr<c10d::TCPStore> connect_tcp_store(const std::string& host, uint16_t port, int world_size,

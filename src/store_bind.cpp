@@ -14,6 +14,8 @@
 // is not, c10d binds the wildcard itself and the store says so in its notice.
 #include "store_bind.h"
 
+#include "c10d_compat.h"
+
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -48,10 +50,6 @@ int real_bind(int fd, const sockaddr* addr, socklen_t len) {
   }
   return f(fd, addr, len);
 }
-
-#if TORCH_VERSION_MAJOR < 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 8)
-#define DDP_STORE_BIND_SUBSTITUTION 1
-#endif
 
 }  // namespace
 
@@ -353,7 +351,7 @@ ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions op
     throw ListenError(ListenError::Kind::Other, "cannot listen on " + out.listening_on + ": " + std::strerror(errno));
   // The store's server owns the socket from here (a throw before it took
   // it over leaks one descriptor; a close here could close a reused one).
-  opts.masterListenFd = listener.release();
+  compat::set_master_listen_fd(opts, listener.release());
   out.store = c10::make_intrusive<c10d::TCPStore>(host_in, opts);
 #endif
   return out;

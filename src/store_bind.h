@@ -17,7 +17,6 @@
 #include <string>
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/version.h>
 
 namespace ddp::store_bind {
 
