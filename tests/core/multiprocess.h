@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 #include <string>
@@ -70,6 +71,23 @@ inline pid_t spawn(const std::string& program, const std::vector<std::string>& a
     ::_exit(127);
   }
   return pid;
+}
+
+// Waits for `pid` and returns its exit code (128+signal when killed);
+// once `deadline` has passed, calls `at_deadline` (which should kill it),
+// once, and goes on waiting.
+inline int wait_exit_code(pid_t pid, std::chrono::steady_clock::time_point deadline,
+                          const std::function<void()>& at_deadline) {
+  bool called = false;
+  for (;;) {
+    int status = 0;
+    if (::waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (!called && std::chrono::steady_clock::now() > deadline) {
+      called = true;
+      at_deadline();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
@@ -131,16 +149,8 @@ inline RankResult run_program(const std::string& program, const std::vector<std:
   const std::string out = dir + "/out.log";
   const pid_t pid = spawn(program, args, env, out);
   RankResult result;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      break;
-    }
-    if (std::chrono::steady_clock::now() > deadline) ::kill(-pid, SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  result.exit_code =
+      wait_exit_code(pid, std::chrono::steady_clock::now() + timeout, [pid] { ::kill(-pid, SIGKILL); });
   result.output = read_file(out);
   std::filesystem::remove_all(dir);
   return result;
@@ -237,19 +247,10 @@ inline MpirunResult run_mpirun(int world, const std::string& program, const std:
     ::_exit(127);
   }
   MpirunResult result;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    int status = 0;
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      break;
-    }
-    if (std::chrono::steady_clock::now() > deadline && !result.killed_at_deadline) {
-      result.killed_at_deadline = true;
-      kill_session(pid);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  result.exit_code = wait_exit_code(pid, std::chrono::steady_clock::now() + timeout, [&] {
+    result.killed_at_deadline = true;
+    kill_session(pid);
+  });
   kill_session(pid);  // ranks mpirun left behind, if any
   result.output = read_file(log);
   // Open MPI writes OUT/<job>/rank.N/{stdout,stderr}; the job is "1" for

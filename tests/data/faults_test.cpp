@@ -40,8 +40,6 @@ class Faults : public ::testing::Test {
   std::string dir_;
 };
 
-std::string file_bytes(const std::string& path) { return ddp::testing::read_file(path); }
-
 }  // namespace
 
 // The command: ddprun --max-restarts 1, a rank killed after the first
@@ -188,7 +186,7 @@ TEST_F(Faults, ADiskThatFillsDuringACheckpointKeepsThePreviousOneAndSaysWhy) {
   const std::string run = mnt + "/run";
   auto results = run_ranks(2, LENET_FMNIST, lenet_args(run, "1"));
   for (auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
-  const std::string first = file_bytes(run + "/checkpoint.pt");
+  const std::string first = ddp::testing::read_file(run + "/checkpoint.pt");
   ASSERT_GT(first.size(), 100000u);
 
   // Leave 64 KiB: room for the logs, not for a checkpoint.
@@ -210,7 +208,7 @@ TEST_F(Faults, ADiskThatFillsDuringACheckpointKeepsThePreviousOneAndSaysWhy) {
   EXPECT_NE(results[0].output.find("No space left on device"), std::string::npos) << results[0].output;
   EXPECT_NE(results[0].output.find("the previous file, if any, is untouched"), std::string::npos) << results[0].output;
   EXPECT_NE(results[1].output.find("rank 0 failed"), std::string::npos) << results[1].output;
-  EXPECT_EQ(file_bytes(run + "/checkpoint.pt"), first) << "the first checkpoint changed";
+  EXPECT_EQ(ddp::testing::read_file(run + "/checkpoint.pt"), first) << "the first checkpoint changed";
   EXPECT_FALSE(fs::exists(run + "/checkpoint.pt.tmp")) << "a partial file was left behind";
 
   fs::remove(mnt + "/filler");
