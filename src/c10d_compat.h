@@ -1,5 +1,6 @@
 // The one place where LibTorch 1.13 and 2.x differ for us (and 2.x's minor
-// versions: where a store server can be told to listen). Everything else in
+// versions: where a store server can be told to listen; how autocast's
+// thread-local state is named). Everything else in
 // libddp includes this header instead of naming c10d's base classes directly.
 //
 //   1.13: ProcessGroupGloo/NCCL derive from c10d::ProcessGroup, and the
@@ -8,6 +9,7 @@
 //         over backends), Options from Backend::Options.
 #pragma once
 
+#include <ATen/autocast_mode.h>
 #include <torch/version.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -63,5 +65,38 @@ inline c10::intrusive_ptr<c10d::TCPStore> connect_tcp_store(const std::string& h
                                                             std::chrono::milliseconds timeout) {
   return c10::make_intrusive<c10d::TCPStore>(host, tcp_store_options(port, false, world_size, timeout));
 }
+
+// Autocast's thread-local switches, per device type. 2.4 replaced the
+// per-device functions (set_cpu_enabled, set_autocast_gpu_dtype, ...) with
+// ones that take the device type; 1.13 has only the CPU and CUDA ones.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+inline bool autocast_enabled(c10::DeviceType type) { return at::autocast::is_autocast_enabled(type); }
+inline void set_autocast_enabled(c10::DeviceType type, bool on) { at::autocast::set_autocast_enabled(type, on); }
+inline at::ScalarType autocast_dtype(c10::DeviceType type) { return at::autocast::get_autocast_dtype(type); }
+inline void set_autocast_dtype(c10::DeviceType type, at::ScalarType dtype) {
+  at::autocast::set_autocast_dtype(type, dtype);
+}
+#else
+inline bool autocast_enabled(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+}
+inline void set_autocast_enabled(c10::DeviceType type, bool on) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_enabled(on);
+  } else {
+    at::autocast::set_cpu_enabled(on);
+  }
+}
+inline at::ScalarType autocast_dtype(c10::DeviceType type) {
+  return type == c10::DeviceType::CUDA ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+}
+inline void set_autocast_dtype(c10::DeviceType type, at::ScalarType dtype) {
+  if (type == c10::DeviceType::CUDA) {
+    at::autocast::set_autocast_gpu_dtype(dtype);
+  } else {
+    at::autocast::set_autocast_cpu_dtype(dtype);
+  }
+}
+#endif
 
 }  // namespace ddp::compat

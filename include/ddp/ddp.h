@@ -4,12 +4,14 @@
 // (datasets, checkpoints, run folders, options) is <ddp/train.h>.
 #pragma once
 
+#include "ddp/autocast.h"
 #include "ddp/comm_hook.h"
 #include "ddp/ddp_options.h"
 #include "ddp/default_hooks.h"
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
 #include "ddp/errors.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/hostlist.h"
 #include "ddp/join.h"
 #include "ddp/launch_env.h"

@@ -357,6 +357,7 @@ int main(int argc, char** argv) {
     else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
     else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
     else if (scenario == "join_parity") rc = scenario_join_parity(pg, flags);
+    else if (scenario == "amp_parity") rc = scenario_amp_parity(pg, flags);
     else if (scenario == "join_throw") rc = scenario_join_throw(pg, flags);
     else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
     else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);

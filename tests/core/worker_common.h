@@ -207,6 +207,8 @@ int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
 
 // join_scenarios.cpp: ddp::Join on uneven inputs (pytorch_join_parity.py's models).
 int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+// amp_scenarios.cpp: ddp::Autocast and ddp::GradScaler under DDP, against pytorch_amp_parity.py.
+int scenario_amp_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_disabled(std::shared_ptr<ProcessGroup> pg);
