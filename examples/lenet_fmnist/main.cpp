@@ -73,9 +73,11 @@ int main(int argc, char** argv) {
     net->to(device);
     ddp::DistributedDataParallel model(net, pg, opts.ddp_options());
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+    // --amp: bfloat16 autocast on CPU; float16 on GPU, where the loss scaler is on.
+    ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && device.is_cuda()));
 
-    // 4. Resume: model, optimizer, epoch, step, sampler epoch and RNG state.
-    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg);
+    // 4. Resume: model, optimizer, scaler, epoch, step, sampler epoch and RNG state.
+    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg, &scaler);
     run.log("lenet_fmnist: " + std::to_string(world) + " x " + std::to_string(batch) + " samples per step, lr " +
             std::to_string(opts.lr()) + ", epochs " + std::to_string(state.epoch + 1) + ".." +
             std::to_string(opts.epochs()));
@@ -86,9 +88,13 @@ int main(int argc, char** argv) {
       const auto train = ddp::train_epoch(*train_loader, train_sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
         auto x = b.data.to(device), y = b.target.to(device);
         optimizer.zero_grad();
-        auto loss = torch::nn::functional::cross_entropy(model(x), y);
-        loss.backward();  // gradients are averaged over the ranks when it returns
-        ddp::optimizer_step(model, optimizer);
+        torch::Tensor loss;
+        {
+          ddp::Autocast autocast(device.type(), ddp::amp_dtype(device), opts.amp());
+          loss = torch::nn::functional::cross_entropy(model(x), y);
+        }
+        scaler.scale(loss).backward();  // gradients are averaged over the ranks when it returns
+        ddp::optimizer_step(model, optimizer, scaler);
         return loss;
       });
       const auto eval = ddp::evaluate_classifier(net, *test_loader, *pg, opts.limit_batches());

@@ -66,6 +66,36 @@ int64_t get_int(const pickle::ValuePtr& root, const char* key, const std::string
   return v->i;
 }
 
+double get_number(const pickle::ValuePtr& dict, const char* key, const std::string& path) {
+  auto v = dict->get(key);
+  if (v && v->kind == pickle::Value::Kind::Float) return v->f;
+  if (v && v->kind == pickle::Value::Kind::Int) return static_cast<double>(v->i);
+  throw CheckpointError(path + ": checkpoint entry \"scaler\" has no number \"" + key + "\"; corrupt file?");
+}
+
+// The "scaler" entry into an enabled scaler.
+void load_scaler(const pickle::ValuePtr& root, const std::string& path, GradScaler& scaler, const ProcessGroup& pg) {
+  auto entry = root->get("scaler");
+  if (!entry) {
+    if (pg.rank() == 0)
+      std::cout << "notice: " << path << " has no loss-scaler state (written without float16 mixed precision); "
+                << "the scaler starts at its initial scale " << scaler.get_scale() << std::endl;
+    return;
+  }
+  if (!entry->is_dict()) throw CheckpointError(path + ": checkpoint entry \"scaler\" is not a dict; corrupt file?");
+  GradScalerState s;
+  s.scale = get_number(entry, "scale", path);
+  s.growth_factor = get_number(entry, "growth_factor", path);
+  s.backoff_factor = get_number(entry, "backoff_factor", path);
+  s.growth_interval = get_int(entry, "growth_interval", path);
+  s.growth_tracker = get_int(entry, "_growth_tracker", path);
+  try {
+    scaler.load_state_dict(s);
+  } catch (const UsageError& e) {
+    throw CheckpointError(rank_tag(pg) + ": " + path + ": checkpoint entry \"scaler\": " + e.what());
+  }
+}
+
 // Parses and checks a checkpoint; throws CheckpointError saying what is wrong.
 pickle::ValuePtr parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
   auto root = pickle::load(bytes, path);
@@ -124,6 +154,16 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     c10::Dict<std::string, std::string> config;
     for (auto& [k, v] : state.config) config.insert(k, v);
     d.insert("config", config);
+    if (const auto scaler = state.scaler ? state.scaler->state_dict() : std::nullopt) {
+      // PyTorch's GradScaler.state_dict(), key for key.
+      c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
+      s.insert("scale", scaler->scale);
+      s.insert("growth_factor", scaler->growth_factor);
+      s.insert("backoff_factor", scaler->backoff_factor);
+      s.insert("growth_interval", scaler->growth_interval);
+      s.insert("_growth_tracker", scaler->growth_tracker);
+      d.insert("scaler", s);
+    }
     const auto bytes = torch::pickle_save(d);
 
     // Keep the last good one: a hard link, so `path` never disappears.
@@ -142,7 +182,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 }
 
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                           ProcessGroup& pg) {
+                           ProcessGroup& pg, GradScaler* scaler) {
   // Rank 0 reads (and checks) the file, then everyone gets its bytes.
   std::vector<char> bytes;
   std::string used = path;
@@ -203,7 +243,10 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     }
   }
 
+  if (scaler && scaler->is_enabled()) load_scaler(root, used, *scaler, pg);
+
   TrainState state;
+  state.scaler = scaler;
   state.epoch = get_int(root, "epoch", used);
   state.step = get_int(root, "step", used);
   state.sampler_epoch = get_int(root, "sampler_epoch", used);
@@ -268,7 +311,7 @@ std::string position(const TrainState& s) {
 }  // namespace
 
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, ProcessGroup& pg) {
+                           torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler) {
   TrainState state;
   std::string from = opts.resume_path();
   std::string why;
@@ -286,11 +329,12 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
     }
   }
   if (!from.empty()) {
-    state = load_checkpoint(from, model, &optimizer, pg);
+    state = load_checkpoint(from, model, &optimizer, pg, scaler);
     state.last_checkpoint = from;
     state.last_checkpoint_epoch = state.epoch;
     run.log("resumed from " + from + " after " + position(state) + why);
   }
+  state.scaler = scaler;
   state.config = opts.to_config();
   run.start(state.epoch);
   if (opts.preemption_check_every() > 0) {

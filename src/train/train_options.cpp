@@ -71,7 +71,8 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"preemption_check_every", std::to_string(preemption_check_every())},
           {"timeline", timeline() ? "1" : "0"},
           {"timeline_skew_every", std::to_string(timeline_skew_every())},
-          {"nonfinite_loss", nonfinite_loss()}};
+          {"nonfinite_loss", nonfinite_loss()},
+          {"amp", amp() ? "1" : "0"}};
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
@@ -116,14 +117,19 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
        "(0: SIGUSR1 not watched); the ranks also compare their losses then, and at every epoch's end")
     ("nonfinite-loss", po::value(&o.nonfinite_loss())->default_value(o.nonfinite_loss()),
        "when the loss is NaN or infinite on any rank: stop (an error naming the rank, the step and the last good "
-       "checkpoint) or continue (a warning)");
+       "checkpoint) or continue (a warning)")
+    ("amp", po::bool_switch(&o.amp()),
+       "mixed precision: autocast to bfloat16 on CPU, to float16 with a loss scaler (ddp::GradScaler) on GPU; "
+       "parameters, gradients and DDP's buckets stay float32");
   // clang-format on
   po::options_description all;
   all.add(common);
   if (extra) all.add(*extra);
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    // No positional arguments: a stray word ("--amp yes", "--epochs 3 4") is an error, not ignored.
+    const po::positional_options_description none;
+    po::store(po::command_line_parser(argc, argv).options(all).positional(none).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see --help)");

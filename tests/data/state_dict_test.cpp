@@ -224,3 +224,50 @@ TEST(Checkpoint, TruncatedFallsBackToPreviousAndForeignIsRefused) {
   ddp::destroy_process_group();
   fs::remove_all(dir);
 }
+
+// An enabled ddp::GradScaler travels with the checkpoint as PyTorch's
+// GradScaler.state_dict() (the same keys and types, so torch.load users can
+// hand it to theirs); a disabled one leaves no entry; a checkpoint without
+// one leaves an enabled scaler at its initial scale.
+TEST(Checkpoint, CarriesAnEnabledLossScalerAsPyTorchsStateDict) {
+  auto pg = single_group();
+  const auto dir = ddp::testing::temp_dir("ckpt_scaler");
+  const std::string path = dir + "/checkpoint.pt", plain = dir + "/plain.pt";
+  auto net = small_net();
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  ddp::GradScaler scaler(pg, ddp::GradScalerOptions().init_scale(256).growth_interval(5).growth_factor(3).backoff_factor(0.25));
+  for (int step = 0; step < 3; ++step) {  // a skipped step, then two good ones: scale 64, tracker 2
+    opt.zero_grad();
+    auto loss = net->forward(torch::ones({2, 3})).sum() * (step == 0 ? INFINITY : 1.0);
+    scaler.scale(loss).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  ddp::TrainState state;
+  state.scaler = &scaler;
+  ddp::save_checkpoint(path, *net, opt, state, *pg);
+  ddp::GradScaler disabled(pg, ddp::GradScalerOptions().enabled(false));
+  state.scaler = &disabled;
+  ddp::save_checkpoint(plain, *net, opt, state, *pg);
+
+  ddp::GradScaler restored(pg);
+  auto loaded = ddp::load_checkpoint(path, *net, &opt, *pg, &restored);
+  EXPECT_EQ(loaded.scaler, &restored);
+  EXPECT_EQ(restored.get_scale(), 64.0);
+  EXPECT_EQ(restored.get_growth_tracker(), 2);
+  EXPECT_EQ(restored.get_growth_interval(), 5);
+  EXPECT_EQ(restored.get_growth_factor(), 3.0);
+  EXPECT_EQ(restored.get_backoff_factor(), 0.25);
+
+  ddp::GradScaler fresh(pg);
+  ddp::load_checkpoint(plain, *net, &opt, *pg, &fresh);
+  EXPECT_EQ(fresh.get_scale(), 65536.0) << "no scaler entry: the initial scale";
+  if (python_torch()) {
+    EXPECT_EQ(run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " scaler " + path),
+              "scale float 64.0\ngrowth_factor float 3.0\nbackoff_factor float 0.25\ngrowth_interval int 5\n"
+              "_growth_tracker int 2\n");
+    EXPECT_EQ(run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " scaler " + plain), "no scaler\n");
+  }
+  ddp::destroy_process_group();
+  fs::remove_all(dir);
+}

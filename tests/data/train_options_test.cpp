@@ -70,3 +70,11 @@ TEST(TrainOptions, DefaultsAreTheCoreOptionsDefaults) {
   EXPECT_EQ(o.backend(), ddp::ProcessGroupOptions().backend());
   EXPECT_EQ(std::chrono::seconds(o.timeout_s()), ddp::ProcessGroupOptions().timeout());
 }
+
+TEST(TrainOptions, AmpIsASwitchRecordedInTheConfig) {
+  EXPECT_FALSE(parse({}).amp());
+  auto o = parse({"--amp"});
+  EXPECT_TRUE(o.amp());
+  EXPECT_EQ(o.to_config().at("amp"), "1");
+  EXPECT_THROW(parse({"--amp", "yes"}), ddp::UsageError) << "a switch takes no value";
+}

@@ -8,11 +8,18 @@
 //
 // Contents (a dict): "model" (name -> tensor, no `module.` prefix),
 // "optimizer" (LibTorch's optimizer archive, as bytes in a uint8 tensor),
+// "scaler" (an enabled ddp::GradScaler's state_dict(), as PyTorch's dict),
 // "epoch", "step", "sampler_epoch", "epoch_step", "world_size", "rng_states" (every rank's
 // CPU generator), "config" (name -> string), "format" and "version".
 //
 //   ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
 //   auto state = ddp::load_checkpoint(path, *net, &optimizer, *pg);  // collective
+//
+// With float16 mixed precision, give the scaler to resume_or_start (or
+// load_checkpoint) and it travels with the checkpoint:
+//
+//   ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && device.is_cuda()));
+//   auto state = ddp::resume_or_start(opts, run, *net, optimizer, *pg, &scaler);
 #pragma once
 
 #include <torch/torch.h>
@@ -22,6 +29,7 @@
 #include <map>
 #include <string>
 
+#include "ddp/grad_scaler.h"
 #include "ddp/process_group.h"
 #include "ddp/train/state_dict.h"
 
@@ -47,6 +55,9 @@ struct TrainState {
   // none yet) and the epochs it covers: what a NaN loss error points to.
   std::string last_checkpoint;
   int64_t last_checkpoint_epoch = 0;
+  // Not owned. The run's loss scaler, if any (resume_or_start sets it): its
+  // state_dict() is saved with every checkpoint while it is enabled.
+  GradScaler* scaler = nullptr;
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
@@ -59,8 +70,11 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 // no shared file system. Restores the model (prefixes stripped, tensors to
 // the model's device), the optimizer (if given) and this rank's RNG state;
 // returns the rest. Another world size works, with a notice on rank 0.
+// An enabled `scaler` gets the checkpoint's scaler state (a checkpoint
+// without one, from a run without float16, leaves it at its initial scale,
+// with a notice); the returned state points to it.
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                           ProcessGroup& pg);
+                           ProcessGroup& pg, GradScaler* scaler = nullptr);
 
 // The previous checkpoint kept next to `path`: dir/checkpoint.pt -> dir/checkpoint.prev.pt.
 std::string previous_checkpoint_path(const std::string& path);
@@ -75,8 +89,9 @@ std::string previous_checkpoint_path(const std::string& path);
 // one, whatever --resume says (that names where the first attempt started). Either way the configuration is recorded and
 // metrics.csv keeps only the epochs already done. Unless
 // --preemption-check-every is 0, SIGUSR1 is watched and
-// state.checkpoint_and_stop set (ddp/train/preemption.h).
+// state.checkpoint_and_stop set (ddp/train/preemption.h). A `scaler` is
+// restored with the rest and saved with every checkpoint (state.scaler).
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, ProcessGroup& pg);
+                           torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler = nullptr);
 
 }  // namespace ddp

@@ -24,6 +24,7 @@
 
 #include "ddp/distributed_data_parallel.h"
 #include "ddp/distributed_sampler.h"
+#include "ddp/grad_scaler.h"
 #include "ddp/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/evaluation.h"
@@ -161,6 +162,21 @@ void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimiz
   const int64_t start = timeline ? timeline->now_us() : 0;
   optimizer.step();
   if (timeline) timeline->span(Timeline::Row::compute, "optimizer step", start, timeline->now_us());
+}
+
+// scaler.step(optimizer) and scaler.update() (ddp/grad_scaler.h; collective
+// while the scaler is enabled), shown on the timeline as "optimizer step".
+// Returns whether the optimizer stepped: false when a rank found inf/NaN
+// gradients, on every rank alike.
+inline bool optimizer_step(const DistributedDataParallelBase& model, torch::optim::Optimizer& optimizer,
+                           GradScaler& scaler) {
+  const auto& timeline = model.timeline();
+  const int64_t start = timeline ? timeline->now_us() : 0;
+  const bool stepped = scaler.step(optimizer);
+  scaler.update();
+  if (timeline) timeline->span(Timeline::Row::compute, stepped ? "optimizer step" : "optimizer step skipped (inf/NaN)",
+                               start, timeline->now_us());
+  return stepped;
 }
 
 // Collective: every rank's DDP logging data (ddp/logging_data.h: the buckets,

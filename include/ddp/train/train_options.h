@@ -66,6 +66,10 @@ struct TrainOptions {
   // (ddp::NonFiniteLoss on every rank, before the next checkpoint) or
   // "continue" (a warning on rank 0, and training goes on).
   TORCH_ARG(std::string, nonfinite_loss) = "stop";
+  // Mixed precision (--amp): forward and loss under ddp::Autocast, bfloat16
+  // on CPU, float16 on CUDA with a ddp::GradScaler (the examples' choice;
+  // ddp/autocast.h, ddp/grad_scaler.h).
+  TORCH_ARG(bool, amp) = false;
 
  public:
   // The per-process batch: --batch-size if given, else --global-batch-size / world.
