@@ -205,6 +205,12 @@ TEST_P(SyncBatchNormRanks, TrainsUnderDDPAsOneProcessOnTheWholeBatch) {
   std::cout << results[0].output;
 }
 
+TEST(SyncBatchNorm, TrainsUnderDDPWithFindUnusedParameters) {
+  auto results = run_ranks(3, DDP_WORKER, {"sync_bn_ddp", "--batches", "3,5,2", "--find-unused", "1"});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  std::cout << results[0].output;
+}
+
 INSTANTIATE_TEST_SUITE_P(Batches, SyncBatchNormRanks, ::testing::Values("3,5", "3,5,2", "4,0,3"),
                          [](const auto& info) {
                            std::string name = info.param;
