@@ -48,6 +48,17 @@ struct NestedImpl : nn::Module {
 };
 TORCH_MODULE(Nested);
 
+// resnet18.h's Residual pattern: named layers in the Sequential it derives
+// from, called through its AnyModule entries.
+struct ConvBnImpl : nn::SequentialImpl {
+  ConvBnImpl() {
+    push_back("conv", nn::Conv2d(nn::Conv2dOptions(1, 2, 3)));
+    push_back("bn", nn::BatchNorm2d(2));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return begin()[1].forward(begin()[0].forward(x)); }
+};
+TORCH_MODULE(ConvBn);
+
 struct TypedMemberImpl : nn::Module {
   TypedMemberImpl() : fc(register_module("fc", nn::Linear(3, 3))), bn(register_module("bn", nn::BatchNorm1d(3))) {}
   torch::Tensor forward(const torch::Tensor& x) { return bn(fc(x)); }
@@ -145,9 +156,21 @@ TEST(ConvertSyncBatchnorm, ReplacesEveryBatchNormSharingTensorsOptionsAndModes) 
   EXPECT_NE(model->seq->ptr(1)->as<ddp::SyncBatchNorm>(), nullptr);
   EXPECT_NE(model->list->ptr(0)->as<ddp::SyncBatchNorm>(), nullptr);
   EXPECT_NE(model->dict["norm"]->as<ddp::SyncBatchNorm>(), nullptr);
-  // A Sequential's forward runs the new layer: in evaluation (no collective), as before.
+  // A Sequential's forward runs the new layer: in training it asks the group
+  // for an all-gather (which this one refuses); in evaluation it needs none.
+  EXPECT_THROW(model->seq->forward(torch::randn({2, 4})), std::logic_error);
   model->seq->eval();
   EXPECT_EQ(model->seq->forward(torch::randn({2, 4})).size(1), 6);
+}
+
+TEST(ConvertSyncBatchnorm, ReachesLayersOfASequentialSubclassCalledThroughItsEntries) {
+  auto pg = std::make_shared<NoCollectives>(2);
+  ConvBn model;
+  const auto names = model->named_parameters().keys();
+  ddp::convert_sync_batchnorm(model, pg);
+  EXPECT_EQ(model->named_parameters().keys(), names);
+  EXPECT_NE(model->named_children()["bn"]->as<ddp::SyncBatchNorm>(), nullptr);
+  EXPECT_THROW(model(torch::randn({2, 1, 5, 5})), std::logic_error);  // the all-gather: synchronised
 }
 
 TEST(ConvertSyncBatchnorm, ABatchNormRootBecomesANewLayer) {
