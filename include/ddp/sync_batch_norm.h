@@ -5,9 +5,9 @@
 // input gradient needs. Evaluation uses the running statistics and does no
 // communication. Unlike PyTorch 1.13's, it runs on CPUs as well as GPUs.
 //
-//   auto model = std::make_shared<Net>();           // holds torch::nn::BatchNorm2d layers
 //   auto pg = ddp::init_process_group();
-//   auto synced = ddp::convert_sync_batchnorm(model, pg);   // before DDP
+//   auto model = std::make_shared<Net>();      // torch::nn::BatchNorm2d layers in Sequentials
+//   ddp::convert_sync_batchnorm(model, pg);    // before DDP, as PyTorch's
 //   ddp::DistributedDataParallel<Net> ddp_model(model, pg);
 //
 // or, in a model of your own, a layer built as one:
