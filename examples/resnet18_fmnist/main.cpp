@@ -2,7 +2,7 @@
 // data-parallel. Meant for GPUs (ddprun gives each process its own; NCCL is
 // picked automatically); on CPUs use --limit-batches for a quick look.
 //
-//   ddprun --nproc-per-node 2 build/examples/resnet18_fmnist/resnet18_fmnist
+//   ddprun --nproc-per-node 2 build/examples/resnet18_fmnist/resnet18_fmnist [--sync-bn]
 #include <ddp/train.h>
 
 #include "resnet18.h"
@@ -16,9 +16,12 @@ int main(int argc, char** argv) {
   return ddp::guarded_main([&] {
     // 1. Options: the seed's two-GPU run (batch 512, lr 0.2, 10 epochs, images resized to 96).
     int64_t image_size = 96;
+    bool sync_bn = false;
     boost::program_options::options_description extra("ResNet-18");
     extra.add_options()("image-size", boost::program_options::value(&image_size)->default_value(image_size),
-                        "images are resized to this many pixels a side");
+                        "images are resized to this many pixels a side")(
+        "sync-bn", boost::program_options::bool_switch(&sync_bn),
+        "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), not each rank's own");
     const auto opts = ddp::parse_train_options(argc, argv,
                                                ddp::TrainOptions()
                                                    .epochs(10)
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
     // 3. Model, DDP, optimizer.
     torch::manual_seed(opts.seed());
     ResNet18 net(10);
+    // Before DDP, as PyTorch's: the same parameter and buffer names, so checkpoints load either way.
+    if (sync_bn) ddp::convert_sync_batchnorm(net, pg);
     net->to(device);
     ddp::DistributedDataParallel model(net, pg, opts.ddp_options());
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));

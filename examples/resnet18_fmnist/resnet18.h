@@ -11,23 +11,30 @@ namespace resnet18_fmnist {
 namespace nn = torch::nn;
 
 // d2l's Residual: two 3x3 convolutions with BatchNorm, and a 1x1 convolution
-// on the shortcut when the shape changes.
-struct ResidualImpl : nn::Module {
-  ResidualImpl(int64_t in, int64_t out, bool use_1x1conv, int64_t stride)
-      : conv1(register_module("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).stride(stride)))),
-        conv2(register_module("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1)))),
-        bn1(register_module("bn1", nn::BatchNorm2d(out))),
-        bn2(register_module("bn2", nn::BatchNorm2d(out))) {
-    if (use_1x1conv) conv3 = register_module("conv3", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)));
+// on the shortcut when the shape changes. Its layers sit in the Sequential it
+// derives from, under their own names (conv1, conv2, bn1, bn2, conv3: the
+// state dict's), and forward calls them through it: there
+// ddp::convert_sync_batchnorm (the example's --sync-bn) can swap a BatchNorm
+// for a SyncBatchNorm, which it cannot in a typed member such as
+// `nn::BatchNorm2d bn1;`, whose forward is not virtual.
+struct ResidualImpl : nn::SequentialImpl {
+  ResidualImpl(int64_t in, int64_t out, bool use_1x1conv, int64_t stride) {
+    push_back("conv1", nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).stride(stride)));
+    push_back("conv2", nn::Conv2d(nn::Conv2dOptions(out, out, 3).padding(1)));
+    push_back("bn1", nn::BatchNorm2d(out));
+    push_back("bn2", nn::BatchNorm2d(out));
+    if (use_1x1conv) push_back("conv3", nn::Conv2d(nn::Conv2dOptions(in, out, 1).stride(stride)));
   }
   torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(bn1(conv1(x)));
-    y = bn2(conv2(y));
-    if (conv3) x = conv3(x);
+    auto y = torch::relu(layer(bn1, layer(conv1, x)));
+    y = layer(bn2, layer(conv2, y));
+    if (size() > conv3) x = layer(conv3, x);
     return torch::relu(y + x);
   }
-  nn::Conv2d conv1, conv2, conv3{nullptr};
-  nn::BatchNorm2d bn1, bn2;
+
+ private:
+  enum Layer : size_t { conv1, conv2, bn1, bn2, conv3 };  // positions in the Sequential
+  torch::Tensor layer(Layer i, const torch::Tensor& x) { return begin()[i].forward(x); }
 };
 TORCH_MODULE(Residual);
 

@@ -1,6 +1,6 @@
 // The distributed core, everything in one include: the launch environment,
 // the process group and its collectives, DistributedDataParallel and its
-// reducer, the distributed sampler. Needs LibTorch only. The training kit
+// reducer, SyncBatchNorm, the distributed sampler. Needs LibTorch only. The training kit
 // (datasets, checkpoints, run folders, options) is <ddp/train.h>.
 #pragma once
 
@@ -21,4 +21,5 @@
 #include "ddp/powersgd_hook.h"
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
+#include "ddp/sync_batch_norm.h"
 #include "ddp/timeline.h"

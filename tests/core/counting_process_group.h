@@ -24,11 +24,14 @@ class CountingProcessGroup : public ProcessGroup {
     ++broadcasts;
     return inner_->broadcast(t, root);
   }
-  std::vector<at::Tensor> allgather(const at::Tensor& t) override { return inner_->allgather(t); }
+  std::vector<at::Tensor> allgather(const at::Tensor& t) override {
+    ++allgathers;
+    return inner_->allgather(t);
+  }
   void barrier() override { inner_->barrier(); }
   c10::intrusive_ptr<c10d::Store> store() const override { return inner_->store(); }
 
-  std::atomic<int64_t> allreduces{0}, broadcasts{0}, allreduced_bytes{0};
+  std::atomic<int64_t> allreduces{0}, broadcasts{0}, allgathers{0}, allreduced_bytes{0};
 
  private:
   std::shared_ptr<ProcessGroup> inner_;

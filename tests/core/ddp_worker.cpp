@@ -362,6 +362,9 @@ int main(int argc, char** argv) {
     else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
     else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
     else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
+    else if (scenario == "sync_bn_definition") rc = scenario_sync_bn_definition(pg, flags);
+    else if (scenario == "sync_bn_ddp") rc = scenario_sync_bn_ddp(pg, flags);
+    else if (scenario == "sync_bn_errors") rc = scenario_sync_bn_errors(pg);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

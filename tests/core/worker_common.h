@@ -214,4 +214,9 @@ int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_disabled(std::shared_ptr<ProcessGroup> pg);
 int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// sync_batch_norm_scenarios.cpp: SyncBatchNorm against BatchNorm on the whole batch, under DDP, errors.
+int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_sync_bn_errors(std::shared_ptr<ProcessGroup> pg);
+
 }  // namespace ddp::testing

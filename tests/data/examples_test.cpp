@@ -190,6 +190,27 @@ TEST_F(Examples, Resnet18RunsOneSmallBatchOnCpus) {
   EXPECT_TRUE(fs::exists(run + "/checkpoint.pt"));
 }
 
+// --sync-bn: the same state-dict names, so a checkpoint of a synchronised
+// run resumes without it, and the other way round.
+TEST_F(Examples, Resnet18WithSyncBnRunsAndItsCheckpointsLoadEitherWay) {
+  const std::string run = dir_ + "/run", data = real_or_fixture_data(dir_);
+  auto args = [&](int epochs, bool sync_bn) {
+    std::vector<std::string> a = {"--epochs", std::to_string(epochs), "--limit-batches", "2", "--batch-size", "4",
+                                  "--image-size", "32", "--data-dir", data, "--run-dir", run, "--resume"};
+    if (sync_bn) a.push_back("--sync-bn");
+    return a;
+  };
+  auto results = run_ranks(2, RESNET18_FMNIST, args(1, true));
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
+  results = run_ranks(2, RESNET18_FMNIST, args(2, false));
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("resumed from"), std::string::npos) << results[0].output;
+  results = run_ranks(2, RESNET18_FMNIST, args(3, true));
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("resumed from"), std::string::npos) << results[0].output;
+}
+
 TEST_F(Examples, InformerTrainsOnTheGeneratedSeriesAndReportsTheBaseline) {
   // The generator is deterministic: two runs, the same bytes.
   ASSERT_EQ(std::system((std::string(INFORMER_MAKE_CSV) + " " + dir_ + "/a.csv 500 11 > /dev/null").c_str()), 0);
