@@ -63,9 +63,11 @@ int main(int argc, char** argv) {
     net->to(device);
     ddp::DistributedDataParallel model(net, pg, opts.ddp_options());
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+    // --amp: bfloat16 autocast on CPU; float16 on GPU, where the loss scaler is on.
+    ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && device.is_cuda()));
 
-    // 4. Resume.
-    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg);
+    // 4. Resume (the scaler's state travels with the checkpoint).
+    ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg, &scaler);
 
     // 5. The loop. Evaluation runs the plain module on the resized test shard.
     struct Resized {
@@ -82,9 +84,13 @@ int main(int argc, char** argv) {
       const auto train = ddp::train_epoch(*train_loader, train_sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
         auto x = resize(b.data), y = b.target.to(device);
         optimizer.zero_grad();
-        auto loss = torch::nn::functional::cross_entropy(model(x), y);
-        loss.backward();
-        ddp::optimizer_step(model, optimizer);
+        torch::Tensor loss;
+        {
+          ddp::Autocast autocast(device.type(), ddp::amp_dtype(device), opts.amp());
+          loss = torch::nn::functional::cross_entropy(model(x), y);
+        }
+        scaler.scale(loss).backward();
+        ddp::optimizer_step(model, optimizer, scaler);
         return loss;
       });
       const auto eval = ddp::evaluate_classifier(eval_net, *test_loader, *pg, opts.limit_batches());

@@ -211,6 +211,38 @@ TEST_F(Examples, Resnet18WithSyncBnRunsAndItsCheckpointsLoadEitherWay) {
   EXPECT_NE(results[0].output.find("resumed from"), std::string::npos) << results[0].output;
 }
 
+// --amp on CPU: bfloat16 autocast, deterministic like float32, so a resumed
+// run still ends where one run does, bitwise; and it trains (the loss falls).
+TEST_F(Examples, LenetAmpResumeEndsWithTheSameParametersAsOneRun) {
+  ddp::testing::write_fashion_mnist(dir_ + "/data", 320, 64);
+  auto args = [&](const std::string& run, const std::string& epochs) {
+    return std::vector<std::string>{"--epochs", epochs, "--global-batch-size", "64", "--lr", "0.1", "--data-dir",
+                                    dir_ + "/data", "--run-dir", run, "--amp", "--resume"};
+  };
+  expect_ok(run_ranks(2, LENET_FMNIST, args(dir_ + "/one", "4")));
+  expect_ok(run_ranks(2, LENET_FMNIST, args(dir_ + "/two", "2")));
+  auto results = run_ranks(2, LENET_FMNIST, args(dir_ + "/two", "4"));
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("resumed from"), std::string::npos) << results[0].output;
+  auto a = ddp::read_state_dict(dir_ + "/one/model.pt"), b = ddp::read_state_dict(dir_ + "/two/model.pt");
+  ASSERT_EQ(a.size(), b.size());
+  for (auto& item : a) {
+    EXPECT_EQ(item.value().scalar_type(), torch::kFloat) << item.key() << ": parameters stay float32 under --amp";
+    EXPECT_TRUE(torch::equal(item.value(), b[item.key()])) << item.key() << " differs";
+  }
+  EXPECT_NE(ddp::testing::read_file(dir_ + "/one/log.txt").find("amp"), std::string::npos);
+}
+
+TEST_F(Examples, Resnet18AmpWithSyncBnRunsOnCpus) {
+  const std::string run = dir_ + "/run";
+  auto results = run_ranks(2, RESNET18_FMNIST,
+                           {"--epochs", "1", "--limit-batches", "2", "--batch-size", "4", "--image-size", "32",
+                            "--data-dir", real_or_fixture_data(dir_), "--run-dir", run, "--amp", "--sync-bn"});
+  expect_ok(results);
+  EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
+  EXPECT_EQ(results[0].output.find("nan"), std::string::npos) << results[0].output;
+}
+
 TEST_F(Examples, InformerTrainsOnTheGeneratedSeriesAndReportsTheBaseline) {
   // The generator is deterministic: two runs, the same bytes.
   ASSERT_EQ(std::system((std::string(INFORMER_MAKE_CSV) + " " + dir_ + "/a.csv 500 11 > /dev/null").c_str()), 0);
