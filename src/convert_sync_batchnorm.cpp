@@ -129,8 +129,7 @@ void replace(Module& m, const std::shared_ptr<ProcessGroup>& pg, std::map<Module
 
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
                                                           std::shared_ptr<ProcessGroup> process_group) {
-  check_usage(process_group != nullptr,
-              "convert_sync_batchnorm: the process group is null; call ddp::init_process_group() first");
+  if (!process_group) process_group = default_process_group();  // UsageError when there is none
   check_usage(module != nullptr, rank_tag(*process_group), ": convert_sync_batchnorm: the module is null");
   if (auto sync = detail::BatchNormConversion::from_any(*module, process_group)) return sync;
 

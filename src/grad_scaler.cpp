@@ -106,9 +106,10 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   }
   // Every rank decides on the same flag: the steps skipped, and so the
   // parameters and the scale, stay the same on every rank.
-  if (pg_ && pg_->size() > 1) {
-    auto flag = found_inf.to(pg_->device());
-    pg_->allreduce(flag).wait();
+  const auto pg = pg_ ? pg_ : (is_initialized() ? default_process_group() : nullptr);
+  if (pg && pg->size() > 1) {
+    auto flag = found_inf.to(pg->device());
+    pg->allreduce(flag).wait();
     found_inf.copy_(flag);
   }
   state.found_inf = found_inf;

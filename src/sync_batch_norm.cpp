@@ -160,9 +160,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
 SyncBatchNormOptions::SyncBatchNormOptions(int64_t num_features) : num_features_(num_features) {}
 
 SyncBatchNormImpl::SyncBatchNormImpl(const SyncBatchNormOptions& options_, std::shared_ptr<ProcessGroup> process_group)
-    : options(options_), process_group_(std::move(process_group)) {
-  check_usage(process_group_ != nullptr,
-              "SyncBatchNorm: the process group is null; call ddp::init_process_group() first and pass its group");
+    : options(options_), process_group_(process_group ? std::move(process_group) : default_process_group()) {
   check_usage(options.num_features() > 0, rank_tag(*process_group_),
               ": SyncBatchNorm: num_features must be positive, got ", options.num_features());
   check_usage(options.eps() > 0, rank_tag(*process_group_), ": SyncBatchNorm: eps must be positive, got ",

@@ -57,11 +57,14 @@ struct GradScalerState {
 
 class GradScaler {
  public:
-  // With a process group, unscale_() (and step(), which calls it) is
-  // collective: one all-reduce of the inf/NaN flag. Without one, the scaler
-  // is PyTorch's, rank by rank. Throws ddp::UsageError for invalid options.
+  // With a process group of more than one rank, unscale_() (and step(),
+  // which calls it) is collective: one all-reduce of the inf/NaN flag. A
+  // null pg means the default group (ddp::init_process_group's) when there
+  // is one at unscale_(); in a process without one the scaler is PyTorch's,
+  // rank by rank. Throws ddp::UsageError for invalid options.
   explicit GradScaler(std::shared_ptr<ProcessGroup> pg = nullptr, GradScalerOptions options = {});
-  explicit GradScaler(GradScalerOptions options) : GradScaler(nullptr, options) {}
+  explicit GradScaler(GradScalerOptions options, std::shared_ptr<ProcessGroup> pg = nullptr)
+      : GradScaler(std::move(pg), options) {}
 
   // outputs * scale (a one-element float32 tensor on the outputs' device,
   // made at the first call), or outputs unchanged when disabled.

@@ -49,7 +49,9 @@ struct SyncBatchNormOptions {
 // checkpoints move between the two. Input (N, C, ...) of rank 2 or more.
 class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
  public:
-  SyncBatchNormImpl(const SyncBatchNormOptions& options, std::shared_ptr<ProcessGroup> process_group);
+  // A null process_group means the default group (ddp::default_process_group(),
+  // a UsageError when there is none), as PyTorch's None.
+  explicit SyncBatchNormImpl(const SyncBatchNormOptions& options, std::shared_ptr<ProcessGroup> process_group = nullptr);
 
   // Training: statistics over every rank of the group (a collective: every
   // rank of the group must call it, in the same order as its other
@@ -91,13 +93,16 @@ TORCH_MODULE(SyncBatchNorm);
 // Throws UsageError, before changing anything, when a BatchNorm is also held
 // elsewhere (a typed member of its parent, or a pointer of the caller's),
 // where the replacement would not take effect.
+// A null process_group means the default group.
 std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(std::shared_ptr<torch::nn::Module> module,
-                                                          std::shared_ptr<ProcessGroup> process_group);
+                                                          std::shared_ptr<ProcessGroup> process_group = nullptr);
 
 // The same for a module holder (a TORCH_MODULE type or a Sequential),
 // converted in place; its root must not itself be a BatchNorm.
 template <typename ModuleType>
-void convert_sync_batchnorm(torch::nn::ModuleHolder<ModuleType>& module, std::shared_ptr<ProcessGroup> process_group) {
+void convert_sync_batchnorm(torch::nn::ModuleHolder<ModuleType>& module,
+                            std::shared_ptr<ProcessGroup> process_group = nullptr) {
+  if (!process_group) process_group = default_process_group();
   auto root = std::static_pointer_cast<torch::nn::Module>(module.ptr());
   if (convert_sync_batchnorm(root, process_group) != root)
     throw UsageError(rank_tag(*process_group) +

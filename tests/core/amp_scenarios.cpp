@@ -69,7 +69,9 @@ std::pair<std::string, std::string> run_amp_case(const AmpCase& c, std::shared_p
   const auto options = ddp::DDPOptions().gradient_as_bucket_view(false).first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
   ddp::DistributedDataParallel model(net, pg, options);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  ddp::GradScaler scaler(pg, ddp::GradScalerOptions().growth_interval(3).enabled(c.scaler));
+  // scaler_grad's scaler takes the default group (no group given), the others this one.
+  const auto scaler_options = ddp::GradScalerOptions().growth_interval(3).enabled(c.scaler);
+  ddp::GradScaler scaler = c.bad_grad.empty() ? ddp::GradScaler(pg, scaler_options) : ddp::GradScaler(scaler_options);
   const int per_rank = 16, lo = rank * per_rank;
   std::ostringstream log;
   log << std::setprecision(17);
