@@ -20,3 +20,4 @@
 #include "ddp/process_group.h"
 #include "ddp/reducer.h"
 #include "ddp/timeline.h"
+#include "ddp/zero_redundancy_optimizer.h"

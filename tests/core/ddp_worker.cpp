@@ -361,6 +361,9 @@ int main(int argc, char** argv) {
     else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
     else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
     else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
+    else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
+    else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
+    else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);
