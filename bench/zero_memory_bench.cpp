@@ -1,5 +1,5 @@
 // What ZeRO-1 saves: optimizer-state memory per rank with Adam on a ~100 MB
-// model (24.9M float parameters in seven Linear layers of different sizes),
+// model (24.3M float parameters in ten Linear layers of different sizes),
 // unsharded (torch::optim::Adam, what every rank of plain DDP holds) against
 // ddp::ZeroRedundancyOptimizer. One rank of a job started by ddprun:
 //   ddprun --standalone --nproc-per-node W ddp_bench_zero_memory [--optimizer zero|plain] [--steps 3]
@@ -20,8 +20,11 @@ namespace {
 
 struct BigNetImpl : torch::nn::Module {
   BigNetImpl() {
-    const int sizes[] = {2048, 4096, 2048, 2048, 1024, 1024, 512, 10};
-    for (int i = 0; i + 1 < 8; ++i)
+    // The largest weight is 1/6 of the model: the partition (whole tensors)
+    // can come within ~10% of 1/W up to W = 4.
+    const int sizes[] = {1536, 2048, 2048, 2048, 2048, 1536, 1536, 1024, 1024, 512, 10};
+    constexpr int n = sizeof(sizes) / sizeof(sizes[0]);
+    for (int i = 0; i + 1 < n; ++i)
       layers.push_back(register_module("l" + std::to_string(i), torch::nn::Linear(sizes[i], sizes[i + 1])));
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -84,7 +87,7 @@ int main(int argc, char** argv) {
     zero = z.get();
     opt = std::move(z);
   }
-  auto x = torch::randn({16, 2048}), y = torch::randn({16, 10});
+  auto x = torch::randn({16, 1536}), y = torch::randn({16, 10});
   // Gradients exist before the first step is measured: only the step's own memory counts.
   torch::mse_loss(model(x), y).backward();
   const long rss_before = current_rss_kb(), peak_before = peak_rss_kb();

@@ -207,42 +207,59 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   return loss;
 }
 
-// Each owner's parameters, flattened per dtype and broadcast from it: the
-// same values as PyTorch's one broadcast per parameter, in W x dtypes
-// collectives instead of one per parameter.
+// Each owner broadcasts its parameters, as PyTorch's one broadcast per
+// parameter (the same values): a large one (>= kCoalesceBytes) in place, the
+// small ones of a dtype gathered into flat tensors of up to kCoalesceBytes,
+// so a model of many small tensors needs few collectives and the extra
+// memory stays a few MiB whatever the model's size.
 void ZeroRedundancyOptimizer::sync_params() {
   if (pg_->size() == 1) return;
+  constexpr int64_t kCoalesceBytes = 1 << 20;
   torch::NoGradGuard no_grad;
   struct Flat {
     std::vector<torch::Tensor> params;
     torch::Tensor buffer;
     int root;
+    int64_t bytes = 0;
   };
   std::vector<Flat> flats;
-  for (int r = 0; r < pg_->size(); ++r) {
-    std::vector<Flat> mine;
-    for (size_t g = 0; g < param_groups_.size(); ++g)
-      for (size_t i : partition_.params[r][g]) {
-        const auto& p = param_groups_[g].params()[i];
-        auto it = std::find_if(mine.begin(), mine.end(),
-                               [&](const Flat& f) { return f.params[0].scalar_type() == p.scalar_type(); });
-        if (it == mine.end()) mine.push_back({{p}, {}, r});
-        else it->params.push_back(p);
-      }
-    for (auto& f : mine) flats.push_back(std::move(f));
-  }
   std::vector<Work> works;
-  for (auto& f : flats) {
+  auto launch = [&](Flat& f) {
     if (f.root == pg_->rank()) {
       std::vector<torch::Tensor> parts;
       for (const auto& p : f.params) parts.push_back(p.detach().reshape(-1));
       f.buffer = torch::cat(parts);
     } else {
-      int64_t n = 0;
-      for (const auto& p : f.params) n += p.numel();
-      f.buffer = torch::empty({n}, f.params[0].options().requires_grad(false));
+      f.buffer = torch::empty({f.bytes / f.params[0].element_size()}, f.params[0].options().requires_grad(false));
     }
     works.push_back(pg_->broadcast(f.buffer, f.root));
+  };
+  for (int r = 0; r < pg_->size(); ++r) {
+    std::vector<Flat> open;  // one per dtype, filling
+    for (size_t g = 0; g < param_groups_.size(); ++g)
+      for (size_t i : partition_.params[r][g]) {
+        const auto& p = param_groups_[g].params()[i];
+        const int64_t bytes = p.numel() * p.element_size();
+        if (bytes >= kCoalesceBytes && p.is_contiguous()) {
+          auto data = p.detach();
+          works.push_back(pg_->broadcast(data, r));
+          continue;
+        }
+        auto it = std::find_if(open.begin(), open.end(),
+                               [&](const Flat& f) { return f.params[0].scalar_type() == p.scalar_type(); });
+        if (it != open.end() && it->bytes + bytes > kCoalesceBytes) {
+          launch(*it);
+          flats.push_back(std::move(*it));
+          open.erase(it);
+          it = open.end();
+        }
+        if (it == open.end()) open.push_back({{p}, {}, r, bytes});
+        else it->params.push_back(p), it->bytes += bytes;
+      }
+    for (auto& f : open) {
+      launch(f);
+      flats.push_back(std::move(f));
+    }
   }
   for (auto& w : works) w.wait();
   for (auto& f : flats) {

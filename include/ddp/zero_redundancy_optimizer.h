@@ -85,8 +85,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
                           std::shared_ptr<ProcessGroup> pg);
 
   // Collective: steps this rank's share with the group options of
-  // param_groups(), then broadcasts each rank's share from it (one
-  // broadcast per owner rank and dtype, the parameters flattened).
+  // param_groups(), then broadcasts each rank's share from it: parameters
+  // of 1 MiB or more in place, smaller ones coalesced into flat tensors of
+  // up to 1 MiB per dtype (PyTorch: one broadcast per parameter).
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   // Collective: every rank's share of the state goes to rank `to`, where

@@ -14,14 +14,17 @@ namespace ddp::testing {
 namespace {
 
 constexpr int kRows = 8, kIn = 10, kOut = 3, kSteps = 30;
+// l2's weight, 24 x kWide floats, is over 1 MiB: ZeRO broadcasts it in place,
+// the others coalesced.
+constexpr int kWide = 11000;
 
 // Four Linear layers of different sizes, so the partition has something to
 // balance. pytorch_zero_parity.py's Net: change both together.
 struct ZeroNetImpl : torch::nn::Module {
   explicit ZeroNetImpl(bool extra = false) {
     l1 = register_module("l1", torch::nn::Linear(kIn, 24));
-    l2 = register_module("l2", torch::nn::Linear(24, 40));
-    l3 = register_module("l3", torch::nn::Linear(40, 6));
+    l2 = register_module("l2", torch::nn::Linear(24, kWide));
+    l3 = register_module("l3", torch::nn::Linear(kWide, 6));
     l4 = register_module("l4", torch::nn::Linear(6, kOut));
     if (extra) register_module("l5", torch::nn::Linear(3, 3));
   }
