@@ -363,6 +363,7 @@ int main(int argc, char** argv) {
     else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
     else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
     else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
+    else if (scenario == "zero_reload") rc = scenario_zero_reload(pg, flags);
     else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);

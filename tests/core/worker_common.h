@@ -215,6 +215,7 @@ int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // zero_scenarios.cpp: ZeroRedundancyOptimizer (pytorch_zero_parity.py's models), resuming, usage errors.
 int scenario_zero_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_zero_resume(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_zero_reload(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
 }  // namespace ddp::testing

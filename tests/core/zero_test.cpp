@@ -68,12 +68,16 @@ TEST_P(ZeroParity, BitwiseEqualToPyTorchZeroRedundancyOptimizerAfter30Steps) {
   std::filesystem::remove_all(dir);
 }
 
-TEST_P(ZeroResume, ConsolidatedAfter15StepsAndResumedEqualsThirtySteps) {
+TEST_P(ZeroResume, ConsolidatedAfter15StepsAndResumedEqualsThirtyStepsAndLoadsAtAnotherWorldSize) {
   const int world = GetParam();
   const std::string dir = make_dir("ddp_zero_resume");
   auto ours = run_ranks(world, DDP_WORKER,
                         {"zero_resume", "--out", dir, "--cases", "sgd,adam,adamw", "--to", std::to_string(world - 1)});
-  for (const auto& r : ours) EXPECT_EQ(r.exit_code, 0) << describe(ours);
+  for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
+  // The state consolidated at this world size, loaded at another (2 <-> 3).
+  const int other = world == 2 ? 3 : 2;
+  auto reload = run_ranks(other, DDP_WORKER, {"zero_reload", "--in", dir, "--cases", "sgd,adam,adamw"});
+  for (const auto& r : reload) EXPECT_EQ(r.exit_code, 0) << "saved at " << world << ", loaded at " << other << "\n" << describe(reload);
   std::filesystem::remove_all(dir);
 }
 
