@@ -80,7 +80,7 @@ std::vector<OptimizerParamGroup> checked(std::vector<OptimizerParamGroup> groups
     }
   }
   check_usage(count > 0, who, "no parameters to optimize");
-  // One device for every parameter: the shares are broadcast as one flat tensor per rank and dtype.
+  // One device for every parameter: small ones travel coalesced into flat tensors.
   std::optional<torch::Device> device;
   for (const auto& g : groups)
     for (const auto& p : g.params()) {
@@ -142,8 +142,10 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     else if (dynamic_cast<torch::optim::LBFGS*>(local_.get()))
       error = "LBFGS is not supported (its line search and state span every parameter); use SGD, Adam, AdamW, "
               "Adagrad or RMSprop";
+  } catch (const c10::Error& e) {
+    error = std::string("the wrapped optimizer rejected its options: ") + e.what_without_backtrace();
   } catch (const std::exception& e) {
-    error = std::string("the wrapped optimizer rejected its options: ") + e.what();
+    error = std::string("the wrapped optimizer could not be made: ") + e.what();
   }
   // One collective: every rank's error (or "") and signature.
   const auto all = all_gather_object(*pg_, (error.empty() ? "0" : "1" + error + "\x01") + signature.str());

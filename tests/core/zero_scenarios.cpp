@@ -101,13 +101,23 @@ void expect_bitwise(ZeroNet& a, ZeroNet& b, const std::string& what) {
                        std::to_string((pa[i] - pb[i]).abs().max().item<double>()));
 }
 
-// Whether two plain optimizers over the same parameters hold the same state, bitwise.
-bool same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, const std::vector<torch::Tensor>& params) {
-  auto key = [](const torch::Tensor& p) {
+// LibTorch keys state() by the TensorImpl's address: as text up to some 2.x
+// version, as the address itself after.
+template <typename Map>
+typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
     std::ostringstream s;
     s << p.unsafeGetTensorImpl();
     return s.str();
-  };
+  } else {
+    return reinterpret_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+// Whether two plain optimizers over the same parameters hold the same state, bitwise.
+bool same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, const std::vector<torch::Tensor>& params) {
+  auto key = [&](const torch::Tensor& p) { return state_key(a.state(), p); };
   if (a.state().size() != b.state().size()) return false;
   for (const auto& p : params) {
     auto ia = a.state().find(key(p)), ib = b.state().find(key(p));
@@ -278,6 +288,11 @@ int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags) {
     } else if (c == "bad_to") {
       ZeroRedundancyOptimizer opt(net->parameters(), adam_options(), pg);
       opt.consolidate_state_dict(pg->size());
+    } else if (c == "add_group") {
+      // The base class's add_param_group cannot re-partition: step() refuses.
+      ZeroRedundancyOptimizer opt(net->parameters(), adam_options(), pg);
+      opt.add_param_group(torch::optim::OptimizerParamGroup({torch::zeros({2}, torch::requires_grad())}));
+      opt.step();
     } else if (c == "foreign_state") {
       ZeroRedundancyOptimizer opt(net->parameters(), adam_options(), pg);
       opt.load_state_dict("not an archive");

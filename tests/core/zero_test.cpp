@@ -82,7 +82,7 @@ TEST_P(ZeroResume, ConsolidatedAfter15StepsAndResumedEqualsThirtyStepsAndLoadsAt
 }
 
 TEST(ZeroUsage, EveryRankThrowsUsageErrorAndTheGroupStillWorks) {
-  for (const std::string c : {"different", "bad_lr", "lbfgs", "bad_to", "foreign_state"}) {
+  for (const std::string c : {"different", "bad_lr", "lbfgs", "bad_to", "foreign_state", "add_group"}) {
     auto results = run_ranks(2, DDP_WORKER, {"zero_usage", "--case", c});
     for (const auto& r : results) {
       EXPECT_EQ(r.exit_code, 0) << c << "\n" << describe(results);
