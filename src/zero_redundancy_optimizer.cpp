@@ -122,14 +122,15 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   const std::string who = "ZeroRedundancyOptimizer on " + rank_tag(*pg_) + ": ";
   std::vector<std::vector<int64_t>> numels;
   std::ostringstream signature;
-  for (const auto& g : param_groups_) {
+  signature << param_groups_.size() << " parameter group(s)\n";
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
     numels.emplace_back();
-    signature << "group of " << g.params().size() << ":";
-    for (const auto& p : g.params()) {
+    signature << "group " << g << ": " << param_groups_[g].params().size() << " parameter(s)\n";
+    for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
+      const auto& p = param_groups_[g].params()[i];
       numels.back().push_back(p.numel());
-      signature << " " << describe_param(p);
+      signature << "group " << g << " parameter " << i << ": " << describe_param(p) << "\n";
     }
-    signature << "\n";
   }
   partition_ = partition_parameters(numels, pg_->size());
 
@@ -156,11 +157,15 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     }
   }
   for (int r = 0; r < pg_->size(); ++r) {
-    if (all[r] != all[0])
-      throw UsageError(who + "rank " + std::to_string(r) +
-                       " passed different parameters (count, shapes, dtypes or groups) than rank 0; every rank "
-                       "must build the same model and pass its parameters in the same order.\nrank 0:\n" +
-                       all[0].substr(1) + "rank " + std::to_string(r) + ":\n" + all[r].substr(1));
+    if (all[r] == all[0]) continue;
+    // The first line that differs: the group count, a group's size, or a parameter.
+    std::istringstream a(all[0].substr(1)), b(all[r].substr(1));
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) la.clear(), lb.clear();
+    throw UsageError(who + "rank " + std::to_string(r) +
+                     " passed different parameters (count, shapes, dtypes or groups) than rank 0: rank 0 has \"" +
+                     la + "\", rank " + std::to_string(r) + " \"" + lb +
+                     "\"; every rank must build the same model and pass its parameters in the same order");
   }
 }
 
