@@ -23,3 +23,4 @@
 #include "ddp/reducer.h"
 #include "ddp/sync_batch_norm.h"
 #include "ddp/timeline.h"
+#include "ddp/zero_redundancy_optimizer.h"

@@ -365,6 +365,10 @@ int main(int argc, char** argv) {
     else if (scenario == "sync_bn_definition") rc = scenario_sync_bn_definition(pg, flags);
     else if (scenario == "sync_bn_ddp") rc = scenario_sync_bn_ddp(pg, flags);
     else if (scenario == "sync_bn_errors") rc = scenario_sync_bn_errors(pg);
+    else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
+    else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
+    else if (scenario == "zero_reload") rc = scenario_zero_reload(pg, flags);
+    else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);

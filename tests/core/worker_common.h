@@ -218,5 +218,10 @@ int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_sync_bn_errors(std::shared_ptr<ProcessGroup> pg);
+// zero_scenarios.cpp: ZeroRedundancyOptimizer (pytorch_zero_parity.py's models), resuming, usage errors.
+int scenario_zero_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_zero_resume(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_zero_reload(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
 }  // namespace ddp::testing
