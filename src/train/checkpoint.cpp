@@ -5,6 +5,7 @@
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
+#include "ddp/zero_redundancy_optimizer.h"
 #include "parse_number.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"
@@ -124,6 +125,11 @@ std::string previous_checkpoint_path(const std::string& path) {
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                      const TrainState& state, ProcessGroup& pg) {
+  // A ZeRO optimizer holds a share of the state on each rank: gather it on
+  // rank 0 first (collective, as this function is). Consolidation is a
+  // snapshot beside the shards and leaves them as they are.
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer))
+    const_cast<ZeroRedundancyOptimizer*>(zero)->consolidate_state_dict(0);
   // Every rank's generator: ranks may draw different random numbers (dropout).
   auto rng = cpu_rng_state();
   auto all_rng = pg.allgather(rng.to(pg.device()));

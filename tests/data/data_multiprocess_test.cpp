@@ -24,6 +24,15 @@ TEST(Checkpoint, RankZeroWritesEveryRankRestoresAndFailuresReachEveryRank) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Checkpoint, AZeroOptimizerIsConsolidatedAndEveryRankGetsItsShareBack) {
+  const auto dir = ddp::testing::temp_dir("ckpt_zero");
+  for (int world : {2, 3}) {
+    auto results = run_ranks(world, DDP_DATA_WORKER, {"zero_checkpoint"}, {{"DDP_TEST_DIR", dir}});
+    for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << world << " ranks: " << describe(results);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 // A NaN loss on one rank stops every rank at the same step, at a mid-epoch
 // check (every 2 steps) or at the epoch's end (check every 10), before a
 // checkpoint of the diverged model; --nonfinite-loss continue trains on.

@@ -88,6 +88,44 @@ void scenario_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGrou
   throw Fail("writing to an impossible path did not fail");
 }
 
+// A ZeRO optimizer in a checkpoint: save_checkpoint consolidates it, and a
+// fresh model and ZeRO optimizer loaded from it hold this rank's share of
+// the state bitwise and train on exactly as the original does.
+void scenario_zero_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr,
+                              const std::string& dir) {
+  auto make = [] {
+    torch::manual_seed(5);
+    return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 8),
+                                 torch::nn::ReLU(), torch::nn::Linear(8, 2));
+  };
+  auto step = [&](torch::nn::Sequential& net, torch::optim::Optimizer& opt, int i) {
+    torch::manual_seed(100 + i);  // the same batch on every rank: no DDP needed for equal gradients
+    opt.zero_grad();
+    net->forward(torch::randn({6, 4})).pow(2).mean().backward();
+    opt.step();
+  };
+  auto net = make();
+  ddp::ZeroRedundancyOptimizer opt(net->parameters(), torch::optim::AdamOptions(0.01), pg_ptr);
+  for (int i = 0; i < 3; ++i) step(net, opt, i);
+  ddp::TrainState state;
+  state.step = 3;
+  const std::string path = dir + "/zero_checkpoint.pt";
+  ddp::save_checkpoint(path, *net, opt, state, pg);
+
+  auto other = make();
+  ddp::ZeroRedundancyOptimizer other_opt(other->parameters(), torch::optim::AdamOptions(0.01), pg_ptr);
+  ddp::load_checkpoint(path, *other, &other_opt, pg);
+  CHECK_OR_FAIL(other_opt.local_optimizer().state().size() == opt.local_optimizer().state().size(),
+                "this rank's share of the state after loading");
+  for (int i = 3; i < 6; ++i) {
+    step(net, opt, i);
+    step(other, other_opt, i);
+  }
+  for (auto& p : net->named_parameters())
+    CHECK_OR_FAIL(torch::equal(p.value(), other->named_parameters()[p.key()]),
+                  p.key() + " differs after 3 more steps from the resumed ZeRO optimizer");
+}
+
 // The loss turns NaN on rank `bad_rank` at step `bad_step` (4 steps an
 // epoch, a checkpoint after each): with "stop" every rank throws
 // NonFiniteLoss at the same step naming that rank and step, and the newest
@@ -155,6 +193,7 @@ int main(int argc, char** argv) {
     const char* dir = std::getenv("DDP_TEST_DIR");
     if (scenario == "eval") scenario_eval(*pg);
     else if (scenario == "checkpoint") scenario_checkpoint(*pg, pg, dir ? dir : "/tmp");
+    else if (scenario == "zero_checkpoint") scenario_zero_checkpoint(*pg, pg, dir ? dir : "/tmp");
     else if (scenario == "nonfinite" && argc == 6)
       scenario_nonfinite(*pg, pg, dir ? dir : "/tmp", std::atoi(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), argv[5]);
     else throw Fail("unknown scenario " + scenario);

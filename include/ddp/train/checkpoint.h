@@ -61,7 +61,10 @@ struct TrainState {
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
-// or throws CheckpointError (rank 0: why; others: that rank 0 failed).
+// or throws CheckpointError (rank 0: why; others: that rank 0 failed). A
+// ddp::ZeroRedundancyOptimizer is consolidated to rank 0 first, and the
+// checkpoint holds the whole state, as the unsharded optimizer's; loading
+// gives each rank its share again, at any world size.
 void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                      const TrainState& state, ProcessGroup& pg);
 
