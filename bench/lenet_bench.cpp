@@ -65,6 +65,7 @@
 #include "ddp/default_hooks.h"
 #include "ddp/powersgd_hook.h"
 #include "models.h"
+#include "rss.h"
 
 namespace {
 
@@ -232,20 +233,8 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-long peak_rss_kb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;  // KiB on Linux
-}
-
-long current_rss_kb() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long pages = 0, resident = 0;
-  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
-  std::fclose(f);
-  return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
+using bench::current_rss_kb;
+using bench::peak_rss_kb;
 
 // NaN when there is no value or the library does not report it.
 double median_or_nan(std::vector<double> v) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "ddp/ddp.h"
+#include "rss.h"
 
 namespace {
 
@@ -35,20 +36,8 @@ struct BigNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BigNet);
 
-long peak_rss_kb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;  // KiB on Linux
-}
-
-long current_rss_kb() {
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (!f) return -1;
-  long pages = 0, resident = 0;
-  if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = -1;
-  std::fclose(f);
-  return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
-}
+using bench::current_rss_kb;
+using bench::peak_rss_kb;
 
 // The bytes of Adam's state tensors (exp_avg, exp_avg_sq, max_exp_avg_sq).
 int64_t adam_state_bytes(const torch::optim::Optimizer& opt) {

@@ -52,13 +52,6 @@ struct AmpNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(AmpNet);
 
-std::pair<torch::Tensor, torch::Tensor> amp_batch(int step, int rows) {
-  auto n = torch::arange(rows, torch::kDouble).unsqueeze(1);
-  auto x = torch::sin(0.1 * (step * 1000 + n * 7 + torch::arange(6, torch::kDouble).unsqueeze(0) * 3)).to(torch::kFloat);
-  auto y = torch::cos(0.05 * (step * 500 + n * 5 + torch::arange(3, torch::kDouble).unsqueeze(0))).to(torch::kFloat);
-  return {x, y};
-}
-
 // One case: the final parameters and float buffers, and a line per step
 // ("<step> <scale> <growth tracker> <stepped>") when it has a scaler.
 std::pair<std::string, std::string> run_amp_case(const AmpCase& c, std::shared_ptr<ProcessGroup> pg) {
@@ -77,7 +70,7 @@ std::pair<std::string, std::string> run_amp_case(const AmpCase& c, std::shared_p
   log << std::setprecision(17);
   for (int step = 0; step < 30; ++step) {
     opt.zero_grad();
-    auto [x, y] = amp_batch(step, per_rank * world);
+    auto [x, y] = parity_batch(step, per_rank * world);
     torch::Tensor loss;
     {
       ddp::Autocast autocast(torch::kCPU, torch::kBFloat16, c.autocast);

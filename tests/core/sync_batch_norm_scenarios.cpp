@@ -22,6 +22,16 @@ std::vector<int64_t> batch_sizes(const Flags& flags, int world) {
   return sizes;
 }
 
+// This rank's first row in the concatenated batch, and the batch's rows.
+std::pair<int64_t, int64_t> offset_and_total(const std::vector<int64_t>& sizes, int rank) {
+  int64_t total = 0, offset = 0;
+  for (int r = 0; r < static_cast<int>(sizes.size()); ++r) {
+    if (r == rank) offset = total;
+    total += sizes[r];
+  }
+  return {offset, total};
+}
+
 // max |a - b| / max |b|: the error relative to the reference's scale, or
 // to `floor` where that is smaller (a gradient that is 0 up to rounding).
 double rel_error(const torch::Tensor& a, const torch::Tensor& b, double floor = 1e-30) {
@@ -78,11 +88,8 @@ struct Worst {
 int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const int rank = pg->rank(), world = pg->size();
   const auto sizes = batch_sizes(flags, world);
-  int64_t total = 0, offset = 0;
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) offset = total;
-    total += sizes[r];
-  }
+  const auto span = offset_and_total(sizes, rank);
+  const int64_t offset = span.first, total = span.second;
   const int64_t rows = sizes[rank], channels = 3;
   auto counting = std::make_shared<CountingProcessGroup>(pg);
   std::vector<Case> cases;
@@ -205,11 +212,8 @@ TORCH_MODULE(ConvNet);
 int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const int rank = pg->rank(), world = pg->size();
   const auto sizes = batch_sizes(flags, world);
-  int64_t total = 0, offset = 0;
-  for (int r = 0; r < world; ++r) {
-    if (r == rank) offset = total;
-    total += sizes[r];
-  }
+  const auto span = offset_and_total(sizes, rank);
+  const int64_t offset = span.first, total = span.second;
   const int64_t rows = sizes[rank];
   auto counting = std::make_shared<CountingProcessGroup>(pg);
   torch::manual_seed(3);

@@ -207,6 +207,9 @@ int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
 
 // join_scenarios.cpp: ddp::Join on uneven inputs (pytorch_join_parity.py's models).
 int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+// parity_scenario.cpp's data, shared with the other PyTorch-parity scenarios:
+// step `step`'s global batch of `rows` (x: 6 features, y: 3 targets, float).
+std::pair<torch::Tensor, torch::Tensor> parity_batch(int step, int rows);
 // amp_scenarios.cpp: ddp::Autocast and ddp::GradScaler under DDP, against pytorch_amp_parity.py.
 int scenario_amp_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
