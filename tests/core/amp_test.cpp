@@ -59,6 +59,19 @@ TEST(Autocast, RunsLinearInBfloat16OnCpuAndRestoresTheThreadsStateWhenNested) {
   EXPECT_EQ(ddp::amp_dtype(torch::Device(torch::kCUDA, 0)), torch::kHalf);
 }
 
+// The CUDA switches are thread-local flags too: set and restored without a
+// GPU, and CPU operations keep float32 inside a CUDA region.
+TEST(Autocast, ACudaRegionSetsOnlyTheCudaSwitchAndRestoresIt) {
+  EXPECT_FALSE(ddp::autocast_enabled(torch::kCUDA));
+  {
+    ddp::Autocast cuda(torch::kCUDA);
+    EXPECT_TRUE(ddp::autocast_enabled(torch::kCUDA));
+    EXPECT_FALSE(ddp::autocast_enabled(torch::kCPU));
+    EXPECT_EQ(torch::nn::Linear(4, 2)(torch::randn({3, 4})).scalar_type(), torch::kFloat);
+  }
+  EXPECT_FALSE(ddp::autocast_enabled(torch::kCUDA));
+}
+
 TEST(Autocast, GradientsOfFloat32ParametersStayFloat32) {
   auto linear = torch::nn::Linear(4, 2);
   torch::Tensor loss;
