@@ -15,10 +15,11 @@ namespace ddp {
 
 namespace {
 
-void check_supported(c10::DeviceType type, c10::ScalarType dtype) {
+void check_supported(c10::DeviceType type, c10::ScalarType dtype, bool enabled) {
   if (type != c10::DeviceType::CPU && type != c10::DeviceType::CUDA)
     throw UsageError("ddp::Autocast: device type " + c10::DeviceTypeName(type) +
                      " is not supported; use torch::kCPU or torch::kCUDA");
+  if (!enabled) return;  // a region with autocast off casts nothing: any dtype will do, as in PyTorch
   if (dtype != c10::ScalarType::BFloat16 && dtype != c10::ScalarType::Half)
     throw UsageError(std::string("ddp::Autocast: dtype ") + c10::toString(dtype) +
                      " is not a lower precision autocast can use; use torch::kBFloat16 or torch::kHalf");
@@ -34,14 +35,17 @@ void check_supported(c10::DeviceType type, c10::ScalarType dtype) {
 Autocast::Autocast(c10::DeviceType device_type, std::optional<c10::ScalarType> dtype, bool enabled,
                    std::optional<bool> cache_enabled)
     : device_type_(device_type) {
-  const auto fast = dtype.value_or(device_type == c10::DeviceType::CUDA ? c10::ScalarType::Half
-                                                                         : c10::ScalarType::BFloat16);
-  check_supported(device_type, fast);
+  // No dtype: the thread's current one, as torch.autocast (float16 on CUDA
+  // and bfloat16 on CPU unless an outer region or the program changed it).
+  const auto fast = dtype.value_or(compat::autocast_dtype(device_type));
+  check_supported(device_type, fast, enabled);
   prev_enabled_ = compat::autocast_enabled(device_type);
   prev_dtype_ = compat::autocast_dtype(device_type);
   prev_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
   compat::set_autocast_enabled(device_type, enabled);
-  compat::set_autocast_dtype(device_type, fast);
+  // A region with autocast off keeps the thread's dtype: LibTorch refuses to
+  // set one it cannot use, and nothing is cast there.
+  if (enabled) compat::set_autocast_dtype(device_type, fast);
   at::autocast::increment_nesting();
   if (cache_enabled) at::autocast::set_autocast_cache_enabled(*cache_enabled);
 }
@@ -59,5 +63,6 @@ c10::ScalarType amp_dtype(const c10::Device& device) {
 }
 
 bool autocast_enabled(c10::DeviceType device_type) { return compat::autocast_enabled(device_type); }
+c10::ScalarType autocast_dtype(c10::DeviceType device_type) { return compat::autocast_dtype(device_type); }
 
 }  // namespace ddp

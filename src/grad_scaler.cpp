@@ -89,13 +89,16 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   const float inv = inv_scale.item<float>();
   auto found_inf = torch::zeros({1}, scale_.options().dtype(torch::kFloat));
   torch::NoGradGuard no_grad;
+  // Refused before any gradient is touched, as PyTorch.
+  for (auto& group : optimizer.param_groups())
+    for (auto& p : group.params())
+      if (p.grad().defined() && p.grad().scalar_type() == torch::kHalf)
+        throw UsageError(who(pg_) + ": attempting to unscale float16 gradients: keep the parameters float32 "
+                         "(autocast casts them for the operations that need it) so their gradients are float32");
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       auto& grad = p.mutable_grad();
       if (!grad.defined()) continue;
-      if (grad.scalar_type() == torch::kHalf)
-        throw UsageError(who(pg_) + ": attempting to unscale float16 gradients: keep the parameters float32 "
-                         "(autocast casts them for the operations that need it) so their gradients are float32");
       if (grad.is_sparse()) {
         auto values = grad._values();
         check_and_unscale(values, found_inf, inv_scale, inv);
@@ -214,10 +217,14 @@ void GradScaler::load_state_dict(const std::optional<GradScalerState>& state) {
   if (!state)
     throw UsageError(who(pg_) + ": the state to load is empty, possibly because it was saved from a disabled "
                      "GradScaler (a run without float16 mixed precision)");
+  // A scale that backed off to 0 (a run whose every step overflowed) is a
+  // state PyTorch saves and loads too; only a negative or non-finite one is wrong.
+  if (!(state->scale >= 0) || !std::isfinite(state->scale))
+    throw UsageError(who(pg_) + ": the scale to load must be a finite number >= 0, not " + std::to_string(state->scale));
   auto o = options_;
-  o.init_scale(state->scale).growth_factor(state->growth_factor).backoff_factor(state->backoff_factor)
-      .growth_interval(state->growth_interval);
+  o.growth_factor(state->growth_factor).backoff_factor(state->backoff_factor).growth_interval(state->growth_interval);
   check_options(o, who(pg_));
+  o.init_scale(state->scale);
   if (state->growth_tracker < 0 || state->growth_tracker > INT32_MAX)
     throw UsageError(who(pg_) + ": growth tracker " + std::to_string(state->growth_tracker) + " is out of range");
   options_ = o;

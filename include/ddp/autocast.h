@@ -26,13 +26,14 @@ namespace ddp {
 
 class Autocast {
  public:
-  // `dtype`: the lower precision; none means PyTorch's default for the
-  // device (bfloat16 on CPU, float16 on CUDA). `enabled` false turns autocast
+  // `dtype`: the lower precision; none means the thread's current one for
+  // the device, as PyTorch (bfloat16 on CPU, float16 on CUDA unless an outer
+  // region set another). `enabled` false turns autocast
   // off inside the region (also when an outer region turned it on).
   // `cache_enabled`: keep the lower-precision copies of parameters for the
   // region (none: leave the thread's setting, on by default).
-  // Throws ddp::UsageError for a device type autocast does not support, or a
-  // dtype it does not support there (LibTorch 1.13's CPU autocast supports
+  // Throws ddp::UsageError for a device type autocast does not support, or
+  // (when enabled) a dtype it does not support there (LibTorch 1.13's CPU autocast supports
   // bfloat16 only; PyTorch warns and disables, we refuse).
   explicit Autocast(c10::DeviceType device_type, std::optional<c10::ScalarType> dtype = std::nullopt,
                     bool enabled = true, std::optional<bool> cache_enabled = std::nullopt);
@@ -51,7 +52,9 @@ class Autocast {
 // CPU, float16 on CUDA (with a ddp::GradScaler, ddp/grad_scaler.h).
 c10::ScalarType amp_dtype(const c10::Device& device);
 
-// Whether autocast is on for `device_type` in this thread.
+// Whether autocast is on for `device_type` in this thread, and the lower
+// precision it casts to there.
 bool autocast_enabled(c10::DeviceType device_type);
+c10::ScalarType autocast_dtype(c10::DeviceType device_type);
 
 }  // namespace ddp

@@ -128,17 +128,27 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
   // A ZeRO optimizer holds a share of the state on each rank: gather it on
   // rank 0 first (collective, as this function is). Consolidation is a
   // snapshot beside the shards and leaves them as they are.
-  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer))
-    const_cast<ZeroRedundancyOptimizer*>(zero)->consolidate_state_dict(0);
+  // A failure after its collectives (rank 0 alone builds the whole state)
+  // becomes rank 0's verdict below, so that no rank waits for the others.
+  std::string error;
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
+    try {
+      const_cast<ZeroRedundancyOptimizer*>(zero)->consolidate_state_dict(0);
+    } catch (const CommError&) {
+      throw;  // a collective failed: every rank learns it from its own
+    } catch (const std::exception& e) {
+      error = std::string("consolidating the ZeRO optimizer's state: ") + e.what();
+    }
+  }
   // Every rank's generator: ranks may draw different random numbers (dropout).
   auto rng = cpu_rng_state();
   auto all_rng = pg.allgather(rng.to(pg.device()));
   if (pg.rank() != 0) {
     share_verdict(pg, true, "to write the checkpoint " + path);
+    if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": " + error);
     return;
   }
-  std::string error;
-  try {
+  if (error.empty()) try {
     std::ostringstream optimizer_bytes;
     torch::serialize::OutputArchive archive;
     optimizer.save(archive);

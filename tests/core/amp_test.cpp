@@ -72,6 +72,19 @@ TEST(Autocast, ACudaRegionSetsOnlyTheCudaSwitchAndRestoresIt) {
   EXPECT_FALSE(ddp::autocast_enabled(torch::kCUDA));
 }
 
+// As torch.autocast: no dtype means the thread's current one (an outer
+// region's), and a region with autocast off takes any dtype.
+TEST(Autocast, NoDtypeKeepsTheThreadsAndADisabledRegionTakesAnyDtype) {
+  EXPECT_EQ(ddp::autocast_dtype(torch::kCUDA), torch::kHalf);
+  {
+    ddp::Autocast outer(torch::kCUDA, torch::kBFloat16);
+    ddp::Autocast inner(torch::kCUDA);
+    EXPECT_EQ(ddp::autocast_dtype(torch::kCUDA), torch::kBFloat16);
+  }
+  EXPECT_EQ(ddp::autocast_dtype(torch::kCUDA), torch::kHalf);
+  EXPECT_NO_THROW(ddp::Autocast(torch::kCPU, torch::kFloat, /*enabled=*/false));
+}
+
 TEST(Autocast, GradientsOfFloat32ParametersStayFloat32) {
   auto linear = torch::nn::Linear(4, 2);
   torch::Tensor loss;
@@ -170,6 +183,12 @@ TEST(GradScaler, Float16GradientsAreRefused) {
   scaler.scale(torch::tensor(1.0f));
   w.mutable_grad() = torch::ones({2}, torch::kHalf);
   EXPECT_THROW(scaler.unscale_(opt), ddp::UsageError);
+  // Refused before any gradient is unscaled: a float32 one listed first keeps its value.
+  auto f = torch::ones({2}, torch::requires_grad());
+  f.mutable_grad() = torch::full({2}, 8.0f);
+  torch::optim::SGD both({f, w}, torch::optim::SGDOptions(0.1));
+  EXPECT_THROW(scaler.unscale_(both), ddp::UsageError);
+  EXPECT_EQ(f.grad()[0].item<float>(), 8.0f);
 }
 
 TEST(GradScaler, DisabledPassesThroughAndHasNoState) {
@@ -209,6 +228,13 @@ TEST(GradScaler, StateDictRoundTripsAndEmptyStateIsRefused) {
   auto bad = *s;
   bad.backoff_factor = 2;
   EXPECT_THROW(b.load_state_dict(bad), ddp::UsageError);
+  bad = *s;
+  bad.scale = -1;
+  EXPECT_THROW(b.load_state_dict(bad), ddp::UsageError);
+  auto underflowed = *s;  // every step overflowed until the scale reached 0: PyTorch saves and loads that
+  underflowed.scale = 0;
+  EXPECT_NO_THROW(b.load_state_dict(underflowed));
+  EXPECT_EQ(b.get_scale(), 0.0);
 }
 
 // Our DDP with ddp::Autocast and ddp::GradScaler, and PyTorch's DDP with
