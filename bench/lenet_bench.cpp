@@ -62,8 +62,8 @@
 #include <vector>
 
 #include "ddp/ddp.h"
-#include "ddp/default_hooks.h"
-#include "ddp/powersgd_hook.h"
+#include "ddp/parallel/default_hooks.h"
+#include "ddp/parallel/powersgd_hook.h"
 #include "models.h"
 #include "rss.h"
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "ddp/malloc_tuning.h"
+#include "ddp/runtime/malloc_tuning.h"
 #include <torch/torch.h>
 
 int main(int argc, char** argv) {

@@ -17,9 +17,11 @@ figure the issue measured) and checks the goals:
 Modes: local, ddp, ddp_no_retain (DDPOptions::retain_step_memory(false):
 the slow regime's cause, glibc returning every step's heap), sync_only (the
 ranks meet once per step and exchange no gradients), ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
-loop under SCHED_IDLE, see src/comm_threads.h), ddp_timeline (DDP_TIMELINE set:
+loop under SCHED_IDLE, see src/comm/comm_threads.h), ddp_timeline (DDP_TIMELINE set:
 the timeline's cost, with --model mlp100 for a large model), pytorch_ddp, pytorch_local
-(see run_lenet_bench.py).
+(see run_lenet_bench.py), ddp_baseline (ddp from --baseline-bin, another build,
+interleaved: what a change costs):
+  /usr/bin/python3 bench/run_small_model_bench.py --modes local,ddp,ddp_baseline --baseline-bin OLD/ddp_bench_lenet
 """
 import argparse
 import csv
@@ -35,7 +37,7 @@ MODES = {
     "local": ("cpp", ["--mode", "local"]),
     "ddp": ("cpp", ["--mode", "ddp"]),
     # libddp before the fix: glibc returns the step's heap every step
-    # (DDPOptions::retain_step_memory(false), ddp/malloc_tuning.h)
+    # (DDPOptions::retain_step_memory(false), ddp/runtime/malloc_tuning.h)
     "ddp_no_retain": ("cpp", ["--mode", "ddp", "--retain-step-memory", "0"]),
     # libddp with Gloo's event loop under SCHED_IDLE (DDP_GLOO_LOOP_POLICY=idle)
     "ddp_loop_idle": ("cpp", ["--mode", "ddp"]),
@@ -45,6 +47,9 @@ MODES = {
     # the ranks meet once per step (a one-float all-reduce) and exchange no
     # gradients: the ceiling of any transport for a synchronous step
     "sync_only": ("cpp", ["--mode", "sync_only"]),
+    # the same as ddp, from the binary given with --baseline-bin (an older
+    # build: a change's cost, measured interleaved with it)
+    "ddp_baseline": ("cpp", ["--mode", "ddp"]),
     "pytorch_ddp": ("py", ["--mode", "ddp"]),
     "pytorch_local": ("py", ["--mode", "local"]),
 }
@@ -56,6 +61,7 @@ FIELDS = ["round", "label", "impl", "mode", "model", "rank", "world", "batch", "
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", help="ddp_bench_lenet (default: build-bench/ or build/ under the repo)")
+    ap.add_argument("--baseline-bin", help="ddp_bench_lenet of another build, for the ddp_baseline mode")
     ap.add_argument("--python", default="/usr/bin/python3", help="a Python with torch")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--iters", type=int, default=60)
@@ -75,7 +81,11 @@ def main():
     ap.add_argument("--out", default=os.path.join(lb.HERE, "results", "small_model.csv"))
     args = ap.parse_args()
     args.bin = lb.find_binary(args.bin)
+    if args.modes == ",".join(MODES):
+        args.modes = ",".join(m for m in MODES if m != "ddp_baseline" or args.baseline_bin)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "ddp_baseline" in modes and not args.baseline_bin:
+        sys.exit("the ddp_baseline mode needs --baseline-bin")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         sys.exit(f"unknown mode(s) {unknown}; known: {list(MODES)}")
@@ -100,9 +110,13 @@ def main():
                 trace_dir = tempfile.mkdtemp(prefix="ddp_bench_timeline_") if m == "ddp_timeline" else None
                 if trace_dir:
                     os.environ["DDP_TIMELINE"] = os.path.join(trace_dir, "trace.json")
+                own_bin = args.bin
+                if m == "ddp_baseline":
+                    args.bin = args.baseline_bin
                 try:
                     res = lb.run_mode(args, impl, flags, common, args.world, m)
                 finally:
+                    args.bin = own_bin
                     os.environ.pop("DDP_GLOO_LOOP_POLICY", None)
                     os.environ.pop("DDP_TIMELINE", None)
                     if trace_dir:
@@ -138,6 +152,11 @@ def main():
         ok = stats["ddp"][0] >= stats["pytorch_ddp"][1]
         goals.append(f"libddp's slowest run {stats['ddp'][0]:.1f} >= PyTorch DDP's median "
                      f"{stats['pytorch_ddp'][1]:.1f}: {'met' if ok else 'MISSED'}")
+    if "ddp" in stats and "ddp_baseline" in stats:
+        rr = [a[0]["it_s"] / b[0]["it_s"] for a, b in zip(runs["ddp"], runs["ddp_baseline"])]
+        goals.append(f"libddp / the baseline build ({args.baseline_bin}), per round: "
+                     f"{' '.join('%.3f' % x for x in rr)} (min {min(rr):.3f}, median {statistics.median(rr):.3f}, "
+                     f"max {max(rr):.3f})")
     if "ddp" in stats and "ddp_loop_idle" in stats:
         goals.append(f"libddp's median with the idle loop / with Gloo's default loop = "
                      f"{stats['ddp_loop_idle'][1] / stats['ddp'][1]:.3f}")

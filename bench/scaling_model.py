@@ -250,7 +250,7 @@ def param_order(key, order="ready"):
 
 def buckets_for(key, cap_mb=25.0, first_mb=1.0, order="ready"):
     """DDP's buckets after the rebuild (PyTorch 1.13 and libddp alike,
-    src/bucket_assignment.cpp): parameters in ready order, a bucket closes at
+    src/parallel/reducer/bucket_assignment.cpp): parameters in ready order, a bucket closes at
     the first parameter that brings it to its cap; the first cap is first_mb.
     Caps in MiB, as both libraries mean them. Returns a list of lists of
     indices into the layout, in launch order."""

@@ -1,11 +1,11 @@
-// Fuzzes the Slurm host list expansion (src/hostlist.cpp): the bytes are a
+// Fuzzes the Slurm host list expansion (src/runtime/hostlist.cpp): the bytes are a
 // SLURM_JOB_NODELIST value. A malformed one must be a ddp::LaunchEnvError;
 // anything else (a crash, another exception, gigabytes of host names) is a
 // finding. Run: fuzz/README.md.
 #include <string>
 
 #include "ddp/errors.h"
-#include "ddp/hostlist.h"
+#include "ddp/runtime/hostlist.h"
 #include "fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,4 @@
-// Fuzzes the launch environment (src/launch_env.cpp): the bytes are
+// Fuzzes the launch environment (src/runtime/launch_env.cpp): the bytes are
 // environment lines NAME=VALUE (torchrun's, Slurm's, Open MPI's, PMI's
 // variables), read through LaunchEnv::from_lookup as a worker reads its
 // own environment. A bad value must be a ddp::LaunchEnvError; anything else
@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "ddp/launch_env.h"
+#include "ddp/runtime/launch_env.h"
 #include "fuzz_input.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

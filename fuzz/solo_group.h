@@ -3,7 +3,7 @@
 // its input.
 #pragma once
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp::fuzz {
 

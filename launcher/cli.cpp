@@ -12,11 +12,11 @@
 #include <filesystem>
 #include <sstream>
 
-#include "ddp/hostlist.h"
-#include "ddp/launch_env.h"
+#include "ddp/runtime/hostlist.h"
+#include "ddp/runtime/launch_env.h"
 #include "errors.h"
 #include "gpus.h"
-#include "parse_number.h"
+#include "runtime/parse_number.h"
 #include "python.h"
 #include "slurm_step.h"
 
@@ -417,7 +417,7 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
       taken.push_back("--master-addr " + master_addr + " (first host of " + nodelist_var + ")");
     }
     // Jobs sharing a node must not meet on 29500: the port comes from the
-    // job and step, as the library's own default does (ddp/launch_env.h).
+    // job and step, as the library's own default does (ddp/runtime/launch_env.h).
     const std::string job_id = ddp::slurm_job_id(ddp::LaunchEnv::process_environment);
     if (!job_id.empty() && !given("master-port") && !given("rdzv-endpoint")) {
       master_port_default = ddp::default_port_for_job(job_id);

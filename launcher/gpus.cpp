@@ -9,7 +9,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "parse_number.h"
+#include "runtime/parse_number.h"
 
 namespace ddprun {
 namespace {

@@ -13,8 +13,8 @@
 #include "errors.h"
 #include "net.h"
 #include "output.h"
-#include "parse_number.h"
-#include "store_bind.h"
+#include "runtime/parse_number.h"
+#include "comm/store_bind.h"
 #include "wait.h"
 
 namespace ddprun {

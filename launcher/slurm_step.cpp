@@ -4,7 +4,7 @@
 #include <string>
 
 #include "errors.h"
-#include "parse_number.h"
+#include "runtime/parse_number.h"
 
 namespace ddprun {
 

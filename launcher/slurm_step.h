@@ -4,7 +4,7 @@
 // ddprun of such a step refuses at once, saying how to start it instead.
 #pragma once
 
-#include "ddp/launch_env.h"
+#include "ddp/runtime/launch_env.h"
 
 namespace ddprun {
 

@@ -4,23 +4,34 @@
 // (datasets, checkpoints, run folders, options) is <ddp/train.h>.
 #pragma once
 
-#include "ddp/autocast.h"
-#include "ddp/comm_hook.h"
-#include "ddp/ddp_options.h"
-#include "ddp/default_hooks.h"
-#include "ddp/distributed_data_parallel.h"
-#include "ddp/distributed_sampler.h"
 #include "ddp/errors.h"
-#include "ddp/grad_scaler.h"
-#include "ddp/hostlist.h"
-#include "ddp/join.h"
-#include "ddp/launch_env.h"
-#include "ddp/main_guard.h"
-#include "ddp/malloc_tuning.h"
-#include "ddp/object_collectives.h"
-#include "ddp/powersgd_hook.h"
-#include "ddp/process_group.h"
-#include "ddp/reducer.h"
-#include "ddp/sync_batch_norm.h"
-#include "ddp/timeline.h"
-#include "ddp/zero_redundancy_optimizer.h"
+
+// comm/: process groups and collectives
+#include "ddp/comm/object_collectives.h"
+#include "ddp/comm/process_group.h"
+
+// parallel/: DistributedDataParallel, its reducer, hooks, Join, the sampler
+#include "ddp/parallel/comm_hook.h"
+#include "ddp/parallel/ddp_options.h"
+#include "ddp/parallel/default_hooks.h"
+#include "ddp/parallel/distributed_data_parallel.h"
+#include "ddp/parallel/distributed_sampler.h"
+#include "ddp/parallel/join.h"
+#include "ddp/parallel/powersgd_hook.h"
+#include "ddp/parallel/reducer.h"
+
+// observe/: timeline, logging data
+#include "ddp/observe/logging_data.h"
+#include "ddp/observe/timeline.h"
+
+// nn/, optim/, amp/: built on the process group
+#include "ddp/amp/autocast.h"
+#include "ddp/amp/grad_scaler.h"
+#include "ddp/nn/sync_batch_norm.h"
+#include "ddp/optim/zero_redundancy_optimizer.h"
+
+// runtime/: the process's start
+#include "ddp/runtime/hostlist.h"
+#include "ddp/runtime/launch_env.h"
+#include "ddp/runtime/main_guard.h"
+#include "ddp/runtime/malloc_tuning.h"

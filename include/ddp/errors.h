@@ -41,7 +41,7 @@ class CommError : public Error {
 };
 
 // ddp::Join with throw_on_early_termination: a rank ran out of inputs, and
-// every rank stops (ddp/join.h). As PyTorch's RuntimeError there.
+// every rank stops (ddp/parallel/join.h). As PyTorch's RuntimeError there.
 class UnevenInputsError : public Error {
  public:
   using Error::Error;

@@ -1,12 +1,12 @@
 #include "ddp/train/checkpoint.h"
 
 #include "atomic_file.h"
-#include "ddp/object_collectives.h"
+#include "ddp/comm/object_collectives.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
-#include "ddp/zero_redundancy_optimizer.h"
-#include "parse_number.h"
+#include "ddp/optim/zero_redundancy_optimizer.h"
+#include "runtime/parse_number.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"
 

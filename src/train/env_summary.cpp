@@ -8,8 +8,8 @@
 #include <sstream>
 #include <vector>
 
-#include "ddp/launch_env.h"
-#include "ddp/object_collectives.h"
+#include "ddp/runtime/launch_env.h"
+#include "ddp/comm/object_collectives.h"
 
 #ifdef DDP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>

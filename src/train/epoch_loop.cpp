@@ -7,7 +7,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "ddp/object_collectives.h"
+#include "ddp/comm/object_collectives.h"
 
 namespace ddp {
 

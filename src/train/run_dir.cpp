@@ -1,6 +1,6 @@
 #include "ddp/train/run_dir.h"
 
-#include "parse_number.h"
+#include "runtime/parse_number.h"
 
 #include <unistd.h>
 

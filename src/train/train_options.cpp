@@ -1,6 +1,6 @@
 #include "ddp/train/train_options.h"
 
-#include "parse_number.h"
+#include "runtime/parse_number.h"
 
 #include <cmath>
 #include <cstdlib>

@@ -12,9 +12,9 @@
 #include <filesystem>
 #include <limits>
 
-#include "ddp/autocast.h"
+#include "ddp/amp/autocast.h"
 #include "ddp/errors.h"
-#include "ddp/grad_scaler.h"
+#include "ddp/amp/grad_scaler.h"
 #include "multiprocess.h"
 #include "parity_compare.h"
 

@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "ddp/reducer.h"
+#include "ddp/parallel/reducer.h"
 
 using Buckets = std::vector<std::vector<size_t>>;
 

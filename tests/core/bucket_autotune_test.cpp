@@ -2,7 +2,7 @@
 // visits, the warm-up steps, and that the slowest rank's medians decide.
 #include <gtest/gtest.h>
 
-#include "bucket_autotune.h"
+#include "parallel/reducer/bucket_autotune.h"
 
 namespace {
 

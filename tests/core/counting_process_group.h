@@ -3,7 +3,7 @@
 
 #include <atomic>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp::testing {
 

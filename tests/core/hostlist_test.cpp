@@ -1,4 +1,4 @@
-#include "ddp/hostlist.h"
+#include "ddp/runtime/hostlist.h"
 #include "ddp/errors.h"
 
 #include <gtest/gtest.h>

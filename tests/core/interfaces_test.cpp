@@ -1,6 +1,6 @@
 // The choice of the subnet through which an mpirun job without MASTER_ADDR
-// reaches rank 0 (src/interfaces.h).
-#include "interfaces.h"
+// reaches rank 0 (src/comm/interfaces.h).
+#include "comm/interfaces.h"
 
 #include <gtest/gtest.h>
 

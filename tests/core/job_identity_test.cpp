@@ -7,8 +7,8 @@
 #include <future>
 #include <string>
 
-#include "ddp/launch_env.h"
-#include "ddp/process_group.h"
+#include "ddp/runtime/launch_env.h"
+#include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 
 namespace {

@@ -1,5 +1,5 @@
-#include "ddp/launch_env.h"
-#include "ddp/process_group.h"  // mpi_library_version
+#include "ddp/runtime/launch_env.h"
+#include "ddp/comm/process_group.h"  // mpi_library_version
 
 #include <gtest/gtest.h>
 

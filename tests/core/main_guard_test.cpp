@@ -1,7 +1,7 @@
 // guarded_main and record_error: the error file a launcher reads
 // (TORCHELASTIC_ERROR_FILE) in torchrun's JSON shape, written atomically,
 // and never a reason for the failing program to fail differently.
-#include "ddp/main_guard.h"
+#include "ddp/runtime/main_guard.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

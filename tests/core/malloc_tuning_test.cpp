@@ -12,7 +12,7 @@
 #include <functional>
 #include <vector>
 
-#include "ddp/malloc_tuning.h"
+#include "ddp/runtime/malloc_tuning.h"
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -167,7 +167,7 @@ TEST(MallocTuning, FreedLargeBlocksKeepGoingBackToTheSystem) {
   // size, so the next such block comes from the heap and stays resident.
   const int by_default = in_child([] { return second_block_is_mmapped(kBlock); });
   if (by_default == kCannotTell) GTEST_SKIP() << "the heap already had 24 MiB free";
-  EXPECT_EQ(by_default, 0) << "glibc no longer raises its mmap threshold on free; ddp/malloc_tuning.h's reason is gone";
+  EXPECT_EQ(by_default, 0) << "glibc no longer raises its mmap threshold on free; ddp/runtime/malloc_tuning.h's reason is gone";
   // With the thresholds fixed at 2 MiB, it is mmap()ed every time.
   const int fixed = in_child([] {
     if (!ddp::fix_malloc_thresholds(2.0).applied) return 2;
@@ -189,7 +189,7 @@ TEST(MallocTuning, RetainStepMemoryKeepsAStepInTheHeap) {
   // glibc's default: the freed step leaves the heap's top above the trim
   // threshold (twice the largest freed block), so each step faults it in.
   const int by_default = in_child([] { return faults_per_step(kBlocks) > 1000 ? 0 : 1; });
-  EXPECT_EQ(by_default, 0) << "glibc no longer returns a freed step's heap; ddp/malloc_tuning.h's reason is gone";
+  EXPECT_EQ(by_default, 0) << "glibc no longer returns a freed step's heap; ddp/runtime/malloc_tuning.h's reason is gone";
   const int retained = in_child([] {
     const auto r = ddp::retain_step_memory(std::size_t{kBlocks} << 20);
     if (!r.applied || r.threshold < (std::size_t{31} << 20)) return 2;

@@ -5,8 +5,8 @@
 
 #include <map>
 
-#include "ddp/launch_env.h"
-#include "ddp/process_group.h"
+#include "ddp/runtime/launch_env.h"
+#include "ddp/comm/process_group.h"
 
 namespace {
 bool with_mpi() { return !ddp::mpi_library_version().empty(); }

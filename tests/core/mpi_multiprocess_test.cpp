@@ -6,7 +6,7 @@
 
 #include <tuple>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 
 using namespace ddp::testing;

@@ -11,7 +11,7 @@
 
 #include <random>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 
 using namespace ddp::testing;

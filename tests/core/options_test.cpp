@@ -2,8 +2,8 @@
 // ddp::UsageError, before any process group or collective exists.
 #include <gtest/gtest.h>
 
-#include "ddp/ddp_options.h"
-#include "ddp/process_group.h"
+#include "ddp/parallel/ddp_options.h"
+#include "ddp/comm/process_group.h"
 
 TEST(DistributedDataParallelOptions, ZeroOrNegativeBucketIsAUsageErrorWhereItIsSet) {
   EXPECT_THROW(ddp::DistributedDataParallelOptions().bucket_cap_mb(0), ddp::UsageError);

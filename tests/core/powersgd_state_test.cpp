@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "ddp/powersgd_hook.h"
+#include "ddp/parallel/powersgd_hook.h"
 
 using ddp::hooks::PowerSGDOptions;
 using ddp::hooks::PowerSGDState;

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <iomanip>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 #include "parity_compare.h"
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "ddp/errors.h"
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 // ranks included, and under DDP with several buckets.
 #include <gtest/gtest.h>
 
-#include "ddp/sync_batch_norm.h"
+#include "ddp/nn/sync_batch_norm.h"
 #include "multiprocess.h"
 
 using namespace ddp::testing;

@@ -10,7 +10,7 @@
 
 #include <filesystem>
 
-#include "ddp/zero_redundancy_optimizer.h"
+#include "ddp/optim/zero_redundancy_optimizer.h"
 #include "multiprocess.h"
 #include "parity_compare.h"
 

@@ -5,7 +5,7 @@
 #include <set>
 #include <sstream>
 
-#include "ddp/distributed_sampler.h"
+#include "ddp/parallel/distributed_sampler.h"
 
 namespace {
 

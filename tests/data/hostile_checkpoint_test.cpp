@@ -15,7 +15,7 @@
 #include <iterator>
 
 #include "../core/multiprocess.h"
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/state_dict.h"
 #include "idx_fixture.h"

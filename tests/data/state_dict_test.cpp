@@ -9,7 +9,7 @@
 
 #include "../core/multiprocess.h"
 #include "ddp/train/checkpoint.h"
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/train/state_dict.h"
 #include "idx_fixture.h"
 

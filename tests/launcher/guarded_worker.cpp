@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "ddp/errors.h"
-#include "ddp/main_guard.h"
+#include "ddp/runtime/main_guard.h"
 
 int main(int argc, char** argv) {
   const int fail_rank = argc > 1 ? std::atoi(argv[1]) : 0;

@@ -4,7 +4,7 @@
 // file DIR/go exists (at most 120 s). The store tests connect to the port in
 // the meantime.
 //   store_worker DIR
-#include <ddp/process_group.h>
+#include <ddp/comm/process_group.h>
 
 #include <chrono>
 #include <cstdio>

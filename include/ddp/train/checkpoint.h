@@ -29,8 +29,8 @@
 #include <map>
 #include <string>
 
-#include "ddp/grad_scaler.h"
-#include "ddp/process_group.h"
+#include "ddp/amp/grad_scaler.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/train/state_dict.h"
 
 namespace ddp {

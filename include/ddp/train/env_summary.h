@@ -9,7 +9,7 @@
 
 #include <string>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp {
 

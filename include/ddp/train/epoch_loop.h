@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
-#include "ddp/distributed_data_parallel.h"
-#include "ddp/distributed_sampler.h"
-#include "ddp/grad_scaler.h"
-#include "ddp/process_group.h"
+#include "ddp/parallel/distributed_data_parallel.h"
+#include "ddp/parallel/distributed_sampler.h"
+#include "ddp/amp/grad_scaler.h"
+#include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/evaluation.h"
 #include "ddp/train/preemption.h"

@@ -16,7 +16,7 @@
 
 #include <csignal>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp {
 

@@ -20,7 +20,7 @@
 #include <fstream>
 #include <string>
 
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp {
 

@@ -16,9 +16,9 @@
 #include <map>
 #include <string>
 
-#include "ddp/ddp_options.h"
+#include "ddp/parallel/ddp_options.h"
 #include "ddp/errors.h"
-#include "ddp/process_group.h"
+#include "ddp/comm/process_group.h"
 
 namespace ddp {
 

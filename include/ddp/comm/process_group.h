@@ -1,0 +1,113 @@
+// Joining the job: ddp::init_process_group() creates the rendezvous store and
+// a c10d backend (Gloo on CPUs, NCCL on GPUs) and returns a ProcessGroup, the
+// narrow collective interface the rest of libddp talks to.
+#pragma once
+
+#include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/errors.h"
+#include "ddp/runtime/launch_env.h"
+
+namespace ddp {
+
+// Handle to an asynchronous collective, as c10d's Work. wait() honours the
+// process group's timeout and throws CommError naming rank and operation.
+class Work {
+ public:
+  Work() = default;
+  Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank);
+  ~Work();
+  Work(Work&&) noexcept;
+  Work& operator=(Work&&) noexcept;
+  Work(const Work&);
+  Work& operator=(const Work&);
+
+  void wait();
+  bool valid() const { return static_cast<bool>(work_); }
+  // Runs `fn` on the backend's thread the moment the collective ends (at
+  // once if it has), where the backend can tell (Gloo, NCCL); false where it
+  // cannot (then the end is known only to wait()).
+  bool on_complete(std::function<void()> fn);
+  const std::string& op() const { return op_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string op_;
+  int rank_ = 0;
+};
+
+// The collectives libddp needs. Gloo, NCCL and MPI sit behind it; tests wrap
+// it to count what the reducer asked for.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend_name() const = 0;
+  // Where this rank's tensors live: cuda:LOCAL_RANK under NCCL, else CPU.
+  virtual torch::Device device() const = 0;
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // In place, summed over ranks.
+  virtual Work allreduce(at::Tensor& tensor) = 0;
+  virtual Work broadcast(at::Tensor& tensor, int root) = 0;
+  // Blocking: every rank's tensor (same shape on all ranks), in rank order.
+  virtual std::vector<at::Tensor> allgather(const at::Tensor& tensor) = 0;
+  virtual void barrier() = 0;
+  // The rendezvous store the group was made with, for notes that must not
+  // wait for a collective (the stall inspector); null where there is none.
+  virtual c10::intrusive_ptr<c10d::Store> store() const { return {}; }
+};
+
+struct ProcessGroupOptions {
+  // "auto" (NCCL when this worker has a GPU, else Gloo), "gloo", "nccl" or
+  // "mpi" (Open MPI, in builds where CMake found it; the process must be
+  // started by mpirun). Anything else is a UsageError here; an mpi group in
+  // a build or process without MPI is one in init_process_group.
+  ProcessGroupOptions& backend(std::string name);
+  const std::string& backend() const { return backend_; }
+  // Every blocking call (store, collectives, barrier) honours it; > 0.
+  // PyTorch's default, 30 minutes.
+  ProcessGroupOptions& timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  // "env://" (the launch environment), or "tcp://HOST:PORT" to override the
+  // master. Anything else is a UsageError here.
+  ProcessGroupOptions& init_method(std::string method);
+  const std::string& init_method() const { return init_method_; }
+
+ private:
+  std::string backend_ = "auto";
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  std::string init_method_ = "env://";
+};
+
+// Joins the job described by the environment (see LaunchEnv) and makes the
+// result the default group. Throws LaunchEnvError/CommError with the rank.
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options = {});
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env, const ProcessGroupOptions& options);
+
+// The group made by init_process_group; throws if there is none.
+std::shared_ptr<ProcessGroup> default_process_group();
+bool is_initialized();
+
+// Drops the default group. Backends shut down when the last handle goes.
+void destroy_process_group();
+
+// The MPI library the mpi backend is built on, as MPI_Get_library_version
+// names it ("Open MPI v4.1.4": its first line up to a comma), or "" in a
+// build without MPI. Needs no MPI_Init.
+std::string mpi_library_version();
+
+// "rank 3/4" for messages.
+std::string rank_tag(const ProcessGroup& pg);
+
+}  // namespace ddp

@@ -1,0 +1,139 @@
+// Options of DistributedDataParallel, named as PyTorch's constructor
+// arguments, in LibTorch's style (as Conv2dOptions, SGDOptions):
+//
+//   ddp::DistributedDataParallelOptions().bucket_cap_mb(25).find_unused_parameters(true)
+//
+// A value that cannot work (a bucket of 0 MiB) is a UsageError where it is
+// set, before any collective.
+#pragma once
+
+#include <torch/arg.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp/errors.h"
+
+namespace ddp {
+
+struct DistributedDataParallelOptions {
+  // Gradients are all-reduced in buckets that close once they hold this many
+  // MiB (a parameter is never split). As PyTorch 1.13, the first iteration
+  // uses one bucket per dtype unless find_unused_parameters is on; buckets
+  // are rebuilt in the real ready order after it. Must be > 0.
+  DistributedDataParallelOptions& bucket_cap_mb(double mb) {
+    bucket_cap_mb_ = positive_mb("bucket_cap_mb", mb);
+    bucket_cap_auto_ = false;
+    return *this;
+  }
+  double bucket_cap_mb() const { return bucket_cap_mb_; }
+  // "auto" (not in PyTorch; Horovod's autotune for its fusion buffer): once
+  // the buckets follow the real ready order, DDP tries each candidate cap
+  // (bucket_cap_candidates_mb, those that pack different buckets) for a few
+  // synchronised steps, keeps the one with the shortest backward plus
+  // exposed communication (the slowest rank's, agreed by one all-reduce), and
+  // uses it from then on (ReducerStats::bucket_cap_mb, bucket_cap_trials). A
+  // number as text is the same as bucket_cap_mb(number). Anything else is a
+  // UsageError.
+  DistributedDataParallelOptions& bucket_cap_mb(const std::string& value) {
+    if (value == "auto") {
+      bucket_cap_auto_ = true;
+      return *this;
+    }
+    size_t used = 0;
+    double mb = std::nan("");
+    try {
+      mb = std::stod(value, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != value.size())
+      throw UsageError("DistributedDataParallelOptions: bucket_cap_mb must be a positive number of MiB or \"auto\", got \"" +
+                       value + "\"");
+    bucket_cap_auto_ = false;
+    return bucket_cap_mb(mb);
+  }
+  bool bucket_cap_auto() const { return bucket_cap_auto_; }
+  // The caps "auto" tries, in MiB (positive; checked when the model is
+  // wrapped). Those that pack different buckets than an earlier one are
+  // visited in this order, then in reverse order; each visit runs
+  // kAutoBucketCapWarmupSteps steps that are not counted (none where the
+  // order turns), then kAutoBucketCapTimedSteps timed ones; a candidate's
+  // cost is the median of its timed steps. With the defaults and a model
+  // that fills them, 41 steps.
+  TORCH_ARG(std::vector<double>, bucket_cap_candidates_mb) = std::vector<double>{1, 2, 5, 10, 25, 50, 100};
+
+ public:
+  static constexpr int kAutoBucketCapWarmupSteps = 1;
+  static constexpr int kAutoBucketCapTimedSteps = 2;
+  // The first bucket (the last layers' gradients, ready first) is smaller so
+  // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
+  // Must be > 0.
+  DistributedDataParallelOptions& first_bucket_mb(double mb) {
+    first_bucket_mb_ = positive_mb("first_bucket_mb", mb);
+    return *this;
+  }
+  double first_bucket_mb() const { return first_bucket_mb_; }
+  // Before the first forward of each gradient-accumulation cycle, every rank
+  // takes rank 0's buffers (BatchNorm's running stats).
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Parameters outside this iteration's autograd graph count as ready with a
+  // zero gradient; costs a graph traversal and one small all-reduce a step.
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // The graph is the same every iteration (the same parameters get
+  // gradients, each as many times): as PyTorch's static_graph. The first
+  // synchronised iteration records which parameters get gradients and how
+  // often (a reentrant backward, as activation checkpointing runs, may
+  // deliver one parameter's gradient twice) and reduces everything after its
+  // backward; later iterations overlap as usual, find unused parameters
+  // without a graph search or a per-step collective, and may reuse a
+  // parameter in several reentrant backward passes. A graph that changes
+  // afterwards is a UsageError naming the parameter.
+  TORCH_ARG(bool, static_graph) = false;
+  // When this rank has waited this many seconds for a bucket's all-reduce,
+  // it prints which ranks have not launched the bucket and which parameters
+  // the bucket holds (Horovod's stall inspector); the process group's
+  // timeout still ends the job. 0 turns it off; kept below that timeout;
+  // DDP_STALL_CHECK_TIME_SECONDS overrides. Not in PyTorch.
+  TORCH_ARG(double, stall_check_seconds) = 60.0;
+  // .grad aliases the bucket storage: no copy in or out, and no second copy
+  // of every gradient in memory. On by default here (off in PyTorch) because
+  // it is faster and smaller; see docs/design.md.
+  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  // CPU models only, opt-in: fix glibc's malloc thresholds, once per process,
+  // so that freed gradient-sized temporaries leave RSS (ddp/runtime/malloc_tuning.h).
+  // 0 (the default): leave them to glibc; negative (-1, "auto"): at the
+  // largest gradient's size when that is at least 4 MiB, else leave them;
+  // positive: at this many MiB. It saves resident memory on models with large
+  // gradients and costs CPU on every step (docs/performance.md).
+  // DDP_MALLOC_MMAP_THRESHOLD_MB overrides this value, and any
+  // MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
+  // MALLOC_MMAP_MAX_ or glibc.malloc.* tunable in the environment wins over
+  // both. Not in PyTorch; see docs/design.md.
+  TORCH_ARG(double, malloc_mmap_threshold_mb) = 0.0;
+  // CPU models only: after the first forward that builds a graph, let glibc
+  // keep one step's memory between steps instead of returning it and
+  // faulting it back in on every step, when that forward keeps at most
+  // 32 MiB alive and the largest gradient is under 4 MiB
+  // (ddp::retain_step_memory in ddp/malloc_tuning.h). Not in PyTorch, whose
+  // Python heap keeps it by accident; see docs/design.md.
+  TORCH_ARG(bool, retain_step_memory) = true;
+
+ private:
+  static double positive_mb(const char* name, double mb) {
+    if (!(mb > 0) || !std::isfinite(mb))
+      throw UsageError(std::string("DistributedDataParallelOptions: ") + name + " must be a positive number of MiB, got " +
+                       std::to_string(mb));
+    return mb;
+  }
+  double bucket_cap_mb_ = 25.0;
+  bool bucket_cap_auto_ = false;
+  double first_bucket_mb_ = 1.0;
+};
+
+// The short name this project used first; the same type.
+using DDPOptions = DistributedDataParallelOptions;
+
+}  // namespace ddp

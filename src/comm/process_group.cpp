@@ -1,0 +1,400 @@
+#include "ddp/comm/process_group.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+
+#include "comm/c10d_compat.h"
+#include "comm/comm_threads.h"
+#include "runtime/parse_number.h"
+#include "comm/process_group_mpi.h"
+#include "comm/store_bind.h"
+
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace ddp {
+
+// ---- Work -------------------------------------------------------------------
+
+Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank)
+    : work_(std::move(work)), op_(std::move(op)), rank_(rank) {}
+Work::~Work() = default;
+Work::Work(Work&&) noexcept = default;
+Work& Work::operator=(Work&&) noexcept = default;
+Work::Work(const Work&) = default;
+Work& Work::operator=(const Work&) = default;
+
+void Work::wait() {
+  if (!work_) return;
+  try {
+    work_->wait();
+  } catch (const std::exception& e) {
+    throw CommError("rank " + std::to_string(rank_) + ": " + op_ + " failed: " + e.what() +
+                    "\n  (a peer may have died or be stuck; its own log says why. The process group's "
+                    "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))"
+                    "\n  If ranks may have different numbers of batches (uneven inputs), a rank that finished "
+                    "early has left, or gone on to another collective, while this one still trains: wrap the "
+                    "training loop in ddp::Join (ddp/parallel/join.h), or give every rank the same number of batches "
+                    "(DistributedSampler's padding, the default, or drop_last).");
+  }
+}
+
+bool Work::on_complete(std::function<void()> fn) {
+  if (!work_) return false;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work_->getFuture();
+  } catch (const std::exception&) {
+    return false;  // c10d::Work's default: this backend has no future
+  }
+  if (!future) return false;
+  future->addCallback([fn = std::move(fn)](c10::ivalue::Future&) { fn(); });
+  return true;
+}
+
+// ---- c10d-backed process group -----------------------------------------------
+
+namespace {
+
+class C10dProcessGroup final : public ProcessGroup {
+ public:
+  C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
+                   std::string name, torch::Device device, std::chrono::milliseconds timeout)
+      : store_(std::move(store)),
+        backend_(std::move(backend)),
+        name_(std::move(name)),
+        device_(device),
+        timeout_(timeout) {}
+
+  int rank() const override { return backend_->getRank(); }
+  int size() const override { return backend_->getSize(); }
+  std::string backend_name() const override { return name_; }
+  torch::Device device() const override { return device_; }
+  std::chrono::milliseconds timeout() const override { return timeout_; }
+
+  Work allreduce(at::Tensor& tensor) override {
+    std::vector<at::Tensor> tensors{tensor};
+    return wrap(backend_->allreduce(tensors), "allreduce");
+  }
+
+  Work broadcast(at::Tensor& tensor, int root) override {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return wrap(backend_->broadcast(tensors, opts), "broadcast");
+  }
+
+  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override {
+    std::vector<at::Tensor> inputs{tensor};
+    std::vector<std::vector<at::Tensor>> outputs(1);
+    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
+    wrap(backend_->allgather(outputs, inputs), "allgather").wait();
+    return outputs[0];
+  }
+
+  void barrier() override { wrap(backend_->barrier(), "barrier").wait(); }
+  c10::intrusive_ptr<c10d::Store> store() const override { return store_; }
+
+ private:
+  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
+    return Work(std::move(work), name_ + " " + op, rank());
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;  // the backend keeps using it after construction
+  c10::intrusive_ptr<compat::Backend> backend_;
+  std::string name_;
+  torch::Device device_;
+  std::chrono::milliseconds timeout_;
+};
+
+std::mutex g_mutex;
+std::shared_ptr<ProcessGroup> g_default;
+int g_generation = 0;  // a fresh store prefix for each group made in this process
+
+// Rank 0 writes its job's id into the store it serves; every other rank
+// reads it and refuses a store of another job (two jobs on one node that
+// chose the same port), at once instead of training with strangers.
+void check_same_job(c10d::Store& store, const LaunchEnv& env, const std::string& who,
+                    std::chrono::milliseconds timeout) {
+  const std::string key = "ddp_job_id";
+  if (env.rank == 0) {
+    store.set(key, std::vector<uint8_t>(env.job_id.begin(), env.job_id.end()));
+    return;
+  }
+  std::vector<uint8_t> theirs;
+  try {
+    store.wait({key}, timeout);
+    theirs = store.get(key);
+  } catch (const std::exception& e) {
+    throw CommError(who + "rank 0 of this job never said which job it is (" + e.what() + ")");
+  }
+  const std::string owner(theirs.begin(), theirs.end());
+  if (owner != env.job_id)
+    throw CommError(who + "the rendezvous store at " + env.master_addr + ":" + std::to_string(env.master_port) +
+                    " belongs to job " + owner + ", not to this job (" + env.job_id +
+                    "): two jobs chose the same MASTER_ADDR and MASTER_PORT. Give each job its own MASTER_PORT, "
+                    "or leave it unset so that it comes from the job id");
+}
+
+std::string this_host() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof name - 1) == 0 ? name : "?";
+}
+
+// Rank 0 serves the store on MASTER_ADDR's address (store_bind.h), and says
+// which of MASTER_ADDR, MASTER_PORT or the machine is wrong when it cannot.
+c10::intrusive_ptr<c10d::Store> serve_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                            const std::string& who) {
+  const std::string at = env.master_addr + ":" + std::to_string(env.master_port);
+  try {
+    auto served = store_bind::serve_tcp_store(
+        env.master_addr, compat::tcp_store_options(env.master_port, true, env.world_size, timeout));
+    if (!served.notice.empty()) std::cerr << who << "MASTER_ADDR " << served.notice << std::endl;
+    return served.store;
+  } catch (const store_bind::ListenError& e) {
+    using Kind = store_bind::ListenError::Kind;
+    switch (e.kind()) {
+      case Kind::Unresolved:
+        throw CommError(who + "cannot serve the rendezvous store: MASTER_ADDR " + e.what() +
+                        "; set MASTER_ADDR to rank 0's host name or IP address, as every rank can resolve it");
+      case Kind::NotLocal:
+        throw CommError(who + "cannot serve the rendezvous store: MASTER_ADDR " + e.what() +
+                        "; rank 0 serves the store, so MASTER_ADDR must be an address of rank 0's host (this is " +
+                        "host " + this_host() + ")");
+      case Kind::InUse:
+        throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what() +
+                        "; choose another MASTER_PORT, or stop the process that holds it");
+      case Kind::Other: break;
+    }
+    throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(who + "cannot serve the rendezvous store at " + at + ": " + e.what());
+  }
+}
+
+c10::intrusive_ptr<c10d::Store> join_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
+                                           const std::string& who) {
+  try {
+    return compat::connect_tcp_store(env.master_addr, env.master_port, env.world_size, timeout);
+  } catch (const std::exception& e) {
+    throw CommError(who + "could not reach the rendezvous store at " + env.master_addr + ":" +
+                    std::to_string(env.master_port) + ": " + e.what() +
+                    "\n  (is rank 0 running, and is MASTER_ADDR reachable from this host?)");
+  }
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+#ifdef USE_C10D_GLOO
+// `learned_interface`: this rank's interface on the subnet that joins it to
+// rank 0, when that was learned over MPI (an mpirun job without MASTER_ADDR).
+std::shared_ptr<::gloo::transport::Device> gloo_device(const LaunchEnv& env, const std::string& learned_interface) {
+  // PyTorch's variable: one interface (or a comma-separated list) to bind.
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    std::string first(ifname);
+    first = first.substr(0, first.find(','));
+    return c10d::ProcessGroupGloo::createDeviceForInterface(first);
+  }
+  if (!learned_interface.empty()) return c10d::ProcessGroupGloo::createDeviceForInterface(learned_interface);
+  // Every rank on this host: loopback needs no name resolution at all.
+  if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  // Else the address this host's name resolves to (loopback if it resolves to nothing).
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+#endif
+
+bool has_gpu() {
+#ifdef DDP_WITH_CUDA
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+ProcessGroupOptions& ProcessGroupOptions::backend(std::string name) {
+  if (name != "auto" && name != "gloo" && name != "nccl" && name != "mpi")
+    throw UsageError("ProcessGroupOptions: unknown backend '" + name + "'; use auto, gloo, nccl or mpi");
+  backend_ = std::move(name);
+  return *this;
+}
+
+ProcessGroupOptions& ProcessGroupOptions::timeout(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0)
+    throw UsageError("ProcessGroupOptions: the timeout must be positive, got " + std::to_string(timeout.count()) +
+                     " ms");
+  timeout_ = timeout;
+  return *this;
+}
+
+ProcessGroupOptions& ProcessGroupOptions::init_method(std::string method) {
+  if (method != "env://" && method.rfind("tcp://", 0) != 0)
+    throw UsageError("ProcessGroupOptions: init_method '" + method + "' is not supported; use env:// or tcp://HOST:PORT");
+  init_method_ = std::move(method);
+  return *this;
+}
+
+std::string rank_tag(const ProcessGroup& pg) {
+  return "rank " + std::to_string(pg.rank()) + "/" + std::to_string(pg.size());
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& options) {
+  return init_process_group(LaunchEnv::from_environment(), options);
+}
+
+std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const ProcessGroupOptions& options) {
+  LaunchEnv env = env_in;
+  const std::string who = "rank " + std::to_string(env.rank) + ": init_process_group: ";
+  const std::string& init = options.init_method();
+  if (init.rfind("tcp://", 0) == 0) {
+    std::string hostport = init.substr(6);
+    size_t colon = hostport.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw UsageError(who + "init_method '" + init + "' must be tcp://HOST:PORT");
+    env.master_addr = hostport.substr(0, colon);
+    const auto port = parse_integer(hostport.substr(colon + 1), 1, 65535);
+    if (!port) throw UsageError(who + "init_method '" + init + "' has no valid port (1-65535)");
+    env.master_port = static_cast<uint16_t>(*port);
+  } else if (init != "env://") {
+    throw UsageError(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
+  }
+
+  std::string backend = options.backend();
+  if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
+  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
+    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo, nccl or mpi");
+  const auto timeout = options.timeout();
+
+  if (backend == "mpi") {
+#ifdef DDP_WITH_MPI
+    if (env.source != LaunchEnv::Source::OpenMPI)
+      throw UsageError(who + "the mpi backend needs a process started by Open MPI's mpirun, and this one was not "
+                       "(no OMPI_COMM_WORLD_RANK in its environment; its launch environment is '" + env.source_name() +
+                       "'): run mpirun -np N ./program, or choose the gloo backend");
+    torch::Device device(torch::kCPU);
+#ifdef DDP_WITH_CUDA
+    // CUDA tensors are staged through host memory (process_group_mpi.cpp).
+    if (has_gpu()) {
+      const auto index = static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count());
+      c10::cuda::set_device(index);
+      device = torch::Device(torch::kCUDA, index);
+    }
+#endif
+    auto group = detail::make_mpi_process_group(env, timeout, device, who);
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_default = group;
+    return group;
+#else
+    throw UsageError(who + "the mpi backend is not compiled into this libddp (CMake found no MPI when it was "
+                     "built, or it was configured with -DDDP_WITH_MPI=OFF): install Open MPI (Debian: libopenmpi-dev "
+                     "openmpi-bin) and rebuild, or choose the gloo backend");
+#endif
+  }
+
+  // An mpirun job across hosts without MASTER_ADDR (LaunchEnv left it
+  // empty): rank 0's address, and each rank's interface towards it, are
+  // learned over MPI itself.
+  std::string learned_interface;
+  if (env.master_addr.empty()) {
+#ifdef DDP_WITH_MPI
+    const auto route = detail::learn_master_route_over_mpi(timeout, who);
+    env.master_addr = route.master_addr;
+    learned_interface = route.interfaces.at(static_cast<size_t>(env.rank));
+#else
+    throw LaunchEnvError(who + "MASTER_ADDR is not set; set it to the host of rank 0 on every rank");
+#endif
+  }
+  c10::intrusive_ptr<c10d::Store> store =
+      env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
+  if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
+  int generation;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    generation = g_generation++;
+  }
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
+      "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation), store);
+
+  torch::Device device(torch::kCPU);
+  c10::intrusive_ptr<compat::Backend> pg;
+  try {
+    if (backend == "gloo") {
+#ifdef USE_C10D_GLOO
+      // The device starts Gloo's event-loop thread, the group its workers:
+      // found by the threads each adds, named, and the loop moved to
+      // SCHED_IDLE when asked (comm_threads.h says why).
+      const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
+      const auto before_device = detail::thread_ids();
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+      opts->devices.push_back(gloo_device(env, learned_interface));
+      const auto before_group = detail::thread_ids();
+      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+      for (pid_t tid : detail::new_threads(before_device, before_group))
+        detail::tune_comm_thread(tid, "gloo-loop", idle_loop);
+      for (pid_t tid : detail::new_threads(before_group, detail::thread_ids()))
+        detail::tune_comm_thread(tid, "gloo-worker", false);
+#else
+      throw UsageError("this LibTorch was built without Gloo");
+#endif
+    } else {
+#ifdef USE_C10D_NCCL
+      if (!has_gpu()) throw UsageError("the nccl backend needs a GPU and none is visible");
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
+      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout;
+      pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+#else
+      throw UsageError("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
+#endif
+    }
+  } catch (const UsageError& e) {
+    throw UsageError(who + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(who + backend + " could not connect all " + std::to_string(env.world_size) +
+                    " ranks within the timeout: " + e.what() +
+                    "\n  (check that every rank was started, and GLOO_SOCKET_IFNAME when hosts have several interfaces)");
+  }
+  auto group = std::make_shared<C10dProcessGroup>(store, pg, backend, device, timeout);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default = group;
+  return group;
+}
+
+std::string mpi_library_version() {
+#ifdef DDP_WITH_MPI
+  return detail::mpi_library_version_text();
+#else
+  return "";
+#endif
+}
+
+std::shared_ptr<ProcessGroup> default_process_group() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_default)
+    throw UsageError("no default process group: call ddp::init_process_group() first");
+  return g_default;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return static_cast<bool>(g_default);
+}
+
+void destroy_process_group() {
+  std::shared_ptr<ProcessGroup> last;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    last.swap(g_default);
+  }
+  // `last` goes out of scope outside the lock: a backend's shutdown may block briefly.
+}
+
+}  // namespace ddp

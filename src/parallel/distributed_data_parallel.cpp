@@ -1,0 +1,319 @@
+#include "ddp/parallel/distributed_data_parallel.h"
+
+#include "ddp/runtime/malloc_tuning.h"
+#include "ddp/comm/object_collectives.h"
+#include "runtime/parse_number.h"
+#include "usage_check.h"
+
+#include <algorithm>
+#include <exception>
+#include <iostream>
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <unordered_set>
+#include <sstream>
+
+namespace ddp {
+namespace {
+
+// A model whose largest gradient has at least this many MiB has "large
+// gradients": what glibc's heap keeps of their gradient-sized temporaries
+// shows in RSS, so the automatic malloc thresholds apply to it and its
+// step's heap is not retained. Below it, that is noise, and activations of
+// that size are better reused from the heap.
+constexpr double kLargeGradientMb = 4.0;
+
+// Each tensor once, under the first name it has, in LibTorch's order (the
+// module first, then its children depth-first: Python's named_modules()
+// order). A weight registered twice (tied embeddings, a layer applied twice)
+// is one parameter, as in PyTorch.
+std::vector<std::pair<std::string, at::Tensor>> unique_named(const torch::OrderedDict<std::string, at::Tensor>& dict) {
+  std::unordered_set<const void*> seen;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : dict)
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// Sparse gradients would need a bucket of their own and a sparse all-reduce;
+// refuse them where the user can still change the model.
+void refuse_sparse_gradients(const torch::nn::Module& module, int rank) {
+  for (const auto& m : module.named_modules("", /*include_self=*/true)) {
+    bool sparse = false;
+    if (const auto* e = m.value()->as<torch::nn::Embedding>()) sparse = e->options.sparse();
+    if (const auto* e = m.value()->as<torch::nn::EmbeddingBag>()) sparse = e->options.sparse();
+    if (!sparse) continue;
+    for (const auto& p : m.value()->named_parameters(false)) {
+      const std::string name = m.key().empty() ? p.key() : m.key() + "." + p.key();
+      check_usage(!p.value().requires_grad(), "rank ", rank, ": DistributedDataParallel: parameter '", name,
+                  "' gets sparse gradients (its embedding was made with sparse(true)); libddp reduces dense "
+                  "gradients only. Construct the embedding with sparse(false), or freeze it.");
+    }
+  }
+}
+
+std::string describe(const std::string& kind, const std::string& name, const at::Tensor& t) {
+  std::ostringstream s;
+  s << kind << " '" << name << "' " << t.sizes() << " " << t.dtype();
+  // A different layout makes a different bucket view, and a frozen layer
+  // different buckets: both must agree across ranks.
+  if (!t.is_contiguous()) s << " strides " << t.strides();
+  if (kind == "parameter") s << (t.requires_grad() ? " requires_grad" : " frozen");
+  return s.str();
+}
+
+std::vector<std::string> signature(const torch::nn::Module& module) {
+  std::vector<std::string> lines;
+  for (const auto& p : unique_named(module.named_parameters(true))) lines.push_back(describe("parameter", p.first, p.second));
+  for (const auto& b : unique_named(module.named_buffers(true))) lines.push_back(describe("buffer", b.first, b.second));
+  return lines;
+}
+
+std::string join(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The largest of these tensors, in MiB.
+double largest_megabytes(const std::vector<at::Tensor>& tensors) {
+  int64_t largest = 0;
+  for (const auto& t : tensors) largest = std::max<int64_t>(largest, static_cast<int64_t>(t.nbytes()));
+  return static_cast<double>(largest) / (1024.0 * 1024.0);
+}
+
+// DDPOptions::malloc_mmap_threshold_mb resolved for these parameters: the
+// automatic choice puts every gradient-sized temporary above the threshold.
+// DDP_MALLOC_MMAP_THRESHOLD_MB in the environment overrides the option, so
+// that a job can be tuned without a rebuild.
+double malloc_threshold_for(const std::vector<at::Tensor>& params, double requested_mb, int rank) {
+  if (const char* env = std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")) {
+    const auto v = parse_number(env);
+    check_usage(v.has_value(), "rank ", rank,
+                ": DistributedDataParallel: DDP_MALLOC_MMAP_THRESHOLD_MB='", env,
+                "' is not a number; give MiB (4), 0 to leave malloc alone, or -1 for the automatic choice");
+    requested_mb = *v;
+  }
+  if (requested_mb >= 0) return requested_mb;
+  const double mb = largest_megabytes(params);
+  return mb >= kLargeGradientMb ? mb : 0.0;
+}
+
+}  // namespace
+
+void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
+  if (pg.size() == 1) return;
+  const auto mine = signature(module);
+  const std::string text = join(mine);
+  // 63 bits of the signature's hash, so that it fits a signed int64 tensor.
+  const int64_t hash = static_cast<int64_t>(std::hash<std::string>{}(text) >> 1);
+  auto hashes = pg.allgather(torch::tensor({hash}, torch::kInt64).to(pg.device()));
+  std::vector<int> differ;
+  for (int r = 0; r < pg.size(); ++r)
+    if (hashes[r].item<int64_t>() != hashes[0].item<int64_t>()) differ.push_back(r);
+  if (differ.empty()) return;
+
+  // Everyone knows now: fetch rank 0's signature to say exactly what differs.
+  const auto theirs = split(broadcast_object(pg, text, 0));
+
+  std::ostringstream msg;
+  msg << "rank " << pg.rank() << ": DistributedDataParallel: the model is not the same on every rank; ranks";
+  for (int r : differ) msg << " " << r;
+  msg << " differ from rank 0.";
+  if (pg.rank() != 0 && std::find(differ.begin(), differ.end(), pg.rank()) != differ.end()) {
+    if (mine.size() != theirs.size())
+      msg << " This rank has " << mine.size() << " parameters and buffers, rank 0 has " << theirs.size() << ".";
+    for (size_t i = 0; i < std::min(mine.size(), theirs.size()); ++i) {
+      if (mine[i] != theirs[i]) {
+        msg << " First difference: here " << mine[i] << ", on rank 0 " << theirs[i] << ".";
+        break;
+      }
+    }
+  }
+  msg << "\n  Build the same model (same layers, shapes and dtypes) on every rank before wrapping it.";
+  throw UsageError(msg.str());
+}
+
+void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root) {
+  if (pg.size() == 1 || tensors.empty()) return;
+  torch::NoGradGuard no_grad;
+  // One flat tensor per dtype: a few large messages instead of many small ones.
+  std::map<int, std::vector<at::Tensor>> groups;
+  for (const auto& t : tensors) groups[static_cast<int>(t.scalar_type())].push_back(t);
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>*>> flats;
+  std::vector<Work> works;
+  for (auto& [dtype, group] : groups) {
+    std::vector<at::Tensor> pieces;
+    for (const auto& t : group) pieces.push_back(t.reshape({-1}));
+    auto flat = torch::cat(pieces);
+    works.push_back(pg.broadcast(flat, root));
+    flats.emplace_back(flat, &group);
+  }
+  for (auto& w : works) w.wait();
+  for (auto& [flat, group] : flats) {
+    int64_t offset = 0;
+    for (auto& t : *group) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
+                                                         std::shared_ptr<ProcessGroup> pg,
+                                                         DistributedDataParallelOptions options)
+    : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+  check_usage(module_ != nullptr, "DistributedDataParallel: the module is null");
+  check_usage(pg_ != nullptr, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> state;
+  for (const auto& [name, p] : unique_named(module_->named_parameters(true))) {
+    state.push_back(p);
+    if (p.requires_grad()) {
+      params.push_back(p);
+      names.push_back(name);
+    }
+  }
+  check_usage(!params.empty(), "rank ", pg_->rank(),
+              ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
+  refuse_sparse_gradients(*module_, pg_->rank());
+  for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  state_ = state;
+
+  const bool reducer_params_are_cpu = params.front().is_cpu();
+  if (reducer_params_are_cpu) {
+    fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
+  }
+  verify_same_model(*module_, *pg_);
+  broadcast_coalesced(*pg_, state, 0);
+  // Models with large gradients are left alone: the heap would keep the holes
+  // their gradient-sized temporaries leave (docs/performance.md, "Where the
+  // memory goes"), and their steps are long enough not to notice the faults.
+  step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu &&
+                         largest_megabytes(params) < kLargeGradientMb;
+  const std::vector<at::Tensor> reduced = params;
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+  record_construction_logging_data(reduced);
+  timeline_ = timeline_from_env(pg_);
+  if (timeline_) reducer_->set_timeline(timeline_);
+}
+
+DistributedDataParallelBase::~DistributedDataParallelBase() {
+  if (!timeline_) return;
+  reducer_->set_timeline(nullptr);
+  // Gathering is collective: while an exception unwinds, the other ranks may
+  // not come, so this rank keeps its own part instead.
+  if (std::uncaught_exceptions() > 0) {
+    timeline_->write_own_part();
+    return;
+  }
+  try {
+    timeline_->write();
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << pg_->rank() << ": writing the DDP timeline failed: " << e.what() << std::endl;
+    timeline_->write_own_part();
+  }
+}
+
+void DistributedDataParallelBase::pre_forward() {
+  // Forward passes that build no graph (evaluation under NoGradGuard) do no
+  // communication at all, so rank-0-only evaluation through the wrapper works.
+  if (!torch::GradMode::is_enabled()) return;
+  if (timeline_) forward_start_us_ = timeline_->now_us();
+  // Under ddp::Join, PyTorch's order: count the ranks still training, the
+  // rebuild, buffers from the highest rank still training, whether backward
+  // synchronises; joined ranks answer each (join_main_hook).
+  const bool joined_up = join_config().enable;
+  // Outside Join this clears the last Join's count, so it cannot divide later backwards.
+  reducer_->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !divide_by_initial_world_size_);
+  reducer_->prepare_for_forward();
+  // As PyTorch: buffers follow rank 0 before a forward that follows a
+  // synchronised one, so once per gradient-accumulation cycle.
+  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
+    broadcast_coalesced(*pg_, buffers_, joined_up ? find_common_rank(true) : 0);
+  if (joined_up) {
+    auto requires_sync =
+        torch::full({1}, reducer_->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
+    join_sync_work_ = pg_->allreduce(requires_sync);
+  }
+  if (step_memory_pending_) bytes_before_first_forward_ = malloc_bytes_in_use();
+}
+
+void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (!torch::GradMode::is_enabled()) return;
+  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", forward_start_us_, timeline_->now_us());
+  join_sync_work_.wait();
+  join_sync_work_ = Work();
+  require_forward_param_sync_ = reducer_->sync();
+  if (step_memory_pending_) {
+    // The forward's activations are all alive now: what they take tells
+    // whether the step is small enough for glibc to keep
+    // (ddp/runtime/malloc_tuning.h says why it needs to be told).
+    step_memory_pending_ = false;
+    const std::size_t now = malloc_bytes_in_use();
+    if (now > bytes_before_first_forward_) retain_step_memory(now - bytes_before_first_forward_);
+  }
+  reducer_->prepare_for_backward(outputs);
+}
+
+// ---- ddp::Join ----------------------------------------------------------------
+
+// As PyTorch's _DDPJoinHook.
+class DDPJoinHook : public JoinHook {
+ public:
+  explicit DDPJoinHook(DistributedDataParallelBase& ddp) : ddp_(ddp) {}
+  void main_hook() override { ddp_.join_main_hook(); }
+  void post_hook(bool is_last_joiner) override { ddp_.join_post_hook(is_last_joiner); }
+
+ private:
+  DistributedDataParallelBase& ddp_;
+};
+
+std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  joined_up_ = true;
+  divide_by_initial_world_size_ = options.divide_by_initial_world_size();
+  return std::make_unique<DDPJoinHook>(*this);
+}
+
+// The highest rank among the candidates, agreed by all (PyTorch's
+// _find_common_rank, a MAX all-reduce; our group sums only, so an allgather).
+int DistributedDataParallelBase::find_common_rank(bool candidate) {
+  auto mine = torch::full({1}, candidate ? pg_->rank() : -1,
+                          torch::TensorOptions().dtype(torch::kInt64).device(pg_->device()));
+  int64_t common = -1;
+  for (const auto& t : pg_->allgather(mine)) common = std::max(common, t.item<int64_t>());
+  TORCH_CHECK(common >= 0, "rank ", pg_->rank(),
+              ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
+  return static_cast<int>(common);
+}
+
+// One iteration of the ranks still training, as this rank's collectives.
+void DistributedDataParallelBase::join_main_hook() {
+  reducer_->join_shadow_forward();
+  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
+    broadcast_coalesced(*pg_, buffers_, find_common_rank(false));
+  auto requires_sync = torch::zeros({1}, torch::TensorOptions().device(pg_->device()));
+  pg_->allreduce(requires_sync).wait();
+  const bool should_sync = requires_sync.item<float>() != 0;
+  // A forward that skips sync (no_sync) skips the next buffer broadcast too.
+  require_forward_param_sync_ = should_sync;
+  if (should_sync) reducer_->join_shadow_backward();
+}
+
+// Every rank takes the model of the highest rank among the last to finish.
+void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
+  broadcast_coalesced(*pg_, state_, find_common_rank(is_last_joiner));
+}
+
+}  // namespace ddp

@@ -1,0 +1,93 @@
+#include "ddp/parallel/distributed_sampler.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "ddp/comm/process_group.h"
+
+namespace ddp {
+
+DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, int rank,
+                                       DistributedSamplerOptions options)
+    : state_(std::make_shared<State>()), num_replicas_(num_replicas), rank_(rank), options_(options) {
+  if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
+    throw UsageError("DistributedSampler: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(num_replicas) + ")");
+  state_->dataset_size = dataset_size;
+  reset();
+}
+
+DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& pg, DistributedSamplerOptions options)
+    : DistributedSampler(dataset_size, pg.size(), pg.rank(), options) {}
+
+void DistributedSampler::set_epoch(int64_t epoch) { state_->epoch = epoch; }
+int64_t DistributedSampler::epoch() const { return state_->epoch; }
+
+size_t DistributedSampler::num_samples() const {
+  const size_t n = state_->dataset_size, w = static_cast<size_t>(num_replicas_), r = static_cast<size_t>(rank_);
+  if (options_.drop_last()) return n / w;
+  if (options_.pad()) return (n + w - 1) / w;
+  return n / w + (r < n % w ? 1 : 0);
+}
+
+size_t DistributedSampler::total_size() const {
+  const size_t n = state_->dataset_size, w = static_cast<size_t>(num_replicas_);
+  if (options_.drop_last()) return n / w * w;
+  if (options_.pad()) return (n + w - 1) / w * w;
+  return n;
+}
+
+std::vector<size_t> DistributedSampler::indices() const {
+  const size_t n = state_->dataset_size;
+  std::vector<size_t> order(n);
+  if (options_.shuffle()) {
+    // As PyTorch: g = torch.Generator(); g.manual_seed(seed + epoch); torch.randperm(n, generator=g).
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(options_.seed() + static_cast<uint64_t>(state_->epoch));
+    auto perm = torch::randperm(static_cast<int64_t>(n), gen, torch::kLong);
+    const auto* p = perm.data_ptr<int64_t>();
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+  }
+  const size_t total = total_size();
+  if (n > 0) {
+    // Padding repeats the order from its start, as often as needed (PyTorch's rule).
+    for (size_t i = n; i < total; ++i) order.push_back(order[i % n]);
+  }
+  order.resize(total);
+  std::vector<size_t> mine;
+  mine.reserve(num_samples());
+  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_)) mine.push_back(order[i]);
+  return mine;
+}
+
+void DistributedSampler::reset(c10::optional<size_t> new_size) {
+  if (new_size) state_->dataset_size = *new_size;
+  current_ = indices();
+  position_ = 0;
+}
+
+c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+  if (position_ >= current_.size()) return c10::nullopt;
+  const size_t end = std::min(current_.size(), position_ + batch_size);
+  std::vector<size_t> batch(current_.begin() + static_cast<std::ptrdiff_t>(position_),
+                            current_.begin() + static_cast<std::ptrdiff_t>(end));
+  position_ = end;
+  return batch;
+}
+
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("epoch", torch::tensor(state_->epoch, torch::kLong), /*is_buffer=*/true);
+  archive.write("position", torch::tensor(static_cast<int64_t>(position_), torch::kLong), /*is_buffer=*/true);
+}
+
+void DistributedSampler::load(torch::serialize::InputArchive& archive) {
+  torch::Tensor epoch = torch::empty({}, torch::kLong), position = torch::empty({}, torch::kLong);
+  archive.read("epoch", epoch, /*is_buffer=*/true);
+  archive.read("position", position, /*is_buffer=*/true);
+  state_->epoch = epoch.item<int64_t>();
+  current_ = indices();
+  position_ = std::min(current_.size(), static_cast<size_t>(position.item<int64_t>()));
+}
+
+}  // namespace ddp

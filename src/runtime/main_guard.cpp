@@ -1,0 +1,104 @@
+#include "ddp/runtime/main_guard.h"
+
+#include "runtime/json_text.h"
+
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <exception>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+#include "ddp/errors.h"
+#include "ddp/runtime/launch_env.h"
+
+namespace ddp {
+
+namespace {
+
+// RANK is all we can trust before (or after a failed) init_process_group.
+std::string rank_prefix() {
+  return "rank " + rank_from_environment();
+}
+
+// Our own errors already start with "rank N"; LibTorch's carry a C++
+// backtrace ("Exception raised from ...") that the one-line message drops.
+std::string labelled(const std::string& what) {
+  return what.rfind("rank ", 0) == 0 ? what : rank_prefix() + ": " + what;
+}
+std::string without_backtrace(const std::string& what) {
+  const size_t trace = what.find("\nException raised from");
+  return trace == std::string::npos ? what : what.substr(0, trace);
+}
+
+// "ddp::CommError", "c10::Error", "std::runtime_error".
+std::string type_name(const std::exception& e) {
+  const char* mangled = typeid(e).name();
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> name(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  return status == 0 && name ? name.get() : mangled;
+}
+
+
+bool write_whole_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  bool ok = true;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  ok = ::close(fd) == 0 && ok;
+  // rename: a reader (the launcher) sees the old file or the whole new one.
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) ::unlink(tmp.c_str());
+  return ok;
+}
+
+}  // namespace
+
+bool record_error(const std::exception& error) noexcept {
+  try {
+    const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+    if (!path || !*path) return false;
+    const std::string type = type_name(error);
+    const std::string full = labelled(error.what());
+    const std::string json =
+        "{\"message\": {\"message\": " + json_string(type + ": " + without_backtrace(full)) +
+        ", \"extraInfo\": {\"py_callstack\": " + json_string(type + ": " + full) +
+        ", \"timestamp\": \"" + std::to_string(static_cast<long long>(std::time(nullptr))) + "\"}}}\n";
+    return write_whole_file(path, json);
+  } catch (...) {  // out of memory while reporting an error: the stderr line still comes
+    return false;
+  }
+}
+
+int guarded_main(const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const Preempted& e) {
+    record_error(e);  // ddprun's summary says why the worker exited 75
+    std::cerr << e.what() << std::endl;
+    return kPreemptedExitCode;
+  } catch (const UsageError& e) {
+    record_error(e);
+    std::cerr << rank_prefix() << ": error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    record_error(e);
+    std::cerr << "error: " << without_backtrace(labelled(e.what())) << std::endl;
+    return 1;
+  }
+}
+
+}  // namespace ddp
