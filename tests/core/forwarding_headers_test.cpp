@@ -32,7 +32,8 @@ namespace {
 TEST(ForwardingHeaders, OldPathsNameTheTypesOfTheNewOnes) {
   // Each old path reaches the declarations of its new one; a few types stand
   // for all (every header is included above).
-  static_assert(std::is_class_v<ddp::DistributedDataParallel>);
+  static_assert(std::is_class_v<ddp::DistributedDataParallelBase>);
+  static_assert(std::is_class_v<ddp::DDPOptions>);
   static_assert(std::is_class_v<ddp::Reducer>);
   static_assert(std::is_class_v<ddp::ProcessGroup>);
   static_assert(std::is_class_v<ddp::Timeline>);

@@ -9,11 +9,6 @@
 
 namespace ddp::detail {
 
-void Observers::remove(const ReducerObserver* observer) {
-  list_.erase(std::remove_if(list_.begin(), list_.end(), [&](const auto& o) { return o.get() == observer; }),
-              list_.end());
-}
-
 // ---- runtime figures ----------------------------------------------------
 
 namespace {
@@ -66,7 +61,9 @@ TimelineRecorder::TimelineRecorder(std::shared_ptr<Timeline> timeline, const Buc
 
 void TimelineRecorder::buckets_laid_out(const BucketSet& buckets) { marks_.assign(buckets.size(), {}); }
 
-void TimelineRecorder::backward_started() { backward_start_us_ = timeline_->now_us(); }
+void TimelineRecorder::backward_started() {
+  if (timeline_) backward_start_us_ = timeline_->now_us();
+}
 
 std::string TimelineRecorder::bucket_args(size_t k, const Bucket& b) const {
   return "\"bucket\": " + std::to_string(k) + ", \"bytes\": " + std::to_string(b.bytes()) + ", \"parameters\": " +
@@ -75,15 +72,19 @@ std::string TimelineRecorder::bucket_args(size_t k, const Bucket& b) const {
 }
 
 void TimelineRecorder::bucket_ready(size_t k) {
+  if (!timeline_) return;
   marks_[k].ready_us = timeline_->now_us();
   timeline_->instant(Timeline::Row::compute, "bucket " + std::to_string(k) + " ready", marks_[k].ready_us,
                      "\"bucket\": " + std::to_string(k));
 }
 
 // Before the collective starts: its end can then never precede it.
-void TimelineRecorder::bucket_launching(size_t k) { marks_[k].launch_us = timeline_->now_us(); }
+void TimelineRecorder::bucket_launching(size_t k) {
+  if (timeline_) marks_[k].launch_us = timeline_->now_us();
+}
 
 void TimelineRecorder::bucket_launched(size_t k, Bucket& b) {
+  if (!timeline_) return;
   const std::string args = bucket_args(k, b);
   timeline_->bucket_launched(static_cast<int>(k), marks_[k].launch_us, args);
   // The backend's thread reports the end; it must not take the reducer's
@@ -94,25 +95,30 @@ void TimelineRecorder::bucket_launched(size_t k, Bucket& b) {
   });
 }
 
-void TimelineRecorder::wait_started() { wait_start_us_ = timeline_->now_us(); }
+void TimelineRecorder::wait_started() {
+  if (timeline_) wait_start_us_ = timeline_->now_us();
+}
 
 void TimelineRecorder::bucket_done(size_t k, const Bucket& b) {
-  if (!marks_[k].end_reported) timeline_->communication_done("bucket " + std::to_string(k), marks_[k].launch_us, bucket_args(k, b));
+  if (timeline_ && !marks_[k].end_reported)
+    timeline_->communication_done("bucket " + std::to_string(k), marks_[k].launch_us, bucket_args(k, b));
 }
 
 void TimelineRecorder::wait_ended(bool completed) {
-  if (!completed) return;
+  if (!timeline_ || !completed) return;
   timeline_->span(Timeline::Row::compute, "backward", backward_start_us_, wait_start_us_);
   timeline_->span(Timeline::Row::compute, "wait for communication", wait_start_us_, timeline_->now_us());
 }
 
-void TimelineRecorder::step_finished(const StepEnd& end) {
-  timeline_->set_step(end.step);
+void TimelineRecorder::step_counted(int64_t step) {
+  if (!timeline_) return;
+  timeline_->set_step(step);
   if (timeline_->skew_due()) timeline_->report_skew();
 }
 
 // The step counts on a joined rank too, so that the skew reports' gathers match.
 void TimelineRecorder::shadow_step_finished() {
+  if (!timeline_) return;
   timeline_->set_step(timeline_->step() + 1);
   if (timeline_->skew_due()) timeline_->report_skew();
 }

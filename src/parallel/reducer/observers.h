@@ -48,6 +48,9 @@ class ReducerObserver {
   virtual void waiting_for(int64_t /*step*/, size_t /*bucket*/, size_t /*launched*/) {}
   virtual void bucket_done(size_t /*k*/, const Bucket&) {}
   virtual void wait_ended(bool /*completed*/) {}  // completed false: a wait threw
+  // The gradients are final and the step is counted (`step`); then the
+  // step's figures.
+  virtual void step_counted(int64_t /*step*/) {}
   virtual void step_finished(const StepEnd&) {}
   virtual void shadow_step_finished() {}  // a joined rank shadowed a step (ddp::Join)
   // After every synchronised step, shadowed ones included (`step_ms` 0
@@ -59,7 +62,6 @@ class ReducerObserver {
 class Observers {
  public:
   void add(std::unique_ptr<ReducerObserver> observer) { list_.push_back(std::move(observer)); }
-  void remove(const ReducerObserver* observer);
   template <typename Event>
   void each(Event&& event) {
     for (auto& o : list_) event(*o);
@@ -97,6 +99,7 @@ class RuntimeFigures final : public ReducerObserver {
 class TimelineRecorder final : public ReducerObserver {
  public:
   TimelineRecorder(std::shared_ptr<Timeline> timeline, const BucketSet& buckets);
+  void set_timeline(std::shared_ptr<Timeline> timeline) { timeline_ = std::move(timeline); }  // null: record nothing
   void buckets_laid_out(const BucketSet& buckets) override;
   void backward_started() override;
   void bucket_ready(size_t k) override;
@@ -105,7 +108,7 @@ class TimelineRecorder final : public ReducerObserver {
   void wait_started() override;
   void bucket_done(size_t k, const Bucket& b) override;
   void wait_ended(bool completed) override;
-  void step_finished(const StepEnd& end) override;
+  void step_counted(int64_t step) override;
   void shadow_step_finished() override;
 
  private:
@@ -114,7 +117,7 @@ class TimelineRecorder final : public ReducerObserver {
     int64_t ready_us = 0, launch_us = 0;  // on the timeline's clock
     bool end_reported = false;            // the backend says when it ends (else bucket_done does)
   };
-  std::shared_ptr<Timeline> timeline_;
+  std::shared_ptr<Timeline> timeline_;  // null: unset
   std::vector<Marks> marks_;  // per bucket
   int64_t backward_start_us_ = 0, wait_start_us_ = 0;
 };

@@ -228,11 +228,11 @@ void Reducer::Impl::finalize_backward() {
   check_every_bucket_launched();
 
   const auto wait_start = Clock::now();
-  wait_for_buckets();
-  const auto wait_end = Clock::now();
+  const auto wait_end = wait_for_buckets();
   copy_results_to_grads();
 
   stats.iterations++;
+  observers.each([this](auto& o) { o.step_counted(stats.iterations); });
   const bool communicated = !buckets.empty() && (pg->size() > 1 || comm_hook);
   const detail::StepEnd end{stats.iterations, backward_end, wait_start,        wait_end,
                             unused_bytes,     communicated, &step_ready_order};
@@ -300,7 +300,7 @@ void Reducer::Impl::check_every_bucket_launched() {
               "ddp::DDPOptions().find_unused_parameters(true).");
 }
 
-void Reducer::Impl::wait_for_buckets() {
+Clock::time_point Reducer::Impl::wait_for_buckets() {
   observers.each([](auto& o) { o.wait_started(); });
   struct Ended {  // the observers hear of a wait that threw too
     detail::Observers& observers;
@@ -318,8 +318,10 @@ void Reducer::Impl::wait_for_buckets() {
   }
   observers.each([&](auto& o) { o.waiting_for(stats.iterations, buckets.size(), next_bucket); });
   usage.wait_used_map();
+  const auto end = Clock::now();
   ended.completed = true;
   observers.each([](auto& o) { o.wait_ended(true); });
+  return end;
 }
 
 // The hook's reduced bucket goes where the built-in all-reduce leaves its
@@ -545,12 +547,15 @@ bool Reducer::has_comm_hook() const {
 void Reducer::set_timeline(std::shared_ptr<Timeline> timeline) {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
-  if (s.timeline) s.observers.remove(s.timeline);
-  s.timeline = nullptr;
-  if (!timeline) return;
-  auto recorder = std::make_unique<detail::TimelineRecorder>(std::move(timeline), s.buckets);
-  s.timeline = recorder.get();
-  s.observers.add(std::move(recorder));
+  // One recorder for the reducer's life: a timeline set again (or unset)
+  // keeps the marks of the buckets already in flight.
+  if (s.timeline) {
+    s.timeline->set_timeline(std::move(timeline));
+  } else if (timeline) {
+    auto recorder = std::make_unique<detail::TimelineRecorder>(std::move(timeline), s.buckets);
+    s.timeline = recorder.get();
+    s.observers.add(std::move(recorder));
+  }
 }
 
 void Reducer::set_forward_pass_work(CommFuture nonjoined, bool divide_by_nonjoined) {

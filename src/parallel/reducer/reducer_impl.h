@@ -58,15 +58,16 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   CommHook comm_hook;        // empty: the built-in all-reduce
 
+  ReducerStats stats;  // before the observers, which write it
+
   // ---- the parts
   detail::BucketSet buckets;
   detail::ParameterUsage usage;
   detail::GraphTasks graph_tasks;
   detail::JoinDivisor divisor;
   detail::Observers observers;
-  detail::TimelineRecorder* timeline = nullptr;   // in observers; null: none (DDP_TIMELINE unset)
+  detail::TimelineRecorder* timeline = nullptr;   // in observers once a timeline was set (DDP_TIMELINE)
   detail::BucketCapSearch* cap_search = nullptr;  // in observers; null: a fixed bucket_cap_mb
-  ReducerStats stats;
 
   // ---- this step
   size_t next_bucket = 0;      // buckets launch strictly in order, the same on every rank
@@ -104,7 +105,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void finalize_backward();
   int64_t mark_unused_ready();
   void check_every_bucket_launched();
-  void wait_for_buckets();
+  detail::Clock::time_point wait_for_buckets();  // returns when the last wait ended
   void take_hook_result(size_t index, const at::Tensor& result);
   void copy_results_to_grads();
   void settle_unfinished();
