@@ -61,7 +61,7 @@ endif()
 
 # nccl.h: a wheel carries the NCCL its c10d was built with (nvidia/nccl,
 # beside torch/ in site-packages); else the CUDA toolkit's.
-set(DDP_NCCL_INCLUDE_DIR "")
+unset(DDP_NCCL_INCLUDE_DIR)  # find_path searches only for an unset variable
 if(DDP_TORCH_CUDA)
   find_path(DDP_NCCL_INCLUDE_DIR nccl.h
     HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include

@@ -245,13 +245,13 @@ TEST(GradScaler, StateDictRoundTripsAndEmptyStateIsRefused) {
 // every PyTorch rank does: the all-reduced flag makes ours skip on every rank.
 TEST_P(AmpParity, AutocastAndGradScalerUnderDdpBitwiseEqualToPyTorch) {
   if (!have_pytorch("torch.distributed, torch.cuda.amp"))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_amp_parity_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   auto ours = run_ranks(world, DDP_WORKER, {"amp_parity", "--out", dir}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {"-O", AMP_PARITY_SCRIPT, dir, join_commas(kAmpCases)},
+  auto theirs = run_ranks(world, oracle_python(), {"-O", AMP_PARITY_SCRIPT, dir, join_commas(kAmpCases)},
                           {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   for (const auto& c : kAmpCases) {

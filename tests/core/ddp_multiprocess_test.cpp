@@ -142,11 +142,11 @@ TEST_P(DDPWorld, LoggingDataHasPyTorchsKeysAndConsistentFigures) {
   const std::string dir = ::mkdtemp(tmpl);
   auto results = run_ranks(GetParam(), DDP_WORKER, {"logging_data", "--out", dir + "/ours.json"});
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
-  if (std::system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") != 0) {
+  if (std::system((std::string(DDP_ORACLE_PYTHON) + " -c 'import torch.distributed' 2>/dev/null").c_str()) != 0) {
     std::filesystem::remove_all(dir);
-    GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << DDP_ORACLE_PYTHON << " with torch is not installed (apt-get install python3-torch)";
   }
-  const std::string check = std::string("/usr/bin/python3 ") + CHECK_LOGGING_KEYS + " " + dir + "/ours.json";
+  const std::string check = std::string(DDP_ORACLE_PYTHON) + " " + CHECK_LOGGING_KEYS + " " + dir + "/ours.json";
   EXPECT_EQ(std::system(check.c_str()), 0) << check;
   std::filesystem::remove_all(dir);
 }

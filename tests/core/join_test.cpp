@@ -40,7 +40,7 @@ void expect_bitwise_equal_to_pytorch(const std::string& batches, const std::vect
                         {"join_parity", "--out", dir, "--cases", join_commas(cases), "--batches", batches},
                         {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {JOIN_PARITY_SCRIPT, dir, join_commas(cases), batches},
+  auto theirs = run_ranks(world, oracle_python(), {JOIN_PARITY_SCRIPT, dir, join_commas(cases), batches},
                           {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   for (const auto& c : cases) {
@@ -59,7 +59,7 @@ class JoinParity : public ::testing::TestWithParam<std::string> {};
 }  // namespace
 
 TEST_P(JoinParity, BitwiseEqualToPyTorchJoinOnUnevenInputs) {
-  if (!have_pytorch(kImports)) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+  if (!have_pytorch(kImports)) GTEST_SKIP() << oracle_python() << " with torch is not installed (apt-get install python3-torch)";
   expect_bitwise_equal_to_pytorch(GetParam(), kCases);
 }
 
@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(Batches, JoinParity, ::testing::Values("5,7", "9,5", "5
 // 33 samples in batches of 4 over 2 ranks, unpadded: 5 batches on rank 0,
 // 4 on rank 1, for two epochs, under ddp::join.
 TEST(Join, UnpaddedDistributedSamplerShardsTrainAsPyTorchJoin) {
-  if (!have_pytorch(kImports)) GTEST_SKIP() << "/usr/bin/python3 with torch 1.13 is not installed (apt-get install python3-torch)";
+  if (!have_pytorch(kImports)) GTEST_SKIP() << oracle_python() << " with torch is not installed (apt-get install python3-torch)";
   expect_bitwise_equal_to_pytorch("0,0", {"sampler"});
 }
 

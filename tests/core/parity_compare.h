@@ -25,10 +25,16 @@ inline std::string join_commas(const std::vector<std::string>& items) {
   return out;
 }
 
-// Whether /usr/bin/python3 can `import <modules>` (comma-separated), so a
+// The Python whose torch the parity tests compare with (tests/core/CMakeLists.txt).
+#ifndef DDP_ORACLE_PYTHON
+#define DDP_ORACLE_PYTHON "/usr/bin/python3"
+#endif
+inline const char* oracle_python() { return DDP_ORACLE_PYTHON; }
+
+// Whether the oracle Python can `import <modules>` (comma-separated), so a
 // machine without python3-torch skips rather than fails.
 inline bool have_pytorch(const std::string& modules) {
-  return std::system(("/usr/bin/python3 -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
+  return std::system((std::string(oracle_python()) + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
 }
 
 // How our float32 outputs differ from PyTorch's, over every file added.

@@ -46,13 +46,13 @@ class PowerSGDHook : public ::testing::TestWithParam<int> {};
 // (pytorch_powersgd_parity.py says why, and shows it changes no bits).
 TEST_P(PowerSGDParity, BitwiseEqualToPyTorchsPowerSGDHookAfter30Steps) {
   if (!have_pytorch(kImports))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed and numpy is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed and numpy is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_powersgd_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
   auto ours = run_ranks(world, DDP_WORKER, {"powersgd_parity", "--out", dir}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {POWERSGD_PARITY_SCRIPT, dir, join_commas(kCases)},
+  auto theirs = run_ranks(world, oracle_python(), {POWERSGD_PARITY_SCRIPT, dir, join_commas(kCases)},
                           {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": |libddp - PyTorch| over the parameters, and \"iter before after\"\n";

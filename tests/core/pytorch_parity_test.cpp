@@ -52,7 +52,7 @@ constexpr double kMpiTolerance = 1e-6;  // absolute; measured at most 6e-8
 void compare_with_pytorch(int world, const std::string& dir, double tolerance,
                           const std::vector<std::string>& cases = kCases) {
   auto theirs =
-      run_ranks(world, "/usr/bin/python3", {PARITY_SCRIPT, dir, join_commas(cases)}, {{"DDP_TEST_DIR", dir}});
+      run_ranks(world, oracle_python(), {PARITY_SCRIPT, dir, join_commas(cases)}, {{"DDP_TEST_DIR", dir}});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   std::cout << "world " << world << ": largest |libddp - PyTorch DDP| over parameters and buffers, per case\n";
   for (const auto& c : cases) {
@@ -72,7 +72,7 @@ void compare_with_pytorch(int world, const std::string& dir, double tolerance,
 
 TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
   if (!have_pytorch(kImports))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
@@ -93,7 +93,7 @@ TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
 // "The mpi backend").
 TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
   if (!have_pytorch(kImports))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
   if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
   const int world = GetParam();
@@ -111,7 +111,7 @@ TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
 // float16 over Gloo and widens back; so bitwise equal, float16 included.
 TEST_P(PyTorchHookParity, BitwiseEqualToPyTorchDDPWithTheSameHookAfter30Steps) {
   if (!have_pytorch(kImports))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_hooks_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);
@@ -127,7 +127,7 @@ TEST_P(PyTorchHookParity, BitwiseEqualToPyTorchDDPWithTheSameHookAfter30Steps) {
 // second's order: the same buckets as PyTorch's, so the same sums, bitwise.
 TEST_P(PyTorchStaticGraphParity, BitwiseEqualToPyTorchDDPWithStaticGraphAfter30Steps) {
   if (!have_pytorch(kImports))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   char tmpl[] = "/tmp/ddp_parity_static_XXXXXX";
   const std::string dir = ::mkdtemp(tmpl);

@@ -46,12 +46,12 @@ TEST(ZeroPartition, LargestFirstToTheLeastLoadedRankAcrossGroups) {
 
 TEST_P(ZeroParity, BitwiseEqualToPyTorchZeroRedundancyOptimizerAfter30Steps) {
   if (!have_pytorch("torch.distributed.optim"))
-    GTEST_SKIP() << "/usr/bin/python3 with torch.distributed is not installed (apt-get install python3-torch)";
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
   const int world = GetParam();
   const std::string dir = make_dir("ddp_zero_parity");
   auto ours = run_ranks(world, DDP_WORKER, {"zero_parity", "--out", dir, "--cases", join_commas(kCases)});
   for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
-  auto theirs = run_ranks(world, "/usr/bin/python3", {ZERO_PARITY_SCRIPT, dir, join_commas(kCases)});
+  auto theirs = run_ranks(world, oracle_python(), {ZERO_PARITY_SCRIPT, dir, join_commas(kCases)});
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   for (const auto& c : kCases) {
     FloatDiff params, owners;

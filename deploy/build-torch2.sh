@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Configures (once) and builds libddp against the pinned PyTorch 2.x wheel
+# (deploy/install-torch2.sh) into ./build-torch2: LibTorch 2.x with CUDA and
+# NCCL on, whether or not this machine has a GPU (GPU tests then skip with
+# their reason). ccache as deploy/build.sh. Extra arguments go to the
+# configure step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install-torch2.sh
+build=${DDP_TORCH2_BUILD_DIR:-build-torch2}
+venv=${DDP_TORCH2_VENV:-.deps/torch2}
+jobs=${DDP_JOBS:-$(nproc)}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
+  # The torch package folder, found without importing torch (fast, quiet).
+  prefix=$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTorch_ROOT="$prefix" \
+    -DDDP_ORACLE_PYTHON="$PWD/$venv/bin/python" "$@"
+fi
+cmake --build "$build" -j "$jobs"
