@@ -73,3 +73,14 @@ if(DDP_TORCH_CUDA)
 endif()
 message(STATUS "libddp: LibTorch ${DDP_TORCH_VERSION} at ${TORCH_INSTALL_PREFIX}, C++${CMAKE_CXX_STANDARD}, "
   "CUDA ${DDP_TORCH_CUDA} ${DDP_NCCL_INCLUDE_DIR}")
+
+# A PyPI wheel's libtorch.so exports a copy of std::filesystem of its own
+# (linked in statically where it was built). A program whose first needed
+# library is libtorch binds its std::filesystem calls to that copy, which
+# crashes with this system's libstdc++ (remove_all jumps to a null pointer).
+# Naming libstdc++ first makes the system's copy the one every call finds.
+# Applied to 2.x only: Debian's 1.13 exports none.
+set(DDP_STDCXX_FIRST_LINK_OPTION "")
+if(DDP_TORCH_VERSION VERSION_GREATER_EQUAL 2)
+  set(DDP_STDCXX_FIRST_LINK_OPTION "LINKER:--push-state,--no-as-needed,-lstdc++,--pop-state")
+endif()
