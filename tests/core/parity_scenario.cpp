@@ -2,6 +2,8 @@
 // pytorch_ddp_parity.py, case by case, trained by libddp.
 #include <algorithm>
 
+#include <torch/version.h>
+
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -129,7 +131,13 @@ std::string run_parity_case(const std::string& name, std::shared_ptr<ddp::Proces
     if (name == "set_to_none") {
       for (auto& p : unique) p.mutable_grad() = torch::Tensor();  // LibTorch 2.x's zero_grad()
     } else {
+      // Zeros, as the script's zero_grad(set_to_none=False): LibTorch 2.x's
+      // zero_grad() sets none by default (1.13's zeroes).
+#if TORCH_VERSION_MAJOR >= 2
+      opt.zero_grad(false);
+#else
       opt.zero_grad();
+#endif
     }
     if (name == "no_sync" || name == "hook_fp16_no_sync") {
       for (int micro = 0; micro < 3; ++micro) {
