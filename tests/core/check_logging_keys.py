@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Checks a DDP logging-data JSON written by libddp (the logging_data scenario
 of ddp_worker: find_unused_parameters, one unused layer, 3 steps) against
-PyTorch 1.13's for the same configuration: every key PyTorch reports is
+the oracle PyTorch's (1.13, or 2.x in a 2.x build) for the same configuration: every key PyTorch reports is
 there, with a value of the same kind (number or text).
 
   check_logging_keys.py ours.json
@@ -55,7 +55,7 @@ def main():
         elif isinstance(value, int) != isinstance(ours[key], int):
             problems.append(f"{key}: PyTorch's is {type(value).__name__} {value!r}, ours {ours[key]!r}")
     extra = sorted(set(ours) - set(theirs))
-    print(f"PyTorch 1.13 reports {len(theirs)} keys, libddp {len(ours)}; ours only: {', '.join(extra)}")
+    print(f"PyTorch {torch.__version__} reports {len(theirs)} keys, libddp {len(ours)}; ours only: {', '.join(extra)}")
     if problems:
         print("\n".join(problems))
         sys.exit(1)
