@@ -25,7 +25,6 @@ using Clock = std::chrono::steady_clock;
 
 // A synchronised backward that ended, its gradients reduced.
 struct StepEnd {
-  int64_t step = 0;  // synchronised backward passes so far, this one included
   Clock::time_point backward_end, wait_start, wait_end;
   int64_t unused_parameter_bytes = 0;
   bool communicated = false;          // the buckets went through a collective or the comm hook

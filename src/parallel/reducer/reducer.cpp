@@ -234,8 +234,7 @@ void Reducer::Impl::finalize_backward() {
   stats.iterations++;
   observers.each([this](auto& o) { o.step_counted(stats.iterations); });
   const bool communicated = !buckets.empty() && (pg->size() > 1 || comm_hook);
-  const detail::StepEnd end{stats.iterations, backward_end, wait_start,        wait_end,
-                            unused_bytes,     communicated, &step_ready_order};
+  const detail::StepEnd end{backward_end, wait_start, wait_end, unused_bytes, communicated, &step_ready_order};
   observers.each([&end](auto& o) { o.step_finished(end); });
 
   // Every rank that finishes its first synchronised backward (a static
@@ -280,13 +279,7 @@ void Reducer::Impl::check_every_bucket_launched() {
   size_t count = 0;
   for (size_t i = 0; i < params.size(); ++i)
     if (!marked[i]) missing << (count++ ? ", " : "") << "'" << names[i] << "'";
-  for (size_t b = 0; b < next_bucket; ++b) {
-    try {
-      buckets[b].work.wait();
-      if (buckets[b].future.valid()) buckets[b].future.wait();
-    } catch (const std::exception&) {
-    }
-  }
+  wait_for_launched_buckets();
   reset_iteration();
   if (options.static_graph())
     check_usage(false, who(), "backward finished, but ", count, " parameter(s) received fewer gradients than in the "
@@ -358,14 +351,11 @@ void Reducer::Impl::copy_results_to_grads() {
 
 // ---- when a backward does not finish ------------------------------------
 
-// Collectives this rank launched in an iteration that did not finish
-// (backward threw) must end before their buckets are touched again.
-void Reducer::Impl::settle_unfinished() {
-  if (!expect_hooks) return;
-  size_t launched = 0;
+// Waits for every bucket launched this iteration, whatever happens to the
+// others; the first failure's message, or empty.
+std::string Reducer::Impl::wait_for_launched_buckets() {
   std::string failure;
   for (size_t b = 0; b < next_bucket; ++b) {
-    ++launched;
     try {
       buckets[b].work.wait();
       if (buckets[b].future.valid()) buckets[b].future.wait();
@@ -373,6 +363,15 @@ void Reducer::Impl::settle_unfinished() {
       if (failure.empty()) failure = e.what();
     }
   }
+  return failure;
+}
+
+// Collectives this rank launched in an iteration that did not finish
+// (backward threw) must end before their buckets are touched again.
+void Reducer::Impl::settle_unfinished() {
+  if (!expect_hooks) return;
+  const size_t launched = next_bucket;
+  std::string failure = wait_for_launched_buckets();
   try {
     usage.wait_used_map();
   } catch (const std::exception& e) {

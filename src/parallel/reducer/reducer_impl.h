@@ -108,6 +108,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   detail::Clock::time_point wait_for_buckets();  // returns when the last wait ended
   void take_hook_result(size_t index, const at::Tensor& result);
   void copy_results_to_grads();
+  std::string wait_for_launched_buckets();
   void settle_unfinished();
   void reset_iteration();
   // reducer.cpp: the bucket layout, between steps
