@@ -62,6 +62,9 @@
 #include <vector>
 
 #include "ddp/ddp.h"
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 #include "ddp/parallel/default_hooks.h"
 #include "ddp/parallel/powersgd_hook.h"
 #include "models.h"
@@ -167,6 +170,10 @@ struct Args {
   // into denormal floats, which x86 handles up to 100x slower, and the timing
   // would depend on how far each mode has trained. Flushed in both programs.
   bool flush_denormal = true;
+  // --device cuda: model and data on the GPU of this rank's LOCAL_RANK;
+  // --backend: the process group's (nccl for GPU runs).
+  std::string device = "cpu";
+  std::string backend = "gloo";
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -180,6 +187,7 @@ struct Args {
                "         [--flush-denormal 0|1] [--rounds R --chunk K (interleaved)] [--malloc-mmap-mb MB]\n"
                "         [--retain-step-memory 0|1] [--hook none|allreduce|fp16|powersgd (ddp)]\n"
                "         [--powersgd-rank R (--hook powersgd; from the third step on)]\n"
+               "         [--device cpu|cuda] [--backend gloo|nccl]\n"
                "  env: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (as torchrun)\n";
   std::exit(2);
 }
@@ -214,6 +222,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--flush-denormal") a.flush_denormal = v != "0";
     else if (k == "--malloc-mmap-mb") a.malloc_mmap_mb = std::stod(v);
     else if (k == "--retain-step-memory") a.retain_step_memory = v != "0";
+    else if (k == "--device") a.device = v;
+    else if (k == "--backend") a.backend = v;
     else usage("unknown flag " + k);
   }
   if (a.mode != "local" && a.mode != "ddp" && a.mode != "allreduce_each" && a.mode != "sync_only" &&
@@ -226,11 +236,28 @@ Args parse(int argc, char** argv) {
   if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100" && a.model != "resnet18")
     usage("unknown model " + a.model);
   if (a.image < 8) usage("--image >= 8");
+  if (a.device != "cpu" && a.device != "cuda") usage("--device cpu|cuda");
+#ifndef DDP_WITH_CUDA
+  if (a.device == "cuda") usage("--device cuda: this build's LibTorch has no CUDA");
+#endif
   if (a.bucket_cap_auto && !kHasAutoBucketCap)
     usage("--bucket-cap-mb auto: this build of libddp has no DistributedDataParallelOptions::bucket_cap_mb(\"auto\")");
   if (a.iters < 1 || a.warmup < 0 || a.batch < 1 || a.rounds < 1 || a.chunk < 1)
     usage("iters, rounds, chunk >= 1, warmup >= 0, batch >= 1");
   return a;
+}
+
+// The most memory the caching allocator held for tensors on `device`
+// (torch.cuda.max_memory_allocated), 0 on the CPU.
+int64_t peak_gpu_bytes(const torch::Device& device) {
+#ifdef DDP_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+  }
+#endif
+  (void)device;
+  return 0;
 }
 
 using bench::current_rss_kb;
@@ -285,6 +312,7 @@ struct Trainer {
   bool bucket_cap_auto = false;
   torch::Tensor flat;  // allreduce: the buffer all-reduced every step
   bool bucket_view = true;
+  torch::Device device{torch::kCPU};
   Net net{nullptr};
   std::unique_ptr<DDP> model;
   std::unique_ptr<torch::optim::SGD> opt;
@@ -310,6 +338,7 @@ struct Trainer {
   void build(const Args& a, const std::shared_ptr<ddp::ProcessGroup>& pg) {
     torch::manual_seed(0);  // same initial parameters on every rank and in every trainer
     net = Net();
+    net->to(device);
     if (kind == "ddp") {
       auto options =
           ddp::DDPOptions().bucket_cap_mb(bucket_cap_mb).first_bucket_mb(first_bucket_mb).gradient_as_bucket_view(bucket_view);
@@ -406,6 +435,7 @@ struct Trainer {
   template <typename After>
   void timed_steps(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, int n, After after) {
     pg.barrier();
+    sync_device();
     const double proc0 = cpu_ms(CLOCK_PROCESS_CPUTIME_ID), thread0 = cpu_ms(CLOCK_THREAD_CPUTIME_ID);
     const long faults0 = minor_faults_now();
     const auto start = Clock::now();
@@ -413,6 +443,7 @@ struct Trainer {
       one_step(pg, x, y, true);
       after();
     }
+    sync_device();  // the GPU's work of these steps is in the time
     const double ms = ms_since(start);
     elapsed_ms += ms;
     proc_cpu_ms += cpu_ms(CLOCK_PROCESS_CPUTIME_ID) - proc0;
@@ -420,6 +451,12 @@ struct Trainer {
     minor_faults += minor_faults_now() - faults0;
     timed += n;
     chunk_it_s.push_back(n * 1000.0 / ms);
+  }
+
+  void sync_device() const {
+#ifdef DDP_WITH_CUDA
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
   }
 
   double checksum() const {
@@ -436,7 +473,11 @@ int run(const Args& a) {
   const int rank = env.rank, world = env.world_size;
   // Every mode joins the group (local only for the barriers), so that the
   // processes are equally set up; Gloo's threads idle outside collectives.
-  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(300)));
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend(a.backend).timeout(std::chrono::seconds(300)));
+  torch::Device device(torch::kCPU);
+  if (a.device == "cuda")
+    device = pg->device().is_cuda() ? pg->device()
+                                    : torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
   const long rss_before_model = current_rss_kb();
 
   std::vector<std::unique_ptr<Trainer<Net>>> trainers;
@@ -448,6 +489,7 @@ int run(const Args& a) {
     t->bucket_cap_auto = a.bucket_cap_auto && a.mode != "interleaved";
     t->first_bucket_mb = first;
     t->bucket_view = view;
+    t->device = device;
     t->build(a, pg);
     trainers.push_back(std::move(t));
   };
@@ -482,6 +524,8 @@ int run(const Args& a) {
                     : a.model == "resnet18" ? torch::randn({a.batch, 1, a.image, a.image})
                                             : torch::randn({a.batch, 1, 28, 28});
   torch::Tensor y = torch::randint(0, 10, {a.batch}, torch::kLong);
+  x = x.to(device);
+  y = y.to(device);
 
   int step_no = 0;
   auto trace = [&] {
@@ -507,6 +551,7 @@ int run(const Args& a) {
     trainers.front()->timed_steps(*pg, x, y, a.iters, trace);
   }
   const long peak = peak_rss_kb();
+  const double peak_gpu_mb = peak_gpu_bytes(device) / 1048576.0;
   pg->barrier();
 
   for (auto& tp : trainers) {
@@ -538,7 +583,8 @@ int run(const Args& a) {
          << " base_rss_mb=" << rss_before_model / 1024.0 << " checksum=" << t.checksum()
          << " loss=" << t.last_loss.template item<double>()
          << " hook=" << (is_ddp ? a.hook : "none") << " hook_bytes=" << t.hook_bytes_last
-         << " flush_denormal=" << static_cast<int>(a.flush_denormal) << " tag=" << t.name;
+         << " flush_denormal=" << static_cast<int>(a.flush_denormal) << " device=" << device
+         << " peak_gpu_mb=" << peak_gpu_mb << " tag=" << t.name;
     std::cout << line.str() << std::endl;
   }
   trainers.clear();

@@ -106,6 +106,9 @@ class ResNet18(torch.nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+# What LibTorch's C++ zero_grad() does: keeps zeros in 1.x, sets to None from 2.0.
+SET_TO_NONE = not torch.__version__.startswith("1.")
+
 MODELS = {"lenet": LeNet, "d2l_lenet": D2lLeNet, "resnet18": ResNet18}
 WIDTH, LAYERS = 2048, 6
 
@@ -134,12 +137,14 @@ class Trainer:
     def __init__(self, name, mode, a):
         self.name, self.mode, self.a = name, mode, a
         torch.manual_seed(0)
-        self.net = MODELS.get(a.model, MLP)()
+        self.net = MODELS.get(a.model, MLP)().to(a.torch_device)
         self.model = self.net
         if mode == "ddp":
-            self.model = DistributedDataParallel(self.net, bucket_cap_mb=a.bucket_cap_mb,
+            ids = [a.torch_device.index] if a.torch_device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.net, device_ids=ids, bucket_cap_mb=a.bucket_cap_mb,
                                                  gradient_as_bucket_view=bool(a.bucket_view))
-            self.model._set_ddp_runtime_logging_sample_rate(1)
+            if a.device == "cpu":  # on CUDA, sampling synchronises the step: PyTorch's default rate there
+                self.model._set_ddp_runtime_logging_sample_rate(1)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=a.lr)
         self.fwd, self.bwd, self.step_ms, self.chunk_it_s = [], [], [], []
         self.ddp_backward, self.ddp_comm, self.ddp_overlap = [], [], []
@@ -150,7 +155,7 @@ class Trainer:
 
     def one_step(self, x, y, record):
         t0 = time.perf_counter()
-        self.opt.zero_grad(set_to_none=False)  # as LibTorch 1.13's zero_grad()
+        self.opt.zero_grad(set_to_none=SET_TO_NONE)
         loss = F.cross_entropy(self.model(x), y)
         t1 = time.perf_counter()
         loss.backward()
@@ -171,17 +176,23 @@ class Trainer:
         self.ddp_comm.append(d.get("backward_comm_time", float("nan")) / 1e6)
         self.ddp_overlap.append(d.get("backward_compute_comm_overlap_time", float("nan")) / 1e6)
 
+    def sync(self):
+        if self.a.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.a.torch_device)
+
     def timed_steps(self, x, y, n):
         dist.barrier()  # every rank starts together
+        self.sync()
         proc0, thread0 = time.process_time(), time.thread_time()
         faults0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         for i in range(n):
             self.one_step(x, y, True)
-            if self.mode == "ddp" and i > 0:  # the timed step before this one (a few µs)
+            if self.mode == "ddp" and i > 0 and self.a.device == "cpu":  # the step before this one (a few µs)
                 self.record_ddp_stats()
+        self.sync()  # the GPU's work of these steps is in the time
         elapsed = time.perf_counter() - start
-        if self.mode == "ddp":  # the last timed step: logged as the next forward would
+        if self.mode == "ddp" and self.a.device == "cpu":  # the last timed step, as the next forward would
             self.model.logger.set_runtime_stats_and_log()
             self.record_ddp_stats()
         self.elapsed += elapsed
@@ -220,14 +231,21 @@ def main():
     ap.add_argument("--tag", default="")
     ap.add_argument("--flush-denormal", type=int, default=1, help="as lenet_bench.cpp: fixed data is memorised, "
                     "and denormal gradients would make timings depend on training progress")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: model and data on the GPU of this rank's LOCAL_RANK")
+    ap.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     a = ap.parse_args()
+    a.torch_device = torch.device("cpu")
+    if a.device == "cuda":
+        a.torch_device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(a.torch_device)
 
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)
     torch.set_flush_denormal(bool(a.flush_denormal))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # Every mode joins the group (local only for the barriers), as the C++ side.
-    dist.init_process_group("gloo", timeout=__import__("datetime").timedelta(seconds=300))
+    dist.init_process_group(a.backend, timeout=__import__("datetime").timedelta(seconds=300))
     base_rss = current_rss_mb()
 
     if a.mode == "interleaved":
@@ -244,6 +262,7 @@ def main():
         x = torch.randn(a.batch, 1, 28, 28)
     params = sum(p.numel() for p in trainers[0].net.parameters())
     y = torch.randint(0, 10, (a.batch,))
+    x, y = x.to(a.torch_device), y.to(a.torch_device)
 
     for t in trainers:
         for _ in range(a.warmup):
@@ -255,6 +274,7 @@ def main():
     else:
         trainers[0].timed_steps(x, y, a.iters)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    peak_gpu_mb = torch.cuda.max_memory_allocated(a.torch_device) / 1048576.0 if a.device == "cuda" else 0.0
     dist.barrier()
 
     med = statistics.median
@@ -283,7 +303,8 @@ def main():
             ("bucket_view", a.bucket_view if t.mode == "ddp" else -1), ("bucket_cap_mb", f"{a.bucket_cap_mb:.4f}"),
             ("first_bucket_mb", "1.0000"), ("param_mb", f"{param_mb:.4f}"), ("peak_rss_mb", f"{peak_mb:.4f}"),
             ("base_rss_mb", f"{base_rss:.4f}"), ("checksum", f"{checksum:.4f}"),
-            ("loss", f"{t.last_loss.item():.4f}"), ("flush_denormal", a.flush_denormal), ("tag", t.name),
+            ("loss", f"{t.last_loss.item():.4f}"), ("flush_denormal", a.flush_denormal),
+            ("device", str(a.torch_device)), ("peak_gpu_mb", f"{peak_gpu_mb:.4f}"), ("tag", t.name),
         ]
         print("RESULT " + " ".join(f"{k}={v}" for k, v in fields), flush=True)
     dist.destroy_process_group()

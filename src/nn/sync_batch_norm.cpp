@@ -155,6 +155,92 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
   }
 };
 
+// On CUDA: PyTorch's own SyncBatchNorm function, op for op (its CUDA
+// kernels batch_norm_stats, batch_norm_gather_stats_with_counts,
+// batch_norm_elemt, batch_norm_backward_reduce and batch_norm_backward_elemt,
+// and the same all-gather and all-reduce), so that a CUDA model matches
+// torch.nn.SyncBatchNorm bit for bit. Python's SyncBatchNorm refuses CPU
+// inputs; the function above is this library's CPU one.
+struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input_in, const c10::optional<at::Tensor>& weight_in,
+                            const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& running_mean,
+                            const c10::optional<at::Tensor>& running_var, double eps, double momentum,
+                            c10::intrusive_ptr<GroupCapsule> group) {
+    ProcessGroup& pg = *group->pg;
+    const bool channels_last = input_in.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+                               input_in.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor input = channels_last ? input_in : input_in.contiguous();
+    const c10::optional<at::Tensor> weight =
+        weight_in ? c10::optional<at::Tensor>(weight_in->contiguous()) : c10::nullopt;
+    const int64_t channels = input.size(1);
+    at::Tensor combined;
+    if (input.numel() > 0) {
+      auto [mean, invstd] = at::batch_norm_stats(input, eps);
+      const at::Tensor count = at::full({1}, static_cast<double>(input.numel() / channels), mean.options());
+      combined = at::cat({mean, invstd, count});
+    } else {
+      combined = at::zeros({2 * channels + 1}, input.options());
+    }
+    const at::Tensor all = at::stack(pg.allgather(combined));  // (W, 2C + 1), rank order
+    // Ranks without samples drop out, as in PyTorch.
+    const at::Tensor mask = all.narrow(1, 2 * channels, 1).squeeze(-1) >= 1;
+    const at::Tensor kept = all.index({mask});
+    const at::Tensor mean_all = kept.narrow(1, 0, channels), invstd_all = kept.narrow(1, channels, channels);
+    const at::Tensor count_all = kept.narrow(1, 2 * channels, 1);
+    at::Tensor counts = count_all.reshape({-1});
+    if (running_mean && running_mean->defined() && counts.scalar_type() != running_mean->scalar_type())
+      counts = counts.to(running_mean->scalar_type());
+    auto [mean, invstd] = at::batch_norm_gather_stats_with_counts(input, mean_all, invstd_all, running_mean, running_var,
+                                                                  momentum, eps, counts);
+    ctx->save_for_backward({input, weight.value_or(at::Tensor()), mean, invstd, count_all.to(at::kInt)});
+    ctx->saved_data["group"] = c10::IValue::make_capsule(group);
+    if (input.numel() == 0) return at::empty_like(input);
+    return at::batch_norm_elemt(input, weight, bias, mean, invstd, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& input = saved[0];
+    const at::Tensor& mean = saved[2];
+    const at::Tensor& invstd = saved[3];
+    const at::Tensor& count = saved[4];
+    at::Tensor weight = saved[1];
+    auto capsule = ctx->saved_data["group"].toCapsule();
+    ProcessGroup& pg = *static_cast<GroupCapsule*>(capsule.get())->pg;
+    const at::Tensor& grad_in = grad_outputs[0];
+    const bool channels_last = grad_in.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+                               grad_in.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+    const at::Tensor grad_output = channels_last ? grad_in : grad_in.contiguous();
+    const int64_t channels = input.size(1);
+    const bool need_input = ctx->needs_input_grad(0);
+    const bool need_weight = weight.defined() && ctx->needs_input_grad(1);
+    const bool need_bias = weight.defined() && ctx->needs_input_grad(2);
+    variable_list grads(8);
+    const auto optional = [](const at::Tensor& t) { return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt; };
+    if (input.numel() == 0) {
+      // No samples here, but the peers' all-reduce needs this rank's zeros.
+      if (need_input) {
+        at::Tensor zeros = at::zeros({2 * channels}, input.options());
+        pg.allreduce(zeros).wait();
+      }
+      return grads;
+    }
+    auto [sum_dy, sum_dy_xmu, grad_weight, grad_bias] = at::batch_norm_backward_reduce(
+        grad_output, input, mean, invstd, optional(weight), need_input, need_weight, need_bias);
+    if (need_input) {
+      at::Tensor combined = at::cat({sum_dy, sum_dy_xmu});
+      pg.allreduce(combined).wait();
+      if (weight.defined() && weight.scalar_type() != mean.scalar_type()) weight = weight.to(mean.scalar_type());
+      grads[0] = at::batch_norm_backward_elemt(grad_output, input, mean, invstd, optional(weight),
+                                               combined.narrow(0, 0, channels), combined.narrow(0, channels, channels),
+                                               count);
+    }
+    if (need_weight) grads[1] = grad_weight;
+    if (need_bias) grads[2] = grad_bias;
+    return grads;
+  }
+};
+
 }  // namespace
 
 SyncBatchNormOptions::SyncBatchNormOptions(int64_t num_features) : num_features_(num_features) {}
@@ -256,6 +342,10 @@ torch::Tensor SyncBatchNormImpl::forward(const torch::Tensor& input) {
                              at::globalContext().userEnabledCuDNN());
   }
   auto optional = [](const torch::Tensor& t) { return t.defined() ? c10::optional<at::Tensor>(t) : c10::nullopt; };
+  if (input.is_cuda())
+    return SyncBatchNormCudaFunction::apply(input, optional(weight), optional(bias), optional(running_mean),
+                                            optional(running_var), options.eps(), factor,
+                                            c10::make_intrusive<GroupCapsule>(process_group_));
   return SyncBatchNormFunction::apply(input, optional(weight), optional(bias), optional(running_mean),
                                       optional(running_var), options.eps(), factor,
                                       c10::make_intrusive<GroupCapsule>(process_group_));

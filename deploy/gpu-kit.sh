@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Carries the LibTorch 2.x build to a GPU machine that reaches no registry,
+# and runs its GPU checks there (docs/gpu.md, "On a GPU machine").
+#
+#   deploy/gpu-kit.sh pack    here: .deps/gpu-kit/ (stripped programs of
+#                             build-torch2/, the libraries they need beyond
+#                             glibc and the torch wheel, Fashion-MNIST)
+#   deploy/gpu-kit.sh run     there, in a copy of this tree with .deps/gpu-kit:
+#                             the GPU tests, the GPU benchmark, the examples
+#                             through ddprun; results under $OUT (or ./gpu-out)
+#
+# The GPU machine's own torch (2.11, the pinned version) provides LibTorch,
+# CUDA and NCCL: LD_LIBRARY_PATH points at its torch/lib.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit=.deps/gpu-kit
+programs=(launcher/ddprun bench/ddp_bench_lenet tests/gpu/ddp_gpu_tests tests/gpu/ddp_gpu_worker
+  examples/lenet_fmnist/lenet_fmnist examples/resnet18_fmnist/resnet18_fmnist)
+
+pack() {
+  local build=${DDP_TORCH2_BUILD_DIR:-build-torch2}
+  rm -rf "$kit"
+  mkdir -p "$kit/build-torch2" "$kit/lib" "$kit/lib-std" "$kit/data"
+  for p in "${programs[@]}"; do
+    mkdir -p "$kit/build-torch2/$(dirname "$p")"
+    strip -o "$kit/build-torch2/$p" "$build/$p"
+  done
+  # Every library the programs load that is neither glibc's nor the wheel's.
+  for p in "${programs[@]}"; do ldd "$build/$p"; done | awk '$3 ~ /^\// {print $3}' | sort -u |
+    grep -v -e '/torch/lib/' -e '/nvidia/' -e 'lib\(c\|m\|dl\|rt\|pthread\|util\|resolv\)\.so' \
+      -e 'ld-linux' | while read -r lib; do
+    case "$(basename "$lib")" in
+      libstdc++.so.*|libgcc_s.so.*) cp -L "$lib" "$kit/lib-std/" ;;
+      *) cp -L "$lib" "$kit/lib/" ;;
+    esac
+  done
+  cp -L /usr/share/datasets/fashion-mnist/*.gz "$kit/data/"
+  du -sh "$kit"
+}
+
+run() {
+  local out=${OUT:-$PWD/gpu-out}
+  mkdir -p "$out"
+  exec > >(tee "$out/gpu-kit.log") 2>&1
+  nvidia-smi || true
+  local py=""
+  for c in python3 python /usr/bin/python3 /opt/conda/bin/python /usr/local/bin/python3; do
+    if command -v "$c" >/dev/null && "$c" -c 'import torch' 2>/dev/null; then py=$(command -v "$c"); break; fi
+  done
+  [[ -n "$py" ]] || { echo "gpu-kit: no Python with torch on this machine"; exit 1; }
+  "$py" -c 'import torch, sys; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda,
+"nccl", torch.cuda.nccl.version(), "gpus", torch.cuda.device_count(),
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || true
+  local torch_lib
+  torch_lib=$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
+  # The programs name this tree's paths as they were built (/work/main).
+  if [[ "$(readlink -f /work/main 2>/dev/null)" != "$(readlink -f "$PWD")" ]]; then
+    if [[ -e /work/main ]]; then
+      echo "gpu-kit: /work/main exists and is not this tree: the GPU tests will use its files"
+    else
+      mkdir -p /work && ln -s "$PWD" /work/main
+    fi
+  fi
+  rm -rf build-torch2 && cp -a "$kit/build-torch2" build-torch2
+  export LD_LIBRARY_PATH="$torch_lib:$PWD/$kit/lib"
+  if ldd build-torch2/tests/gpu/ddp_gpu_tests | grep -q 'GLIBCXX.*not found\|libstdc++.*not found'; then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PWD/$kit/lib-std"
+  fi
+  ldd build-torch2/tests/gpu/ddp_gpu_tests | grep -i 'not found' && echo "gpu-kit: libraries missing (above)"
+  export DDP_ORACLE_PYTHON="$py" OMP_NUM_THREADS=4
+  echo "== GPU tests"
+  build-torch2/tests/gpu/ddp_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" || echo "gpu-kit: GPU tests failed"
+  echo "== examples through ddprun, one worker per GPU"
+  timeout 240 build-torch2/launcher/ddprun --standalone --nproc-per-node gpu build-torch2/examples/lenet_fmnist/lenet_fmnist \
+    --data-dir "$kit/data" --epochs 2 --run-dir "$out/runs/lenet" || echo "gpu-kit: lenet_fmnist failed"
+  timeout 240 build-torch2/launcher/ddprun --standalone --nproc-per-node gpu build-torch2/examples/resnet18_fmnist/resnet18_fmnist \
+    --data-dir "$kit/data" --epochs 1 --global-batch-size 256 --limit-batches 100 --run-dir "$out/runs/resnet18" ||
+    echo "gpu-kit: resnet18_fmnist failed"
+  echo "== benchmark"
+  "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --rounds "${GPU_BENCH_ROUNDS:-3}" \
+    --out "$out/gpu_bench.csv" || echo "gpu-kit: benchmark failed"
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run ;;
+  *) echo "usage: deploy/gpu-kit.sh pack|run" >&2; exit 2 ;;
+esac

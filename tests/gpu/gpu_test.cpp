@@ -1,0 +1,187 @@
+// GPU tests: NCCL groups, CUDA tensors through the reducer (over NCCL and
+// over Gloo, on a stream of the user's, from pinned memory), SyncBatchNorm
+// on CUDA against torch.nn.SyncBatchNorm, float16 autocast with the
+// GradScaler's CUDA kernels against PyTorch's. They build in every build and
+// skip, saying why, where this build's LibTorch has no CUDA or no GPU is
+// visible; where one is, each runs real ranks (ddp_gpu_worker) and checks
+// what its comment says. The PyTorch oracle is DDP_ORACLE_PYTHON (the
+// environment's, else the one configured), with a CUDA torch.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "multiprocess.h"
+
+using namespace ddp::testing;
+
+namespace {
+
+#ifndef DDP_ORACLE_PYTHON
+#define DDP_ORACLE_PYTHON "/usr/bin/python3"
+#endif
+
+std::string oracle_python() {
+  const char* env = std::getenv("DDP_ORACLE_PYTHON");
+  return env && *env ? env : DDP_ORACLE_PYTHON;
+}
+
+// Why GPU tests cannot run here, or "" when they can.
+std::string no_gpu_reason() {
+#ifndef DDP_WITH_CUDA
+  return "this build's LibTorch has no CUDA (build against a CUDA LibTorch: docs/gpu.md)";
+#else
+  if (!torch::cuda::is_available()) return "no GPU is visible (torch::cuda::is_available() is false)";
+  return "";
+#endif
+}
+
+int gpu_count() { return static_cast<int>(torch::cuda::device_count()); }
+
+#define SKIP_WITHOUT_GPU()                                       \
+  do {                                                           \
+    const std::string why = no_gpu_reason();                     \
+    if (!why.empty()) GTEST_SKIP() << "needs a GPU: " << why;    \
+  } while (0)
+
+// Why the oracle cannot run PyTorch on CUDA, or "".
+std::string no_cuda_oracle_reason() {
+  const std::string cmd = oracle_python() + " -c 'import torch, torch.distributed, sys; "
+                          "sys.exit(0 if torch.cuda.is_available() else 1)' >/dev/null 2>&1";
+  if (std::system(cmd.c_str()) != 0)
+    return oracle_python() + " has no torch with a usable GPU (set DDP_ORACLE_PYTHON to one that has)";
+  return "";
+}
+
+std::string describe_ranks(const std::vector<RankResult>& results) {
+  std::ostringstream s;
+  for (size_t r = 0; r < results.size(); ++r)
+    s << "--- rank " << r << " (exit " << results[r].exit_code << ")\n" << results[r].output << "\n";
+  return s.str();
+}
+
+void expect_all_ok(const std::vector<RankResult>& results) {
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe_ranks(results);
+}
+
+std::vector<RankResult> run_worker(int world, const std::vector<std::string>& args,
+                                   std::map<std::string, std::string> env = {}) {
+  return run_ranks(world, DDP_GPU_WORKER, args, std::move(env), std::chrono::seconds(300));
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs the C++ scenario and PyTorch's, `world` ranks each, and compares
+// every file pair bitwise.
+void compare_with_pytorch(const std::string& scenario, const std::string& backend, int world,
+                          const std::vector<std::string>& files) {
+  char tmpl[] = "/tmp/ddp_gpu_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::map<std::string, std::string> env = {{"DDP_TEST_DIR", dir}};
+  expect_all_ok(run_worker(world, {scenario, "--backend", backend}, env));
+  const std::string python = oracle_python();
+  auto py = run_ranks(world, python, {PYTORCH_GPU_ORACLE, scenario, backend, dir}, env, std::chrono::seconds(300));
+  expect_all_ok(py);
+  for (int r = 0; r < world; ++r) {
+    for (const auto& f : files) {
+      const std::string name = f + "_rank" + std::to_string(r);
+      const std::string mine = slurp(dir + "/cpp_" + name), theirs = slurp(dir + "/torch_" + name);
+      ASSERT_FALSE(mine.empty()) << name;
+      ASSERT_EQ(mine.size(), theirs.size()) << name;
+      if (name.find(".txt") != std::string::npos) {
+        // "<step> <scale> <stepped>" lines: the same numbers.
+        std::istringstream a(mine), b(theirs);
+        double x, y;
+        int line = 0;
+        while (a >> x && b >> y) {
+          EXPECT_EQ(x, y) << name << " value " << line;
+          ++line;
+        }
+        continue;
+      }
+      size_t differing = 0;
+      float worst = 0;
+      for (size_t i = 0; i + 4 <= mine.size(); i += 4) {
+        float u, v;
+        std::memcpy(&u, mine.data() + i, 4);
+        std::memcpy(&v, theirs.data() + i, 4);
+        if (std::memcmp(&u, &v, 4) != 0) {
+          ++differing;
+          worst = std::max(worst, std::fabs(u - v));
+        }
+      }
+      EXPECT_EQ(differing, 0u) << name << ": " << differing << " of " << mine.size() / 4
+                               << " floats differ from PyTorch's, worst by " << worst;
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Every visible GPU one rank of an nccl group: all-reduce, broadcast,
+// all-gather, barrier and a 64 MiB all-reduce of CUDA tensors; the group's
+// device is cuda:LOCAL_RANK.
+TEST(GpuNccl, CollectivesOnEveryVisibleGpu) {
+  SKIP_WITHOUT_GPU();
+  expect_all_ok(run_worker(gpu_count(), {"nccl_collectives", "--backend", "nccl"}));
+}
+
+// DDP over nccl (one rank per GPU, at most 2): gradients equal the ranks'
+// local gradients averaged, bit for bit, with tiny buckets, as bucket views
+// and as copies.
+TEST(GpuReducer, NcclGradientsAreTheAverageBitwise) {
+  SKIP_WITHOUT_GPU();
+  const int world = std::min(gpu_count(), 2);
+  expect_all_ok(run_worker(world, {"reducer_gradients", "--backend", "nccl", "--as-view", "1"}));
+  expect_all_ok(run_worker(world, {"reducer_gradients", "--backend", "nccl", "--as-view", "0"}));
+}
+
+// DDP over Gloo with CUDA parameters, two ranks (on one GPU when there is
+// only one): Gloo's CUDA all-reduce behind the reducer, bitwise as above.
+TEST(GpuReducer, GlooCarriesCudaGradientsBitwise) {
+  SKIP_WITHOUT_GPU();
+  expect_all_ok(run_worker(2, {"reducer_gradients", "--backend", "gloo"}));
+}
+
+// Stream ordering and pinned memory: the whole step on a stream from the
+// pool (not the default one) with batches copied non-blocking from pinned
+// host memory; DDP's bucket copies and collectives must follow the backward
+// kernels on that stream, or the bitwise check above fails.
+TEST(GpuReducer, SideStreamAndPinnedCopies) {
+  SKIP_WITHOUT_GPU();
+  expect_all_ok(run_worker(std::min(gpu_count(), 2),
+                           {"reducer_gradients", "--backend", "nccl", "--side-stream", "1", "--pinned", "1"}));
+  expect_all_ok(run_worker(2, {"reducer_gradients", "--backend", "gloo", "--side-stream", "1", "--pinned", "1"}));
+}
+
+// SyncBatchNorm on CUDA under DDP, two ranks over Gloo, 3 steps: the
+// parameters, running statistics and last outputs equal torch.nn.SyncBatchNorm's
+// under PyTorch's DDP bit for bit (the same CUDA kernels, in the same order).
+TEST(GpuSyncBatchNorm, MatchesPyTorchCudaSyncBatchNormBitwise) {
+  SKIP_WITHOUT_GPU();
+  const std::string why = no_cuda_oracle_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  compare_with_pytorch("syncbn_parity", "gloo", 2, {"syncbn.bin"});
+}
+
+// float16 autocast and ddp::GradScaler's CUDA kernels
+// (_amp_foreach_non_finite_check_and_unscale_, _amp_update_scale_) under DDP
+// over nccl, 10 steps with overflowing inputs at steps 3 and 4: every step's
+// scale and skip, and the final parameters, equal PyTorch's autocast and
+// GradScaler's, bitwise.
+TEST(GpuAmp, Float16AutocastAndScalerMatchPyTorch) {
+  SKIP_WITHOUT_GPU();
+  const std::string why = no_cuda_oracle_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  compare_with_pytorch("amp_parity", "nccl", 1, {"amp.bin", "amp_scales.txt"});
+}
+
+}  // namespace
