@@ -27,27 +27,36 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MODES = {"local": "cpp", "ddp": "cpp", "pytorch_ddp": "py", "pytorch_local": "py"}
+MODES = {"local": "cpp", "ddp": "cpp", "pytorch_ddp": "py", "pytorch_local": "py", "interleaved": "cpp",
+         "pytorch_interleaved": "py"}
+LABELS = ["local", "ddp", "pytorch_ddp", "pytorch_local", "i_local", "i_ddp", "i_pytorch_local", "i_pytorch_ddp"]
 # model -> (batch, extra flags, timed steps, warm-up steps): the examples' batches
 # (LeNet 256, ResNet-18 at 96x96 256 a GPU: the seed's 512 over two).
 MODELS = {
-    "lenet": (256, [], 400, 50),
-    "resnet18": (256, ["--image", "96"], 60, 15),
+    "lenet": (256, [], 2000, 100),
+    "resnet18": (256, ["--image", "96"], 100, 15),
 }
 
 
-def parse_result(text):
+def parse_results(text):
+    """Every RESULT line (ddprun prefixes a worker's lines with "[rank0]: ")."""
+    out = []
     for line in text.splitlines():
-        if line.startswith("RESULT "):
-            return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    return None
+        at = line.find("RESULT ")
+        if at >= 0:
+            out.append(dict(kv.split("=", 1) for kv in line[at:].split()[1:] if "=" in kv))
+    return out
 
 
 def run_one(a, model, mode):
     batch, extra, iters, warmup = MODELS[model]
     common = ["--model", model, "--batch", str(batch), "--iters", str(a.iters or iters), "--warmup", str(warmup),
               "--device", "cuda", "--backend", "nccl", "--lr", "0.05"] + extra
-    impl_mode = "ddp" if mode in ("ddp", "pytorch_ddp") else "local"
+    impl_mode = {"ddp": "ddp", "pytorch_ddp": "ddp", "interleaved": "interleaved",
+                 "pytorch_interleaved": "interleaved"}.get(mode, "local")
+    if impl_mode == "interleaved":
+        # every mode in one process, alternating every --chunk steps: the ratios without drift
+        common += ["--rounds", str(a.chunk_rounds), "--chunk", str(max(1, (a.iters or iters) // 8))]
     if MODES[mode] == "cpp":
         cmd = [os.path.join(a.build, "launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
                os.path.join(a.build, "bench", "ddp_bench_lenet"), "--mode", impl_mode, "--threads", "4"] + common
@@ -55,10 +64,10 @@ def run_one(a, model, mode):
         cmd = [a.python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
                os.path.join(HERE, "pytorch_lenet_bench.py"), "--mode", impl_mode, "--threads", "4"] + common
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    r = parse_result(p.stdout)
-    if p.returncode != 0 or r is None:
+    r = parse_results(p.stdout + "\n" + p.stderr)
+    if p.returncode != 0 or not r:
         sys.stderr.write(f"{mode} {model} failed (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}\n")
-        return None
+        return []
     return r
 
 
@@ -70,22 +79,28 @@ def main():
     ap.add_argument("--iters", type=int, default=0, help="timed steps (default: the model's)")
     ap.add_argument("--models", default="lenet,resnet18")
     ap.add_argument("--out", default="")
+    ap.add_argument("--chunk-rounds", type=int, default=6, help="interleaved: alternations per process")
+    ap.add_argument("--modes", default=",".join(MODES))
     a = ap.parse_args()
     rows = []
     for model in a.models.split(","):
-        modes = list(MODES)
+        modes = a.modes.split(",")
         for r in range(a.rounds):
             for k in range(len(modes)):
                 mode = modes[(k + r) % len(modes)]
-                res = run_one(a, model, mode)
-                if res is None:
-                    continue
-                row = {"round": r, "model": model, "label": mode, "it_s": float(res["it_s"]),
-                       "peak_gpu_mb": float(res.get("peak_gpu_mb", "nan")), "loss": res.get("loss"),
-                       "checksum": res.get("checksum"), "device": res.get("device"), "buckets": res.get("buckets")}
-                rows.append(row)
-                print(f"round {r} {model:8s} {mode:14s} {row['it_s']:9.2f} it/s  peak {row['peak_gpu_mb']:8.1f} MiB"
-                      f"  loss {row['loss']}", flush=True)
+                for res in run_one(a, model, mode):
+                    label = mode
+                    if mode == "interleaved":
+                        label = "i_" + res.get("tag", "?")
+                    elif mode == "pytorch_interleaved":
+                        label = "i_" + res.get("tag", "?")
+                    row = {"round": r, "model": model, "label": label, "it_s": float(res["it_s"]),
+                           "peak_gpu_mb": float(res.get("peak_gpu_mb", "nan")), "loss": res.get("loss"),
+                           "checksum": res.get("checksum"), "device": res.get("device"),
+                           "buckets": res.get("buckets")}
+                    rows.append(row)
+                    print(f"round {r} {model:8s} {label:22s} {row['it_s']:9.2f} it/s"
+                          f"  peak {row['peak_gpu_mb']:8.1f} MiB  loss {row['loss']}", flush=True)
     if not rows:
         sys.exit("run_gpu_bench: no run succeeded")
     if a.out:
@@ -96,19 +111,23 @@ def main():
     print("\nsummary (it/s over rounds: min / median / max; peak GPU memory, median)")
     for model in a.models.split(","):
         med = {}
-        for mode in MODES:
+        for mode in LABELS:
             v = [x["it_s"] for x in rows if x["model"] == model and x["label"] == mode]
             m = [x["peak_gpu_mb"] for x in rows if x["model"] == model and x["label"] == mode]
             if not v:
-                print(f"  {model:8s} {mode:14s} no runs")
                 continue
             med[mode] = statistics.median(v)
-            print(f"  {model:8s} {mode:14s} {min(v):9.2f} / {med[mode]:9.2f} / {max(v):9.2f} it/s"
+            print(f"  {model:8s} {mode:16s} {min(v):9.2f} / {med[mode]:9.2f} / {max(v):9.2f} it/s"
                   f"   peak {statistics.median(m):8.1f} MiB   ({len(v)} runs)")
         if "ddp" in med and "pytorch_ddp" in med:
             print(f"  {model:8s} libddp ddp / PyTorch DDP: {med['ddp'] / med['pytorch_ddp']:.3f}x")
         if "ddp" in med and "local" in med:
             print(f"  {model:8s} libddp ddp / libddp local: {med['ddp'] / med['local']:.3f}x")
+        if "i_ddp" in med and "i_local" in med:
+            print(f"  {model:8s} interleaved in one process: libddp ddp / local {med['i_ddp'] / med['i_local']:.3f}x")
+        if "i_pytorch_ddp" in med and "i_pytorch_local" in med:
+            print(f"  {model:8s} interleaved in one process: PyTorch DDP / local "
+                  f"{med['i_pytorch_ddp'] / med['i_pytorch_local']:.3f}x")
         if "pytorch_ddp" in med and "pytorch_local" in med:
             print(f"  {model:8s} PyTorch DDP / PyTorch local: {med['pytorch_ddp'] / med['pytorch_local']:.3f}x")
 

@@ -70,12 +70,14 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || 
   export DDP_ORACLE_PYTHON="$py" OMP_NUM_THREADS=4
   echo "== GPU tests"
   build-torch2/tests/gpu/ddp_gpu_tests --gtest_output="xml:$out/gpu_tests.xml" || echo "gpu-kit: GPU tests failed"
+  if [[ "${GPU_KIT_EXAMPLES:-1}" == 1 ]]; then
   echo "== examples through ddprun, one worker per GPU"
   timeout 240 build-torch2/launcher/ddprun --standalone --nproc-per-node gpu build-torch2/examples/lenet_fmnist/lenet_fmnist \
     --data-dir "$kit/data" --epochs 2 --run-dir "$out/runs/lenet" || echo "gpu-kit: lenet_fmnist failed"
   timeout 240 build-torch2/launcher/ddprun --standalone --nproc-per-node gpu build-torch2/examples/resnet18_fmnist/resnet18_fmnist \
     --data-dir "$kit/data" --epochs 1 --global-batch-size 256 --limit-batches 100 --run-dir "$out/runs/resnet18" ||
     echo "gpu-kit: resnet18_fmnist failed"
+  fi
   echo "== benchmark"
   "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --rounds "${GPU_BENCH_ROUNDS:-3}" \
     --out "$out/gpu_bench.csv" || echo "gpu-kit: benchmark failed"

@@ -93,7 +93,9 @@ void compare_with_pytorch(const std::string& scenario, const std::string& backen
   expect_all_ok(py);
   for (int r = 0; r < world; ++r) {
     for (const auto& f : files) {
-      const std::string name = f + "_rank" + std::to_string(r);
+      // "amp.bin" -> amp_rank0.bin, "amp_scales.txt" -> amp_rank0_scales.txt (the scripts' names).
+      const size_t cut = f.find_first_of("._") == std::string::npos ? f.size() : f.find_first_of("._");
+      const std::string name = f.substr(0, cut) + "_rank" + std::to_string(r) + f.substr(cut);
       const std::string mine = slurp(dir + "/cpp_" + name), theirs = slurp(dir + "/torch_" + name);
       ASSERT_FALSE(mine.empty()) << name;
       ASSERT_EQ(mine.size(), theirs.size()) << name;

@@ -449,10 +449,16 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     check_usage(seen.insert(params[i].unsafeGetTensorImpl()).second, "rank ", pg->rank(),
                 ": DistributedDataParallel: parameter '", names[i],
                 "' is given twice; pass each shared tensor once (DistributedDataParallel deduplicates them)");
-    check_usage(params[i].device() == pg->device(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '",
-                names[i], "' is on ", params[i].device().str(), " but the ", pg->backend_name(),
-                " process group works on ", pg->device().str(), "; move the model there first (model->to(pg->device()))");
+    // One device for the whole module, as PyTorch's DDP. A GPU group's
+    // (nccl's) must be it; Gloo and our MPI group carry CPU and CUDA tensors.
+    check_usage(params[i].device() == params[0].device(), "rank ", pg->rank(), ": DistributedDataParallel: parameter '",
+                names[i], "' is on ", params[i].device().str(), " but '", names[0], "' on ", params[0].device().str(),
+                "; DistributedDataParallel takes a module on one device: move it there (model->to(device))");
   }
+  check_usage(pg->device().is_cpu() || params[0].device() == pg->device(), "rank ", pg->rank(),
+              ": DistributedDataParallel: parameter '", names[0], "' is on ", params[0].device().str(), " but the ",
+              pg->backend_name(), " process group works on ", pg->device().str(),
+              "; move the model there first (model->to(pg->device()))");
   impl_ = std::make_shared<Impl>(std::move(params), std::move(names), std::move(pg), options);
   auto& s = *impl_;
   if (options.bucket_cap_auto()) {
