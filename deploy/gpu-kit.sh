@@ -80,7 +80,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || 
   fi
   echo "== benchmark"
   "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --rounds "${GPU_BENCH_ROUNDS:-3}" \
-    --out "$out/gpu_bench.csv" || echo "gpu-kit: benchmark failed"
+    --out "$out/gpu_bench.csv" ${GPU_BENCH_ARGS:-} || echo "gpu-kit: benchmark failed"
 }
 
 case "${1:-}" in

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -35,6 +36,20 @@ inline const char* oracle_python() { return DDP_ORACLE_PYTHON; }
 // machine without python3-torch skips rather than fails.
 inline bool have_pytorch(const std::string& modules) {
   return std::system((std::string(oracle_python()) + " -c 'import " + modules + "' >/dev/null 2>&1").c_str()) == 0;
+}
+
+// The oracle's torch version as major * 100 + minor (113 for 1.13, 211 for
+// 2.11), 0 when it cannot say.
+inline int oracle_torch_version() {
+  const std::string cmd = std::string(oracle_python()) +
+                          " -c 'import torch; v = torch.__version__.split(\"+\")[0].split(\".\"); "
+                          "print(int(v[0]) * 100 + int(v[1]))' 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return 0;
+  int v = 0;
+  if (std::fscanf(p, "%d", &v) != 1) v = 0;
+  ::pclose(p);
+  return v;
 }
 
 // How our float32 outputs differ from PyTorch's, over every file added.

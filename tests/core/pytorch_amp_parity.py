@@ -41,7 +41,10 @@ CASES = {
     "scaler_grad": (False, True, True, set(), {4, 5, 12, 20}),
 }
 
-_lib = torch.library.Library("aten", "IMPL")
+# PyTorch 2.3 and later have the scaler for CPU (torch.amp.GradScaler("cpu"))
+# with CPU kernels of their own: the oracle is then PyTorch as it ships.
+_VERSION = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+NATIVE_CPU_SCALER = _VERSION >= (2, 3)
 
 
 def _unscale_cpu(grads, found_inf, inv_scale):
@@ -68,9 +71,17 @@ def _update_scale_cpu(scale, growth_tracker, found_inf, growth_factor, backoff_f
     return scale
 
 
-_lib.impl("_amp_foreach_non_finite_check_and_unscale_", _unscale_cpu, "CPU")
-_lib.impl("_amp_update_scale_", _update_scale_cpu, "CPU")
-grad_scaler.amp_definitely_not_available = lambda: False
+if not NATIVE_CPU_SCALER:
+    _lib = torch.library.Library("aten", "IMPL")
+    _lib.impl("_amp_foreach_non_finite_check_and_unscale_", _unscale_cpu, "CPU")
+    _lib.impl("_amp_update_scale_", _update_scale_cpu, "CPU")
+    grad_scaler.amp_definitely_not_available = lambda: False
+
+
+def make_scaler(enabled):
+    if NATIVE_CPU_SCALER:
+        return torch.amp.GradScaler("cpu", growth_interval=3, enabled=enabled)
+    return grad_scaler.GradScaler(growth_interval=3, enabled=enabled)
 
 
 class Net(nn.Module):
@@ -101,7 +112,7 @@ def run_case(name, rank, world):
     init(net)
     model = make_model(net, SMALL)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    scaler = grad_scaler.GradScaler(growth_interval=3, enabled=scaled)
+    scaler = make_scaler(scaled)
     per_rank, lo = 16, rank * 16
     lines = []
     for step in range(30):

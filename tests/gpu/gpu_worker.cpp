@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <string>
@@ -256,7 +257,7 @@ int amp_parity(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr)
     scaler.scale(loss).backward();
     const bool stepped = scaler.step(opt);
     scaler.update();
-    scales << step << " " << scaler.get_scale() << " " << (stepped ? 1 : 0) << "\n";
+    scales << step << " " << std::setprecision(17) << scaler.get_scale() << " " << (stepped ? 1 : 0) << "\n";
   }
   write_state(*net, out_dir() + "/cpp_amp_rank" + std::to_string(rank) + ".bin");
   std::cout << "rank " << rank << ": amp written" << std::endl;

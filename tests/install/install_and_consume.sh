@@ -29,9 +29,14 @@ fi
 if [[ -f "$build/launcher/ddprun" ]]; then test -x "$prefix/bin/ddprun"; "$prefix/bin/ddprun" --version; fi
 
 launcher=$(command -v ccache || true)
+# The consumer finds the LibTorch this build used, as a user names theirs
+# (docs/gpu.md): Torch_ROOT when the build had one (a pip wheel, a zip).
+torch_root=$(sed -n 's/^Torch_ROOT:[A-Z]*=//p' "$build/CMakeCache.txt")
+torch_args=()
+[[ -n "$torch_root" ]] && torch_args=(-DTorch_ROOT="$torch_root")
 configure() {  # configure DIR [cmake args...]
   local dir=$1; shift
-  cmake -S "$src/tests/install/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" \
+  cmake -S "$src/tests/install/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" "${torch_args[@]}" \
     -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" "$@" >"$work/$dir.log" 2>&1 ||
     { cat "$work/$dir.log"; echo "configuring $dir failed"; exit 1; }
   cmake --build "$work/build-$dir" -j 2 >>"$work/$dir.log" 2>&1 ||

@@ -116,11 +116,12 @@ void Reducer::Impl::arm_end_of_graph_task() {
 // ---- 2. it is marked ready and goes into its bucket ---------------------
 
 void Reducer::Impl::mark_ready(size_t i) {
-  check_usage(!marked[i], who(), "parameter '", names[i],
-              "' was marked ready twice in one backward. Either it received a gradient after being found unused "
-              "(find_unused_parameters, with a reentrant backward such as activation checkpointing), or the same "
-              "parameters were used by two reentrant backward passes, or the module's output was used in two "
-              "backward calls.");
+  if (marked[i])  // (who() builds a string: only on the way to the error)
+    check_usage(false, who(), "parameter '", names[i],
+                "' was marked ready twice in one backward. Either it received a gradient after being found unused "
+                "(find_unused_parameters, with a reentrant backward such as activation checkpointing), or the same "
+                "parameters were used by two reentrant backward passes, or the module's output was used in two "
+                "backward calls.");
   marked[i] = 1;
   divisor.get(pg->size());
   const size_t k = buckets.bucket_of(i);
@@ -157,6 +158,13 @@ void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
     return;
   }
   const int64_t div = divisor.get(pg->size());
+  if (div == 1 && pg->size() == 1 && !grad.requires_grad()) {
+    // A group of one: no copy into the bucket and none back (on a GPU,
+    // two kernels a parameter saved); the bucket's slot stays unused.
+    if (kept_in_grad.empty()) kept_in_grad.assign(params.size(), 0);
+    kept_in_grad[i] = 1;
+    return;
+  }
   if (!detail::BucketSet::is_alias(grad, view)) {
     if (grad.requires_grad())
       view.copy_(grad.detach().div(div));
@@ -336,6 +344,7 @@ void Reducer::Impl::copy_results_to_grads() {
   const bool as_view = options.gradient_as_bucket_view();
   for (size_t i = 0; i < params.size(); ++i) {
     if (!usage.reduced_gradient_applies(i)) continue;
+    if (!kept_in_grad.empty() && kept_in_grad[i]) continue;
     const auto& view = buckets.view_of(i);
     auto& grad = params[i].mutable_grad();
     if (as_view) {
@@ -388,6 +397,7 @@ void Reducer::Impl::settle_unfinished() {
 
 void Reducer::Impl::reset_iteration() {
   std::fill(marked.begin(), marked.end(), 0);
+  std::fill(kept_in_grad.begin(), kept_in_grad.end(), 0);
   buckets.reset();
   usage.reset_iteration();
   next_bucket = 0;

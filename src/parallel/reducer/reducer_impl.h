@@ -72,6 +72,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   // ---- this step
   size_t next_bucket = 0;      // buckets launch strictly in order, the same on every rank
   std::vector<char> marked;    // ready this backward
+  // Left in .grad this backward: a group of one without a hook has nothing
+  // to reduce, and one rank's average is its own gradient, bit for bit.
+  std::vector<char> kept_in_grad;
   bool unused_marked = false;  // the parameters known unused were marked ready in this backward
   bool sync = true;
   bool expect_hooks = false;  // a DDP forward prepared this backward
