@@ -43,6 +43,13 @@ foreach(_lib IN LISTS TORCH_LIBRARIES TORCH_LIBRARY c10_LIBRARY C10_CUDA_LIBRARY
   endif()
 endforeach()
 
+# Installed programs find a LibTorch outside the system's library folders (a
+# pip wheel's torch/lib, a zip's lib) where they were linked against it.
+get_filename_component(_ddp_torch_libdir "${TORCH_LIBRARY}" DIRECTORY)
+if(_ddp_torch_libdir AND NOT _ddp_torch_libdir MATCHES "^/(usr/)?lib")
+  list(APPEND CMAKE_INSTALL_RPATH "${_ddp_torch_libdir}")
+endif()
+
 # LibTorch 2.14 and later refuse C++17 (#error C++20 or later compatible
 # compiler is required).
 set(DDP_TORCH_VERSION "${Torch_VERSION}")

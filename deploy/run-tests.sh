@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, runs every test; then
-# the sanitized build (build-san): the unit and data tests and one
+# the same against LibTorch 2.x (build-torch2); then the sanitized build (build-san): the unit and data tests and one
 # multi-process DDP test under AddressSanitizer and UBSan, and every fuzz
 # harness for DDP_FUZZ_SECONDS on its corpus (fuzz/README.md).
 # DDP_SKIP_SANITIZED=1 skips the second part, for a quick local run only.
@@ -11,6 +11,19 @@ deploy/build.sh
 # Multi-process tests start up to 4 ranks each; two tests at a time keep a
 # 2-core machine busy without starving the ranks.
 ctest --test-dir "${DDP_BUILD_DIR:-build}" --output-on-failure -j 2 --timeout 600
+
+# LibTorch 2.x: the pinned PyTorch wheel's (CUDA and NCCL on; no GPU needed,
+# the GPU tests skip with their reason), the whole suite again with PyTorch
+# 2.x's Python as the parity oracle (docs/gpu.md). Not the Slurm cluster
+# tests: they check the job templates and Slurm's environment, which do not
+# depend on LibTorch, and take minutes to set up. DDP_SKIP_TORCH2=1 skips
+# this part, for a quick local run only.
+if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
+  deploy/build-torch2.sh
+  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" --output-on-failure -j 2 --timeout 600 -LE cluster
+else
+  echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does)"
+fi
 
 if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then
   echo "run-tests: DDP_SKIP_SANITIZED=1: not running the sanitized tests and the fuzzers (CI runs them)"

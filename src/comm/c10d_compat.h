@@ -8,6 +8,7 @@
 //   2.x:  they derive from c10d::Backend (ProcessGroup became a dispatcher
 //         over backends), Options from Backend::Options.
 #pragma once
+// (And one rule of DDP's that 2.x changed: kFirstBucketFollowsGivenCap.)
 
 #include <ATen/autocast_mode.h>
 #include <torch/version.h>
@@ -98,5 +99,10 @@ inline void set_autocast_dtype(c10::DeviceType type, at::ScalarType dtype) {
   }
 }
 #endif
+
+// PyTorch 2.x's DDP gives the first bucket the caller's bucket_cap_mb when
+// one was passed (dist._DEFAULT_FIRST_BUCKET_BYTES only with the default
+// cap; torch/nn/parallel/distributed.py); 1.13's always the 1 MiB default.
+constexpr bool kFirstBucketFollowsGivenCap = TORCH_VERSION_MAJOR >= 2;
 
 }  // namespace ddp::compat

@@ -59,7 +59,8 @@ std::pair<std::string, std::string> run_amp_case(const AmpCase& c, std::shared_p
   AmpNet net(c.batchnorm);
   init_parity_parameters(*net);
   // PyTorch's defaults (our gradient_as_bucket_view defaults to true), several buckets.
-  const auto options = ddp::DDPOptions().gradient_as_bucket_view(false).first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
+  auto options = ddp::DDPOptions().gradient_as_bucket_view(false);
+  python_small_buckets(options, 512, 1024);
   ddp::DistributedDataParallel model(net, pg, options);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   // scaler_grad's scaler takes the default group (no group given), the others this one.

@@ -61,3 +61,18 @@ TEST(BucketAssignment, FirstIterationWithFindUnusedPacksInRegistrationOrderThenR
   auto b = ddp::initial_bucket_assignment(p, 150, 250, /*find_unused_parameters=*/true);
   EXPECT_EQ(b, (Buckets{{5}, {2, 3, 4}, {0, 1}}));
 }
+
+// The first bucket's cap as the DDP of the LibTorch built against: 1.13
+// always 1 MiB unless given; 2.x a given bucket_cap_mb (its small first
+// bucket only with the default cap).
+TEST(BucketAssignment, FirstBucketCapFollowsTheLibTorchVersionsDDP) {
+  EXPECT_EQ(ddp::first_bucket_mb_in_effect(ddp::DDPOptions()), 1.0);
+  EXPECT_EQ(ddp::first_bucket_mb_in_effect(ddp::DDPOptions().first_bucket_mb(0.5).bucket_cap_mb(8)), 0.5);
+  EXPECT_EQ(ddp::first_bucket_mb_in_effect(ddp::DDPOptions().bucket_cap_mb("auto")), 1.0);
+  const double given_cap = ddp::first_bucket_mb_in_effect(ddp::DDPOptions().bucket_cap_mb(8));
+#if TORCH_VERSION_MAJOR >= 2
+  EXPECT_EQ(given_cap, 8.0);
+#else
+  EXPECT_EQ(given_cap, 1.0);
+#endif
+}

@@ -100,7 +100,7 @@ std::string run_join_case(const std::string& name, const std::vector<int>& batch
                      .gradient_as_bucket_view(c.as_view)
                      .find_unused_parameters(name == "find_unused")
                      .static_graph(name == "static");
-  if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(1024.0 / (1 << 20));
+  if (c.small_buckets) python_small_buckets(options, 512, 1024);
   ddp::DistributedDataParallel model(net, pg, options);
   if (c.hook == "allreduce") model.register_comm_hook(pg, ddp::hooks::allreduce_hook);
   if (c.hook == "fp16") model.register_comm_hook(pg, ddp::hooks::fp16_compress_hook);

@@ -104,7 +104,7 @@ std::pair<std::string, std::string> run_powersgd_case(const std::string& name, s
   PowerSGDNet net;
   init_powersgd_net(net);
   auto options = ddp::DDPOptions().gradient_as_bucket_view(c.as_view);
-  if (c.small_buckets) options.first_bucket_mb(512.0 / (1 << 20)).bucket_cap_mb(8192.0 / (1 << 20));
+  if (c.small_buckets) python_small_buckets(options, 512, 8192);
   ddp::DistributedDataParallel model(net, pg, options);
   // The state lives in the model; a pointer to read its statistics at the end.
   const ddp::hooks::PowerSGDState* state = nullptr;

@@ -135,6 +135,9 @@ def main(out_dir, cases):
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), run_case(case, rank, world))
+    # Every rank done before any group is torn down: PyTorch 2.11's Gloo
+    # aborts a rank whose peer closed the connection under it.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -135,6 +135,9 @@ def main(out_dir, cases):
         write_bytes(prefix + ".bin", params)
         with open(prefix + ".stats", "w") as f:
             f.write(stats)
+    # Every rank done before any group is torn down: PyTorch 2.11's Gloo
+    # aborts a rank whose peer closed the connection under it.
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -17,6 +17,17 @@ from torch.nn.parallel import DistributedDataParallel
 from parity_common import init, state_bytes, write_bytes
 
 ROWS, IN, OUT, STEPS = 8, 10, 3, 30
+
+# PyTorch 2.x's Adam updates its first moment with lerp_; LibTorch's C++
+# Adam, which our ZeRO wraps, and 1.13's Python with mul_ and add_. With
+# ZERO_ADAM_FIRST_MOMENT=mul_add the oracle's Adam takes LibTorch's
+# arithmetic (lerp_ is used by nothing else here), so that ZeRO itself
+# (partition, step, broadcasts) is compared bit for bit on 2.x too.
+if os.environ.get("ZERO_ADAM_FIRST_MOMENT") == "mul_add":
+    def _lerp_as_mul_add(self, end, weight):
+        return self.mul_(1 - weight).add_(end, alpha=weight)
+
+    torch.Tensor.lerp_ = _lerp_as_mul_add
 WIDE = 11000  # l2's weight is over 1 MiB
 
 

@@ -26,9 +26,13 @@ struct DistributedDataParallelOptions {
   DistributedDataParallelOptions& bucket_cap_mb(double mb) {
     bucket_cap_mb_ = positive_mb("bucket_cap_mb", mb);
     bucket_cap_auto_ = false;
+    bucket_cap_mb_given_ = true;
     return *this;
   }
   double bucket_cap_mb() const { return bucket_cap_mb_; }
+  // Whether bucket_cap_mb was given (a number): against LibTorch 2.x the
+  // first bucket then takes that cap too, unless first_bucket_mb is given.
+  bool bucket_cap_mb_given() const { return bucket_cap_mb_given_; }
   // "auto" (not in PyTorch; Horovod's autotune for its fusion buffer): once
   // the buckets follow the real ready order, DDP tries each candidate cap
   // (bucket_cap_candidates_mb, those that pack different buckets) for a few
@@ -70,12 +74,17 @@ struct DistributedDataParallelOptions {
   static constexpr int kAutoBucketCapTimedSteps = 2;
   // The first bucket (the last layers' gradients, ready first) is smaller so
   // that communication starts early. PyTorch's dist._DEFAULT_FIRST_BUCKET_BYTES.
-  // Must be > 0.
+  // Must be > 0. Not given, it is 1 MiB; built against LibTorch 2.x, where
+  // PyTorch's DDP keeps the small first bucket for its default cap only, a
+  // given bucket_cap_mb is the first bucket's cap too
+  // (ddp::first_bucket_mb_in_effect, docs/design.md).
   DistributedDataParallelOptions& first_bucket_mb(double mb) {
     first_bucket_mb_ = positive_mb("first_bucket_mb", mb);
+    first_bucket_mb_given_ = true;
     return *this;
   }
   double first_bucket_mb() const { return first_bucket_mb_; }
+  bool first_bucket_mb_given() const { return first_bucket_mb_given_; }
   // Before the first forward of each gradient-accumulation cycle, every rank
   // takes rank 0's buffers (BatchNorm's running stats).
   TORCH_ARG(bool, broadcast_buffers) = true;
@@ -131,6 +140,8 @@ struct DistributedDataParallelOptions {
   double bucket_cap_mb_ = 25.0;
   bool bucket_cap_auto_ = false;
   double first_bucket_mb_ = 1.0;
+  bool first_bucket_mb_given_ = false;
+  bool bucket_cap_mb_given_ = false;
 };
 
 // The short name this project used first; the same type.

@@ -129,4 +129,11 @@ std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at:
 std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params, int64_t first_cap,
                                                            int64_t cap, bool find_unused_parameters);
 
+// The first bucket's cap in effect, MiB: first_bucket_mb when given; else,
+// built against LibTorch 2.x with a bucket_cap_mb given (a number), that cap,
+// as PyTorch 2.x's DDP (its small first bucket, dist._DEFAULT_FIRST_BUCKET_BYTES,
+// comes only with the default cap); else first_bucket_mb's default, 1 MiB,
+// as PyTorch 1.13 always.
+double first_bucket_mb_in_effect(const DistributedDataParallelOptions& options);
+
 }  // namespace ddp

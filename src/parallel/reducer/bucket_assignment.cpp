@@ -7,7 +7,16 @@
 #include <limits>
 #include <map>
 
+#include "comm/c10d_compat.h"
+
 namespace ddp {
+
+double first_bucket_mb_in_effect(const DistributedDataParallelOptions& options) {
+  if (compat::kFirstBucketFollowsGivenCap && !options.first_bucket_mb_given() && options.bucket_cap_mb_given() &&
+      !options.bucket_cap_auto())
+    return options.bucket_cap_mb();
+  return options.first_bucket_mb();
+}
 
 namespace {
 

@@ -417,7 +417,7 @@ void Reducer::Impl::lay_out(const detail::Assignment& assignment) {
 }
 
 detail::Assignment Reducer::Impl::layout_for(double cap_mb) const {
-  const int64_t cap = bytes(cap_mb), first = bytes(options.first_bucket_mb());
+  const int64_t cap = bytes(cap_mb), first = bytes(first_bucket_mb_in_effect(options));
   return layout_order.empty() ? initial_bucket_assignment(params, first, cap, true)
                               : compute_bucket_assignment(params, layout_order, first, cap);
 }
@@ -433,7 +433,7 @@ void Reducer::Impl::rebuild_and_apply_cap() {
     ready_order.clear();
     if (agreed) {
       layout_order = std::move(*agreed);
-      lay_out(compute_bucket_assignment(params, layout_order, bytes(options.first_bucket_mb()),
+      lay_out(compute_bucket_assignment(params, layout_order, bytes(first_bucket_mb_in_effect(options)),
                                         bytes(options.bucket_cap_mb())));
       stats.buckets_rebuilt = true;
     }
@@ -499,7 +499,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   // when find_unused_parameters is off: its first iteration reduces after
   // backward anyway.
   s.buckets.lay_out(s.params,
-                    initial_bucket_assignment(s.params, s.bytes(options.first_bucket_mb()),
+                    initial_bucket_assignment(s.params, s.bytes(first_bucket_mb_in_effect(options)),
                                               s.bytes(options.bucket_cap_mb()),
                                               options.find_unused_parameters() && !options.static_graph()),
                     options.gradient_as_bucket_view());
