@@ -15,6 +15,7 @@
 #include "output.h"
 #include "runtime/parse_number.h"
 #include "comm/store_bind.h"
+#include "comm/store_client.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -166,9 +167,9 @@ class StoreRendezvous : public Rendezvous {
       auto o = options(false);
       o.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
           seconds(c_.conf.keep_alive_interval * c_.conf.keep_alive_max_attempt));
-      watch_ = c10::make_intrusive<c10d::TCPStore>(c_.host, o);
-      // c10d sets a client's socket timeout only in wait() (and keeps it):
-      // without this one, a call on a dead link would block for ever.
+      // Every call on this connection gives up after o.timeout
+      // (store_client.h): a call on a dead link would block for ever.
+      watch_ = ddp::store_client::connect_bounded(c_.host, o);
       watch_->wait({"ddprun/run_id"}, o.timeout);
     }
     return *watch_;

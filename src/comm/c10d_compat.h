@@ -61,11 +61,6 @@ inline c10d::TCPStoreOptions tcp_store_options(uint16_t port, bool is_server, in
 inline void set_master_listen_fd(c10d::TCPStoreOptions& opts, int fd) { opts.masterListenFd = fd; }
 #endif
 
-// A client of the store at host:port.
-inline c10::intrusive_ptr<c10d::TCPStore> connect_tcp_store(const std::string& host, uint16_t port, int world_size,
-                                                            std::chrono::milliseconds timeout) {
-  return c10::make_intrusive<c10d::TCPStore>(host, tcp_store_options(port, false, world_size, timeout));
-}
 
 // Autocast's thread-local switches, per device type. 2.4 replaced the
 // per-device functions (set_cpu_enabled, set_autocast_gpu_dtype, ...) with

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "comm/c10d_compat.h"
+#include "comm/store_client.h"
 #include "comm/comm_threads.h"
 #include "runtime/parse_number.h"
 #include "comm/process_group_mpi.h"
@@ -179,7 +180,8 @@ c10::intrusive_ptr<c10d::Store> serve_store(const LaunchEnv& env, std::chrono::m
 c10::intrusive_ptr<c10d::Store> join_store(const LaunchEnv& env, std::chrono::milliseconds timeout,
                                            const std::string& who) {
   try {
-    return compat::connect_tcp_store(env.master_addr, env.master_port, env.world_size, timeout);
+    return store_client::connect_bounded(env.master_addr,
+                                         compat::tcp_store_options(env.master_port, false, env.world_size, timeout));
   } catch (const std::exception& e) {
     throw CommError(who + "could not reach the rendezvous store at " + env.master_addr + ":" +
                     std::to_string(env.master_port) + ": " + e.what() +
