@@ -17,6 +17,11 @@ struct GroupCapsule : torch::CustomClassHolder {
   std::shared_ptr<ProcessGroup> pg;
 };
 
+// The process group a forward saved for its backward.
+ProcessGroup& saved_group(AutogradContext* ctx) {
+  return *static_cast<GroupCapsule*>(ctx->saved_data["group"].toCapsule().get())->pg;
+}
+
 // Statistics are accumulated in float32 at least (half and bfloat16 inputs),
 // as PyTorch's kernels do.
 at::ScalarType acc_type(const at::Tensor& t) {
@@ -111,8 +116,7 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     const at::Tensor& mean = saved[2];
     const at::Tensor& invstd = saved[3];
     const double total = ctx->saved_data["total"].toDouble();
-    auto capsule = ctx->saved_data["group"].toCapsule();
-    ProcessGroup& pg = *static_cast<GroupCapsule*>(capsule.get())->pg;
+    ProcessGroup& pg = saved_group(ctx);
     const int64_t channels = input.size(1);
     const bool need_input = ctx->needs_input_grad(0);
     const bool need_weight = weight.defined() && ctx->needs_input_grad(1);
@@ -205,8 +209,7 @@ struct SyncBatchNormCudaFunction : torch::autograd::Function<SyncBatchNormCudaFu
     const at::Tensor& invstd = saved[3];
     const at::Tensor& count = saved[4];
     at::Tensor weight = saved[1];
-    auto capsule = ctx->saved_data["group"].toCapsule();
-    ProcessGroup& pg = *static_cast<GroupCapsule*>(capsule.get())->pg;
+    ProcessGroup& pg = saved_group(ctx);
     const at::Tensor& grad_in = grad_outputs[0];
     const bool channels_last = grad_in.is_contiguous(at::MemoryFormat::ChannelsLast) ||
                                grad_in.is_contiguous(at::MemoryFormat::ChannelsLast3d);

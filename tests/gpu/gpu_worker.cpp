@@ -20,18 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "ddp/ddp.h"
+#include "worker_common.h"  // EXPECT_OR_FAIL (tests/core)
 
 namespace {
 
-struct Fail : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-#define CHECK_OR_FAIL(cond, msg)                                                             \
-  do {                                                                                       \
-    if (!(cond)) throw Fail(std::string("check failed: ") + #cond + ": " + std::string(msg)); \
-  } while (0)
-
+using ddp::testing::Fail;
 using Flags = std::map<std::string, std::string>;
 
 std::string flag(const Flags& f, const std::string& k, const std::string& fallback) {
@@ -90,26 +83,26 @@ torch::Device cuda_device(const ddp::ProcessGroup& pg) {
 // all-reduce; the group's device is this rank's GPU.
 int nccl_collectives(ddp::ProcessGroup& pg) {
   const int rank = pg.rank(), world = pg.size();
-  CHECK_OR_FAIL(pg.backend_name() == "nccl", "backend " + pg.backend_name());
-  CHECK_OR_FAIL(pg.device().is_cuda(), "the nccl group's device is " + pg.device().str());
-  CHECK_OR_FAIL(pg.device().index() == rank % torch::cuda::device_count(), "device " + pg.device().str());
+  EXPECT_OR_FAIL(pg.backend_name() == "nccl", "backend " + pg.backend_name());
+  EXPECT_OR_FAIL(pg.device().is_cuda(), "the nccl group's device is " + pg.device().str());
+  EXPECT_OR_FAIL(pg.device().index() == rank % torch::cuda::device_count(), "device " + pg.device().str());
   const auto opts = torch::TensorOptions().device(pg.device());
   auto t = torch::full({1000}, static_cast<float>(rank + 1), opts);
   pg.allreduce(t).wait();
-  CHECK_OR_FAIL(torch::all(t == static_cast<float>(world * (world + 1) / 2)).item<bool>(), "allreduce sum");
+  EXPECT_OR_FAIL(torch::all(t == static_cast<float>(world * (world + 1) / 2)).item<bool>(), "allreduce sum");
   auto b = torch::full({7}, static_cast<double>(rank == 0 ? 42 : -1), opts.dtype(torch::kDouble));
   pg.broadcast(b, 0).wait();
-  CHECK_OR_FAIL(torch::all(b == 42).item<bool>(), "broadcast from rank 0");
+  EXPECT_OR_FAIL(torch::all(b == 42).item<bool>(), "broadcast from rank 0");
   auto g = pg.allgather(torch::full({3}, static_cast<int64_t>(rank), opts.dtype(torch::kLong)));
-  CHECK_OR_FAIL(static_cast<int>(g.size()) == world, "allgather size");
+  EXPECT_OR_FAIL(static_cast<int>(g.size()) == world, "allgather size");
   for (int r = 0; r < world; ++r) {
-    CHECK_OR_FAIL(g[r].is_cuda(), "allgather result on " + g[r].device().str());
-    CHECK_OR_FAIL(torch::all(g[r] == r).item<bool>(), "allgather rank " + std::to_string(r));
+    EXPECT_OR_FAIL(g[r].is_cuda(), "allgather result on " + g[r].device().str());
+    EXPECT_OR_FAIL(torch::all(g[r] == r).item<bool>(), "allgather rank " + std::to_string(r));
   }
   pg.barrier();
   auto big = torch::ones({16 * 1024 * 1024}, opts);  // 64 MiB
   pg.allreduce(big).wait();
-  CHECK_OR_FAIL(torch::all(big == static_cast<float>(world)).item<bool>(), "64 MiB allreduce");
+  EXPECT_OR_FAIL(torch::all(big == static_cast<float>(world)).item<bool>(), "64 MiB allreduce");
   std::cout << "rank " << rank << ": nccl collectives on " << pg.device() << " ok" << std::endl;
   return 0;
 }
@@ -130,7 +123,7 @@ torch::nn::Sequential conv_net() {
 // --pinned 1 the batches come from pinned host memory, copied non-blocking.
 int reducer_gradients(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr, const Flags& flags) {
   const int rank = pg.rank(), world = pg.size();
-  CHECK_OR_FAIL(world <= 2, "this scenario's exact average needs 1 or 2 ranks");
+  EXPECT_OR_FAIL(world <= 2, "this scenario's exact average needs 1 or 2 ranks");
   const torch::Device device = cuda_device(pg);
   c10::cuda::CUDAGuard guard(device);
   at::globalContext().setDeterministicCuDNN(true);
@@ -157,7 +150,7 @@ int reducer_gradients(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> 
     if (pinned) {
       x_host = x_host.pin_memory();
       y_host = y_host.pin_memory();
-      CHECK_OR_FAIL(x_host.is_pinned(), "pin_memory()");
+      EXPECT_OR_FAIL(x_host.is_pinned(), "pin_memory()");
     }
     auto x = x_host.to(device, /*non_blocking=*/pinned), y = y_host.to(device, /*non_blocking=*/pinned);
     opt.zero_grad(false);
@@ -173,8 +166,8 @@ int reducer_gradients(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> 
       for (int r = 1; r < world; ++r) sum = sum + all[r].to(torch::kCPU);
       auto expected = sum / world;
       auto got = params[i].grad().to(torch::kCPU);
-      CHECK_OR_FAIL(params[i].grad().is_cuda(), "the gradient left the GPU");
-      CHECK_OR_FAIL(torch::equal(got, expected),
+      EXPECT_OR_FAIL(params[i].grad().is_cuda(), "the gradient left the GPU");
+      EXPECT_OR_FAIL(torch::equal(got, expected),
                     "step " + std::to_string(step) + " parameter " + std::to_string(i) + ": max diff " +
                         std::to_string((got - expected).abs().max().item<double>()));
     }
@@ -189,7 +182,7 @@ int reducer_gradients(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> 
     return v;
   }());
   auto all = pg.allgather(flat);
-  for (int r = 0; r < world; ++r) CHECK_OR_FAIL(torch::equal(all[r], all[0]), "parameters differ across ranks");
+  for (int r = 0; r < world; ++r) EXPECT_OR_FAIL(torch::equal(all[r], all[0]), "parameters differ across ranks");
   std::cout << "rank " << rank << ": " << model.stats().num_buckets << " buckets on " << device
             << (side_stream ? ", side stream" : "") << (pinned ? ", pinned copies" : "") << ": gradients bitwise"
             << std::endl;
@@ -251,7 +244,7 @@ int amp_parity(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr)
     {
       ddp::Autocast autocast(torch::kCUDA, torch::kHalf);
       auto out = model(x);
-      CHECK_OR_FAIL(out.scalar_type() == torch::kHalf, "autocast: the output is not float16");
+      EXPECT_OR_FAIL(out.scalar_type() == torch::kHalf, "autocast: the output is not float16");
       loss = torch::mse_loss(out, y);
     }
     scaler.scale(loss).backward();
