@@ -100,4 +100,8 @@ inline void set_autocast_dtype(c10::DeviceType type, at::ScalarType dtype) {
 // cap; torch/nn/parallel/distributed.py); 1.13's always the 1 MiB default.
 constexpr bool kFirstBucketFollowsGivenCap = TORCH_VERSION_MAJOR >= 2;
 
+// 2.x's Gloo worker threads name themselves ("pt_gloo_runloop") once they
+// run, which can land after our rename (comm_threads.cpp waits for it).
+constexpr bool kGlooWorkersNameThemselves = TORCH_VERSION_MAJOR >= 2;
+
 }  // namespace ddp::compat

@@ -4,9 +4,11 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <thread>
 
 #include "ddp/errors.h"
 
@@ -40,7 +42,25 @@ bool gloo_loop_idle_from_environment(int rank) {
                    "' is not a policy; use normal (the default) or idle");
 }
 
-void tune_comm_thread(pid_t tid, const std::string& name, bool idle) {
+namespace {
+
+std::string thread_name(pid_t tid) {
+  std::string name;
+  std::getline(std::ifstream("/proc/self/task/" + std::to_string(tid) + "/comm"), name);
+  return name;
+}
+
+}  // namespace
+
+void tune_comm_thread(pid_t tid, const std::string& name, bool idle, bool names_itself) {
+  if (names_itself) {
+    // Let a thread that names itself do so first (at most 500 ms), so that
+    // its own name cannot overwrite ours.
+    const std::string inherited = thread_name(static_cast<pid_t>(::getpid()));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+    while (thread_name(tid) == inherited && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   // The kernel keeps 15 characters of a thread's name.
   std::ofstream("/proc/self/task/" + std::to_string(tid) + "/comm") << name.substr(0, 15);
   if (idle) {

@@ -37,7 +37,9 @@ bool gloo_loop_idle_from_environment(int rank);
 
 // Names the thread (as top -H and perf show it) and, if `idle`, moves it to
 // SCHED_IDLE. Best effort, never throws: a thread that has already exited,
-// or a system that refuses, keeps its defaults.
-void tune_comm_thread(pid_t tid, const std::string& name, bool idle);
+// or a system that refuses, keeps its defaults. `names_itself`: the thread
+// sets a name of its own once it runs (LibTorch 2.x's Gloo workers); it is
+// given up to 500 ms to do so first, so that ours stays.
+void tune_comm_thread(pid_t tid, const std::string& name, bool idle, bool names_itself = false);
 
 }  // namespace ddp::detail

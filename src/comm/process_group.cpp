@@ -341,7 +341,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
       for (pid_t tid : detail::new_threads(before_device, before_group))
         detail::tune_comm_thread(tid, "gloo-loop", idle_loop);
       for (pid_t tid : detail::new_threads(before_group, detail::thread_ids()))
-        detail::tune_comm_thread(tid, "gloo-worker", false);
+        detail::tune_comm_thread(tid, "gloo-worker", false, compat::kGlooWorkersNameThemselves);
 #else
       throw UsageError("this LibTorch was built without Gloo");
 #endif
