@@ -16,7 +16,7 @@ ParameterUsage::ParameterUsage(size_t num_params, const DDPOptions& options)
       hook_counts_(num_params, 0) {}
 
 void ParameterUsage::find_unused_in_graph(const std::vector<at::Tensor>& outputs,
-                                          const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators) {
+                                          const std::vector<AccumulatorPtr>& accumulators) {
   std::unordered_set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const auto& t : outputs)

@@ -12,16 +12,22 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/process_group.h"
 #include "ddp/parallel/ddp_options.h"
 
 namespace ddp::detail {
+
+// A parameter's gradient accumulator, held as the LibTorch in use hands it
+// out: std::shared_ptr<Node> up to 2.14, c10::intrusive_ptr<Node> from 2.15.
+using AccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
 
 class ParameterUsage {
  public:
@@ -39,7 +45,7 @@ class ParameterUsage {
   // Dynamic: the parameters whose gradient accumulators `outputs` cannot
   // reach (none when there are no outputs: the end of backward will tell).
   void find_unused_in_graph(const std::vector<at::Tensor>& outputs,
-                            const std::vector<std::shared_ptr<torch::autograd::Node>>& accumulators);
+                            const std::vector<AccumulatorPtr>& accumulators);
   // Static, later iterations: every parameter's hooks to come.
   void expect_first_iteration_hooks() { hooks_left_ = hook_counts_; }
 

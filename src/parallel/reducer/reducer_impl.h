@@ -54,7 +54,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<std::string> names;
   std::shared_ptr<ProcessGroup> pg;
   DDPOptions options;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // keeps our hooks alive across iterations
+  std::vector<detail::AccumulatorPtr> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   CommHook comm_hook;        // empty: the built-in all-reduce
 
