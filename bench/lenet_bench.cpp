@@ -67,6 +67,7 @@
 #endif
 #include "ddp/parallel/default_hooks.h"
 #include "ddp/parallel/powersgd_hook.h"
+#include "byte_counting_group.h"
 #include "models.h"
 #include "rss.h"
 
@@ -279,29 +280,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// A process group that adds the bytes of every all-reduce to a counter.
-class ByteCountingGroup : public ddp::ProcessGroup {
- public:
-  ByteCountingGroup(std::shared_ptr<ddp::ProcessGroup> inner, std::shared_ptr<int64_t> bytes)
-      : inner_(std::move(inner)), bytes_(std::move(bytes)) {}
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  std::string backend_name() const override { return inner_->backend_name(); }
-  torch::Device device() const override { return inner_->device(); }
-  std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
-  ddp::Work allreduce(at::Tensor& tensor) override {
-    *bytes_ += tensor.numel() * tensor.element_size();
-    return inner_->allreduce(tensor);
-  }
-  ddp::Work broadcast(at::Tensor& tensor, int root) override { return inner_->broadcast(tensor, root); }
-  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override { return inner_->allgather(tensor); }
-  void barrier() override { inner_->barrier(); }
-
- private:
-  std::shared_ptr<ddp::ProcessGroup> inner_;
-  std::shared_ptr<int64_t> bytes_;
-};
-
 // One way of training: its own model (same initial values), optimizer and
 // gradient synchronisation, and what its timed steps cost.
 template <typename Net>
@@ -349,7 +327,7 @@ struct Trainer {
       if (a.hook == "powersgd") {
         // PowerSGD's collectives are its own (the uncompressed gradients, P,
         // Q): a group that counts their bytes sees what it sends.
-        auto counting = std::make_shared<ByteCountingGroup>(pg, hook_bytes);
+        auto counting = std::make_shared<bench::ByteCountingGroup>(pg, hook_bytes);
         model->register_comm_hook(
             ddp::hooks::PowerSGDState(
                 counting, ddp::hooks::PowerSGDOptions().matrix_approximation_rank(a.powersgd_rank).start_powerSGD_iter(2)),
