@@ -6,6 +6,7 @@
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
+#include "module_archive.h"
 #include "runtime/parse_number.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"
@@ -246,11 +247,10 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
     auto opt = root->get("optimizer");
     if (!opt || !opt->is_tensor()) throw CheckpointError(used + ": checkpoint has no optimizer state");
     const std::string opt_bytes = tensor_bytes(opt->tensor);
-    // LibTorch's reader checks no CRC: ours looks at the embedded archive first.
-    zip::Archive(opt_bytes.data(), opt_bytes.size(), used + ": its optimizer state").verify_all();
-    torch::serialize::InputArchive archive;
+    // Read as data only (module_archive.h): LibTorch's own reader would run
+    // the archive's code.
+    auto archive = module_archive::read(opt_bytes.data(), opt_bytes.size(), used + ": its optimizer state", device);
     try {
-      archive.load_from(opt_bytes.data(), opt_bytes.size(), device);
       optimizer->load(archive);
     } catch (const std::exception& e) {
       std::string msg = e.what();

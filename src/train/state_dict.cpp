@@ -1,6 +1,7 @@
 #include "ddp/train/state_dict.h"
 
 #include "atomic_file.h"
+#include "module_archive.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"
 
@@ -29,19 +30,6 @@ bool is_libtorch_module_archive(const std::vector<char>& bytes, const std::strin
   const zip::Archive zip(bytes.data(), bytes.size(), path);
   const auto records = zip.top_level_records();
   return std::find(records.begin(), records.end(), "constants.pkl") != records.end();
-}
-
-// torch::save(module)'s archive: nested archives of parameters and buffers.
-void flatten_archive(torch::serialize::InputArchive& archive, const std::string& prefix, StateDict& out) {
-  for (const auto& key : archive.keys()) {
-    torch::Tensor t;
-    if (archive.try_read(key, t, /*is_buffer=*/false) || archive.try_read(key, t, /*is_buffer=*/true)) {
-      out.insert(prefix + key, t);
-      continue;
-    }
-    torch::serialize::InputArchive child;
-    if (archive.try_read(key, child)) flatten_archive(child, prefix + key + ".", out);
-  }
 }
 
 std::string shape(const torch::Tensor& t) {
@@ -84,17 +72,9 @@ StateDict read_state_dict(const std::string& path, torch::Device device) {
   const auto bytes = pickle::read_file(path);
   StateDict sd;
   if (is_libtorch_module_archive(bytes, path)) {
-    // LibTorch's torch::save(module, path), read by LibTorch from the bytes
-    // checked above (zip structure and every entry's CRC-32).
-    zip::Archive(bytes.data(), bytes.size(), path).verify_all();
-    try {
-      torch::serialize::InputArchive archive;
-      archive.load_from(bytes.data(), bytes.size(), torch::Device(torch::kCPU));
-      flatten_archive(archive, "", sd);
-    } catch (const std::exception& e) {
-      std::string msg = e.what();
-      throw CheckpointError(path + ": not a readable LibTorch archive (" + msg.substr(0, msg.find('\n')) + ")");
-    }
+    // LibTorch's torch::save(module, path), read as data only: LibTorch's
+    // own reader would compile and run the archive's code.
+    sd = module_archive::tensors(bytes.data(), bytes.size(), path);
   } else {
     auto root = pickle::load(bytes, path);
     if (!detail::to_state_dict(root, sd)) {
@@ -159,6 +139,11 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state_in, bool 
   torch::NoGradGuard no_grad;
   for (auto& t : targets)
     if (const torch::Tensor* src = state.find(t.key())) t.value().copy_(*src);
+}
+
+torch::serialize::InputArchive read_archive(const std::string& path, torch::Device device) {
+  const auto bytes = pickle::read_file(path);
+  return module_archive::read(bytes.data(), bytes.size(), path, device);
 }
 
 void save_state_dict(const torch::nn::Module& module, const std::string& path) {

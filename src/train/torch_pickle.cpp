@@ -1,9 +1,14 @@
 #include "torch_pickle.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <sstream>
+#include <unordered_map>
 
 #include "zip_archive.h"
 
@@ -14,13 +19,6 @@ namespace {
 using Kind = Value::Kind;
 
 bool is_container(Kind k) { return k == Kind::Tuple || k == Kind::List || k == Kind::Dict || k == Kind::Object; }
-
-ValuePtr make(Kind k) {
-  auto v = std::make_shared<Value>();
-  v->kind = k;
-  v->depth = is_container(k) ? 1 : 0;
-  return v;
-}
 
 std::string int_list_text(const std::vector<int64_t>& xs) {
   std::ostringstream s;
@@ -43,20 +41,11 @@ c10::ScalarType storage_dtype(const std::string& global, const std::string& what
   return it->second;
 }
 
-std::vector<int64_t> int_list(const ValuePtr& v, const std::string& what) {
-  if (!v || (v->kind != Kind::Tuple && v->kind != Kind::List)) throw CheckpointError(what + ": malformed tensor shape");
-  std::vector<int64_t> out;
-  for (auto& e : v->items) {
-    if (e->kind != Kind::Int) throw CheckpointError(what + ": malformed tensor shape");
-    out.push_back(e->i);
-  }
-  return out;
-}
-
 class Unpickler {
  public:
   Unpickler(const std::string& pkl, const zip::Archive& zip, std::string what)
-      : p_(pkl), zip_(zip), what_(std::move(what)) {}
+      : p_(pkl), zip_(zip), what_(std::move(what)),
+        budget_(kValueBytesFloor + kValueBytesPerPickleByte * pkl.size()), view_budget_(kValueBytesFloor) {}
 
   ValuePtr run() {
     while (true) {
@@ -67,7 +56,7 @@ class Unpickler {
         case '.':                                 // STOP
           if (stack_.size() != 1) fail("unbalanced stack at STOP");
           return stack_.back();
-        case '(': marks_.push_back(stack_.size()); break;
+        case '(': charge(sizeof(size_t)); marks_.push_back(stack_.size()); break;
         case '0': pop(); break;
         case '1': pop_mark(); break;
         case '2': push(top()); break;
@@ -111,10 +100,11 @@ class Unpickler {
         }
         case ']': case 0x8f: push(make(Kind::List)); break;
         case 'l': push(container(Kind::List, pop_mark())); break;
-        case 'a': { auto x = pop(); auto l = list_of(top()); nest(*l, x); l->items.push_back(x); break; }
+        case 'a': { auto x = pop(); auto l = list_of(top()); nest(*l, x); charge(kSlot); l->items.push_back(x); break; }
         case 'e': case 0x90: {
           auto xs = pop_mark();
           auto l = list_of(top());
+          charge(kSlot * xs.size());
           for (auto& x : xs) nest(*l, x);
           l->items.insert(l->items.end(), xs.begin(), xs.end());
           break;
@@ -132,10 +122,10 @@ class Unpickler {
         case 'R': { auto args = pop(); auto fn = pop(); push(reduce(fn, args)); break; }
         case 0x81: { auto args = pop(); auto cls = pop(); auto v = container(Kind::Object, args->items); v->s = cls->s; push(v); break; }
         case 'b': { auto state = pop(); build(top(), state); break; }
-        case 'q': memo_[u8()] = top(); break;
-        case 'r': { uint32_t k; std::memcpy(&k, bytes(4), 4); memo_[k] = top(); break; }
-        case 0x94: memo_[memo_.size()] = top(); break;
-        case 'p': memo_[std::stoull(readline())] = top(); break;
+        case 'q': put_memo(u8()); break;
+        case 'r': { uint32_t k; std::memcpy(&k, bytes(4), 4); put_memo(k); break; }
+        case 0x94: put_memo(memo_.size()); break;
+        case 'p': put_memo(std::stoull(readline())); break;
         case 'h': push(memo(u8())); break;
         case 'j': { uint32_t k; std::memcpy(&k, bytes(4), 4); push(memo(k)); break; }
         case 'g': push(memo(std::stoull(readline()))); break;
@@ -150,8 +140,41 @@ class Unpickler {
   }
 
  private:
+  // What one more reference to a value costs (a shared_ptr in a vector).
+  static constexpr uint64_t kSlot = sizeof(ValuePtr);
+
   [[noreturn]] void fail(const std::string& why) const {
     throw CheckpointError(what_ + ": not a readable PyTorch file (" + why + "); is it truncated or corrupt?");
+  }
+  // Every allocation the pickle asks for is paid from the budget first.
+  void charge(uint64_t n) {
+    if (n > budget_ - spent_) {
+      throw CheckpointError(what_ + ": its data.pkl (" + std::to_string(p_.size()) +
+                            " bytes) would build more than " + std::to_string(budget_ >> 20) +
+                            " MiB of values; a pickle of plain data never needs that many. Is it crafted or corrupt?");
+    }
+    spent_ += n;
+  }
+  ValuePtr make(Kind k) {
+    charge(sizeof(Value) + 2 * kSlot);  // the value and its shared_ptr's control block
+    auto v = std::make_shared<Value>();
+    v->kind = k;
+    v->depth = is_container(k) ? 1 : 0;
+    return v;
+  }
+  void put_memo(uint64_t key) {
+    charge(64);  // a map node
+    memo_[key] = top();
+  }
+  std::vector<int64_t> int_list(const ValuePtr& v) {
+    if (!v || (v->kind != Kind::Tuple && v->kind != Kind::List)) fail("malformed tensor shape");
+    charge(sizeof(int64_t) * v->items.size());
+    std::vector<int64_t> out;
+    for (auto& e : v->items) {
+      if (e->kind != Kind::Int) fail("malformed tensor shape");
+      out.push_back(e->i);
+    }
+    return out;
   }
   uint8_t u8() { return static_cast<uint8_t>(*bytes(1)); }
   const char* bytes(size_t n) {
@@ -163,13 +186,22 @@ class Unpickler {
   std::string readline() {
     const size_t end = p_.find('\n', pos_);
     if (end == std::string::npos) fail("data.pkl ends early");
+    charge(end - pos_);
     std::string line = p_.substr(pos_, end - pos_);
     pos_ = end + 1;
     return line;
   }
-  void push(ValuePtr v) { stack_.push_back(std::move(v)); }
+  void push(ValuePtr v) {
+    charge(kSlot);
+    stack_.push_back(std::move(v));
+  }
   void push_int(int64_t x) { auto v = make(Kind::Int); v->i = x; push(v); }
-  void push_str(const char* s, size_t n) { auto v = make(Kind::String); v->s.assign(s, n); push(v); }
+  void push_str(const char* s, size_t n) {
+    auto v = make(Kind::String);
+    charge(n);
+    v->s.assign(s, n);
+    push(v);
+  }
   void push_global(std::string name) { auto v = make(Kind::Global); v->s = std::move(name); push(v); }
   // `child` goes into `parent`. Depth is counted as containers are built: a
   // container already inside another may not grow deeper (its parents' depth
@@ -188,6 +220,7 @@ class Unpickler {
   }
   ValuePtr container(Kind k, std::vector<ValuePtr> items) {
     auto v = make(k);
+    charge(kSlot * items.size());
     for (auto& x : items) nest(*v, x);
     v->items = std::move(items);
     return v;
@@ -206,6 +239,7 @@ class Unpickler {
     const size_t m = marks_.back();
     marks_.pop_back();
     if (m > stack_.size()) fail("stack underflow");
+    charge(kSlot * (stack_.size() - m));
     std::vector<ValuePtr> xs(stack_.begin() + static_cast<std::ptrdiff_t>(m), stack_.end());
     stack_.resize(m);
     return xs;
@@ -219,29 +253,45 @@ class Unpickler {
     if (v->kind != Kind::List) fail("APPEND to a non-list");
     return v;
   }
+  // A string key replaces its earlier value, as in Python. Looked up in a
+  // hash index: a dict of n keys costs O(n), not O(n^2).
   void set_items(const ValuePtr& d, const std::vector<ValuePtr>& kv) {
     if (kv.size() % 2) fail("odd number of dict items");
     if (d->kind != Kind::Dict && d->kind != Kind::Object) fail("SETITEM on a non-dict");
+    auto& index = dict_index_[d.get()];
+    index.owner = d;  // kept alive: a freed dict's address could come back
     for (size_t k = 0; k < kv.size(); k += 2) {
       nest(*d, kv[k]);
       nest(*d, kv[k + 1]);
-      bool replaced = false;
-      if (kv[k]->kind == Kind::String)
-        for (auto& e : d->dict)
-          if (e.first->kind == Kind::String && e.first->s == kv[k]->s) {
-            e.second = kv[k + 1];
-            replaced = true;
-          }
-      if (!replaced) d->dict.emplace_back(kv[k], kv[k + 1]);
+      if (kv[k]->kind == Kind::String) {
+        charge(64 + kv[k]->s.size());  // an index node
+        auto [it, fresh] = index.slots.emplace(kv[k]->s, d->dict.size());
+        if (!fresh) {
+          d->dict[it->second].second = kv[k + 1];
+          continue;
+        }
+      }
+      charge(2 * kSlot);
+      d->dict.emplace_back(kv[k], kv[k + 1]);
     }
   }
   void build(const ValuePtr& obj, const ValuePtr& state) {
-    // OrderedDict's state is its _metadata (layer versions); an object's is its attributes.
-    if (obj->kind != Kind::Object || state->kind != Kind::Dict) return;
+    // OrderedDict's state is its _metadata (layer versions); an object's is
+    // its attributes, or whatever its class's __setstate__ would take (kept
+    // after its arguments: a data-only reader refuses it).
+    if (obj->kind != Kind::Object) return;
+    if (state->kind != Kind::Dict) {
+      nest(*obj, state);
+      charge(kSlot);
+      obj->items.push_back(state);
+      return;
+    }
     for (auto& [k, v] : state->dict) {
       nest(*obj, k);
       nest(*obj, v);
     }
+    charge(2 * kSlot * state->dict.size());
+    dict_index_.erase(obj.get());
     obj->dict = state->dict;
   }
 
@@ -265,6 +315,7 @@ class Unpickler {
            std::to_string(elem) + "-byte " + pid->items[1]->s + " elements");
     if (entry->size / elem > static_cast<uint64_t>(INT64_MAX)) fail("storage " + entry->name + " too large");
     const char* bytes = zip_.bytes(*entry);  // checks its CRC-32
+    view_budget_ += 4 * entry->size;        // views of it: a few, overlapping at most
     auto flat = torch::empty({static_cast<int64_t>(entry->size / elem)}, torch::TensorOptions().dtype(dtype));
     if (entry->size) std::memcpy(flat.data_ptr(), bytes, static_cast<size_t>(entry->size));
     auto v = make(Kind::Tensor);
@@ -281,7 +332,7 @@ class Unpickler {
     if (!a[0]->is_storage) fail("a tensor rebuilt from something that is not a storage");
     const auto& storage = a[0]->tensor;
     const int64_t offset = a[1]->i;
-    const auto sizes = int_list(a[2], what_), strides = int_list(a[3], what_);
+    const auto sizes = int_list(a[2]), strides = int_list(a[3]);
     const std::string shape = "offset " + std::to_string(offset) + ", sizes " + int_list_text(sizes) + ", strides " +
                               int_list_text(strides);
     if (sizes.size() != strides.size())
@@ -307,6 +358,12 @@ class Unpickler {
         fail("a tensor reaching element " + std::to_string(last) + ", outside its storage of " +
              std::to_string(storage.numel()) + " elements (" + shape + ")");
     }
+    // A view may reach few elements and still claim many (stride 0): what
+    // it claims is what a copy of it would take.
+    if (static_cast<uint64_t>(bytes) > view_budget_ - view_spent_)
+      fail("tensors claiming more than " + std::to_string(view_budget_ >> 20) + " MiB from storages of " +
+           "fewer bytes (" + shape + ")");
+    view_spent_ += static_cast<uint64_t>(bytes);
     auto v = make(Kind::Tensor);
     v->tensor = storage.as_strided(sizes, strides, offset);
     v->saved_location = a[0]->saved_location;
@@ -327,6 +384,13 @@ class Unpickler {
     if (name == "torch._utils._rebuild_parameter" || name == "torch._utils._rebuild_parameter_with_state" ||
         name == "torch.jit._pickle.restore_type_tag" || name.rfind("torch.jit._pickle.build_", 0) == 0) {
       if (a.empty()) fail("malformed " + name);
+      // LibTorch's pickler says which TorchScript type a list or dict has.
+      static const std::map<std::string, std::string> specialised{
+          {"torch.jit._pickle.build_intlist", "List[int]"},   {"torch.jit._pickle.build_tensorlist", "List[Tensor]"},
+          {"torch.jit._pickle.build_doublelist", "List[float]"}, {"torch.jit._pickle.build_boollist", "List[bool]"}};
+      if (auto it = specialised.find(name); it != specialised.end()) a[0]->type_tag = it->second;
+      if (name == "torch.jit._pickle.restore_type_tag" && a.size() >= 2 && a[1]->kind == Kind::String)
+        a[0]->type_tag = a[1]->s;
       return a[0];
     }
     if (name == "collections.OrderedDict" || name == "builtins.dict") {
@@ -350,6 +414,13 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::map<uint64_t, ValuePtr> memo_;
   std::map<std::string, ValuePtr> storages_;
+  struct DictIndex {
+    ValuePtr owner;
+    std::unordered_map<std::string, size_t> slots;  // key -> position in owner->dict
+  };
+  std::unordered_map<const Value*, DictIndex> dict_index_;
+  uint64_t budget_, spent_ = 0;            // values built from data.pkl
+  uint64_t view_budget_, view_spent_ = 0;  // bytes tensor views claim
 };
 
 }  // namespace
@@ -382,9 +453,48 @@ ValuePtr Value::get(const std::string& key) const {
 }
 
 std::vector<char> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(path + ": cannot open (" + std::strerror(errno) + ")");
-  return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  auto fail = [&](const std::string& why) { throw CheckpointError(path + ": " + why); };
+  // Non-blocking: opening a FIFO for reading would wait for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) fail(std::string("cannot open (") + std::strerror(errno) + ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail(std::string("cannot stat (") + std::strerror(errno) + ")");
+  if (!S_ISREG(st.st_mode))
+    fail(std::string("not a regular file (") +
+         (S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device" :
+          S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file") +
+         "); give the path of a checkpoint or state dict file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  auto read_at = [&](char* to, uint64_t n, uint64_t offset) {
+    for (uint64_t done = 0; done < n;) {
+      const ssize_t got = ::pread(fd, to + done, n - done, static_cast<off_t>(offset + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) fail(std::string("read failed (") + std::strerror(errno) + ")");
+      if (got == 0) fail("the file shrank while it was read; was it being written?");
+      done += static_cast<uint64_t>(got);
+    }
+  };
+  // A zip's end record lies in its last 64 KiB + 22 bytes: a zip without one
+  // (a truncated file, a sparse one of zeros) is refused before the rest is read.
+  char head[4] = {};
+  if (size >= 4) read_at(head, 4, 0);
+  constexpr uint64_t kTail = 0xffff + 22;
+  if (size > 2 * kTail && std::memcmp(head, "PK\x03\x04", 4) == 0) {
+    std::vector<char> tail(kTail);
+    read_at(tail.data(), kTail, size - kTail);
+    bool found = false;
+    for (size_t i = 0; i + 4 <= tail.size() && !found; ++i) found = std::memcmp(tail.data() + i, "PK\x05\x06", 4) == 0;
+    if (!found)
+      fail("not a readable zip archive (no end of central directory record in its last " + std::to_string(kTail) +
+           " bytes); is the file truncated or corrupt?");
+  }
+  std::vector<char> bytes(static_cast<size_t>(size));
+  read_at(bytes.data(), size, 0);
+  return bytes;
 }
 
 ValuePtr load(const std::vector<char>& bytes, const std::string& what) { return load(bytes.data(), bytes.size(), what); }

@@ -9,7 +9,13 @@
 // CRC-32 of every entry), containers may nest at most kMaxNesting deep (and
 // never in themselves), and every tensor's storage type, key, byte size,
 // offset, sizes and strides are checked, with overflow checks, before a view
-// of its storage is made. Anything off is a CheckpointError naming the file.
+// of its storage is made. Nothing in a file names code to run: globals are
+// inert names, and only the tensor rebuilds of the allow-list are acted on.
+// Memory is bounded by what the file holds: the values built from data.pkl
+// may take at most kValueBytesPerPickleByte times its size (plus
+// kValueBytesFloor), tensor views at most what their storages hold (plus the
+// same floor), and dict lookups are hashed. Anything off is a
+// CheckpointError naming the file.
 #pragma once
 
 #include <torch/torch.h>
@@ -32,6 +38,11 @@ using ValuePtr = std::shared_ptr<Value>;
 // How deep containers (tuples, lists, dicts, objects) may nest. Python's
 // own pickler stops near 1000 (its recursion limit); a state dict needs 3.
 constexpr uint32_t kMaxNesting = 1000;
+// The memory the unpickler may spend on values: a state dict's data.pkl
+// takes about 25 bytes of values per byte of pickle; a crafted one would take
+// about 200 (an opcode of one byte, a value of 200).
+constexpr uint64_t kValueBytesPerPickleByte = 48;
+constexpr uint64_t kValueBytesFloor = uint64_t(64) << 20;
 
 // One unpickled Python value.
 struct Value {
@@ -47,7 +58,11 @@ struct Value {
   int64_t i = 0;
   double f = 0;
   std::string s;                                   // String, Bytes; Global and Object: "module.Name"
-  std::vector<ValuePtr> items;                     // Tuple, List; Object: its constructor arguments
+  std::vector<ValuePtr> items;                     // Tuple, List; Object: its constructor arguments, then
+                                                   // a state BUILD gave that is not a dict
+  // Lists and dicts that LibTorch's pickler tagged: their TorchScript type
+  // ("List[int]", "Dict[str, Tensor]").
+  std::string type_tag;
   std::vector<std::pair<ValuePtr, ValuePtr>> dict;  // Dict, insertion order; Object: its state
   torch::Tensor tensor;
   // Where a tensor's storage said it lived ("cpu", "cuda:0").
@@ -74,7 +89,11 @@ struct Value {
 ValuePtr load(const char* data, size_t size, const std::string& what);
 ValuePtr load(const std::vector<char>& bytes, const std::string& what);
 
-// A whole file, as load() takes it; CheckpointError if it cannot be read.
+// A whole file, as load() takes it; CheckpointError naming it if it cannot
+// be read. Only a regular file is read (a FIFO, a device such as /dev/zero or
+// a folder is refused without blocking), in one allocation of its size; a
+// file that starts as a zip but has no zip end record in its last 64 KiB is
+// refused before the rest is read (a sparse or truncated file).
 std::vector<char> read_file(const std::string& path);
 
 }  // namespace pickle

@@ -161,6 +161,16 @@ Archive::Archive(const char* data, size_t size, std::string what) : data_(data),
            " run past the end of the data");
     entries_.push_back(std::move(e));
   }
+  // What inflating may take: PyTorch deflates only small code files, so a
+  // few times the file (and at least 64 MiB) is plenty; a zip bomb is not.
+  uint64_t inflated = 0;
+  for (const auto& e : entries_)
+    if (e.method == 8) inflated += e.size;
+  const uint64_t limit = kInflatedFloor + kInflatedPerByte * static_cast<uint64_t>(size_);
+  if (inflated > limit)
+    fail("its compressed entries would inflate to " + std::to_string(inflated) + " bytes, more than " +
+         std::to_string(limit) + " for a file of " + std::to_string(size_) +
+         " bytes; PyTorch stores tensor data uncompressed, so this is not a file it wrote");
   verified_.assign(entries_.size(), false);
   inflated_.resize(entries_.size());
   if (!entries_.empty()) {

@@ -9,7 +9,8 @@
 // PyTorch stores tensor data uncompressed, under one top-level folder named
 // for the archive ("archive/data.pkl", "archive/data/0"); LibTorch deflates a
 // TorchScript archive's code files, which are inflated with zlib (to at most
-// the size the directory says, itself bounded by deflate's best ratio).
+// the size the directory says, itself bounded by deflate's best ratio, and
+// all of them together to kInflatedFloor + kInflatedPerByte x the file).
 // Other methods, encrypted or multi-disk archives are refused. Zip64 records
 // (files over 4 GiB) are read.
 #pragma once
@@ -22,6 +23,9 @@
 #include "ddp/errors.h"
 
 namespace ddp::zip {
+
+constexpr uint64_t kInflatedFloor = uint64_t(64) << 20;
+constexpr uint64_t kInflatedPerByte = 16;
 
 struct Entry {
   std::string name;       // full name, with the archive's folder

@@ -10,7 +10,8 @@
 //   for (...) { opt.zero_grad(); loss(model(x), y).backward(); opt.step(); }
 //   opt.consolidate_state_dict(0);             // collective
 //   if (pg->rank() == 0) torch::save(opt, "optimizer.pt");  // the full state
-//   torch::load(opt, "optimizer.pt");          // any rank, any world size: its share
+//   auto archive = ddp::read_archive("optimizer.pt");  // ddp/train/state_dict.h: data only
+//   opt.load(archive);                         // any rank, any world size: its share
 //
 // It is a torch::optim::Optimizer: zero_grad(), step(), param_groups() (and
 // LR schedulers through them) work where one is expected. Its state() is
@@ -102,7 +103,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   void save(torch::serialize::OutputArchive& archive) const override;
   // Any rank (not collective): takes its own share of a whole state, from
   // state_dict() at any world size or from the plain optimizer's save(), and
-  // the group options. Tensors go to the process group's device.
+  // the group options. Tensors go to the process group's device. The bytes
+  // go to LibTorch's reader, which runs the code an archive carries: give
+  // it what state_dict() returned in this job, and read a file with
+  // ddp::read_archive(path) and load(archive) instead.
   void load_state_dict(const std::string& bytes);
   void load(torch::serialize::InputArchive& archive) override;
 

@@ -40,6 +40,17 @@ StateDict strip_module_prefix(const StateDict& state);
 // that differ.
 void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict = true);
 
+// A file that LibTorch's torch::save wrote (an optimizer's state, a module's
+// parameters) as the archive torch::load would read, without running code:
+// torch::load(obj, path) hands the file to torch::jit::load, which compiles
+// the archive's code and runs its __setstate__ methods (TorchScript can
+// create and overwrite files). Here only its data is read: tensors, numbers,
+// strings, lists, tuples, dicts, nested modules; anything else is a
+// CheckpointError. Use it for any file you did not write yourself:
+//   auto archive = ddp::read_archive("optimizer.pt");
+//   optimizer.load(archive);  // instead of torch::load(optimizer, "optimizer.pt")
+torch::serialize::InputArchive read_archive(const std::string& path, torch::Device device = torch::kCPU);
+
 // The module's state as a Python-loadable file: torch.load(path) gives a dict
 // of tensors with no `module.` prefix. Written atomically (see checkpoint.h).
 void save_state_dict(const torch::nn::Module& module, const std::string& path);
