@@ -4,7 +4,10 @@
 #include "runtime/parse_number.h"
 #include "usage_check.h"
 
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -35,14 +38,19 @@ int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
 
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw UsageError("cannot write the timeline to '" + tmp + "'; check that its folder exists and is writable");
-    }
+  ::unlink(tmp.c_str());  // a leftover, or a link: never written through
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  bool ok = fd >= 0;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    if (ok) done += static_cast<size_t>(n);
+  }
+  if (fd >= 0) ok = ::close(fd) == 0 && ok;
+  if (!ok) {
+    if (fd >= 0) ::unlink(tmp.c_str());
+    throw UsageError("cannot write the timeline to '" + tmp + "'; check that its folder exists and is writable");
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());

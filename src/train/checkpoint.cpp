@@ -11,6 +11,7 @@
 #include "state_dict_io.h"
 #include "zip_archive.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -20,8 +21,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <tuple>
 
 namespace ddp {
 
@@ -66,6 +69,40 @@ int64_t get_int(const pickle::ValuePtr& root, const char* key, const std::string
   if (!v || v->kind != pickle::Value::Kind::Int)
     throw CheckpointError(path + ": checkpoint entry \"" + key + "\" missing or not an integer; corrupt file?");
   return v->i;
+}
+
+// get_int, within [low, high]: a count a run could have reached.
+int64_t get_count(const pickle::ValuePtr& root, const char* key, const std::string& path, int64_t low, int64_t high) {
+  const int64_t v = get_int(root, key, path);
+  if (v < low || v > high)
+    throw CheckpointError(path + ": checkpoint entry \"" + key + "\" is " + std::to_string(v) + ", outside [" +
+                          std::to_string(low) + ", " + std::to_string(high) + "]; a corrupt or crafted file?");
+  return v;
+}
+
+// Bounds on what a checkpoint may say: far beyond any real run, far below
+// what would overflow the loops and seeds they feed.
+constexpr int64_t kMaxEpochs = int64_t(1) << 31, kMaxSteps = int64_t(1) << 53, kMaxWorldSize = int64_t(1) << 20;
+
+// ---- which checkpoint files are known to be whole --------------------------
+//
+// A file this process wrote (and read back) or read and verified, by its
+// identity on disk; anything else is verified before it may become the
+// previous checkpoint.
+using FileId = std::tuple<dev_t, ino_t, off_t, int64_t, int64_t>;
+
+std::optional<FileId> file_id(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileId{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec};
+}
+
+std::mutex known_mutex;
+std::map<std::string, FileId> known_good;
+
+void remember_good(const std::string& path) {
+  std::lock_guard<std::mutex> lock(known_mutex);
+  if (auto id = file_id(path)) known_good[path] = *id;
 }
 
 double get_number(const pickle::ValuePtr& dict, const char* key, const std::string& path) {
@@ -115,6 +152,52 @@ pickle::ValuePtr parse_checkpoint(const std::vector<char>& bytes, const std::str
     throw CheckpointError(path + ": checkpoint version " + std::to_string(get_int(root, "version", path)) +
                           " is newer than this libddp understands (" + std::to_string(kVersion) + "); upgrade libddp");
   return root;
+}
+
+// "" when `path` holds a whole checkpoint, else why not.
+std::string why_not_whole(const std::string& path) {
+  {
+    std::lock_guard<std::mutex> lock(known_mutex);
+    auto it = known_good.find(path);
+    if (it != known_good.end() && file_id(path) == it->second) return "";
+  }
+  try {
+    parse_checkpoint(pickle::read_file(path), path);  // every entry's CRC-32 too
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+// Writes `bytes` as the checkpoint `path`. The current file becomes
+// <name>.prev.pt only if it is whole: after a resume that fell back to the
+// previous checkpoint, the damaged newest one never replaces it. The new
+// file replaces `path` only once it has been written, synced and read back
+// whole. A failure at any step leaves both files as they were.
+void rotate_in(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = write_temporary(path, bytes);
+  try {
+    const auto back = pickle::read_file(tmp);
+    zip::Archive(back.data(), back.size(), tmp).verify_all();
+  } catch (const std::exception& e) {
+    ::unlink(tmp.c_str());
+    throw CheckpointError("writing " + path + ": the new file did not read back whole (" + e.what() + "); " + path +
+                          " and the previous checkpoint are untouched. Check the disk");
+  }
+  if (std::filesystem::exists(path)) {
+    const std::string prev = previous_checkpoint_path(path), prev_tmp = prev + ".tmp";
+    const std::string why = why_not_whole(path);
+    if (why.empty()) {
+      // A hard link, so that `path` never disappears.
+      ::unlink(prev_tmp.c_str());
+      if (::link(path.c_str(), prev_tmp.c_str()) == 0 && ::rename(prev_tmp.c_str(), prev.c_str()) == 0) remember_good(prev);
+    } else {
+      std::cout << "notice: " << path << " is not kept as " << prev << ": it is damaged (" << why
+                << "); " << prev << " stays as it was" << std::endl;
+    }
+  }
+  replace_with_temporary(path);
+  remember_good(path);
 }
 
 }  // namespace
@@ -183,14 +266,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     }
     const auto bytes = torch::pickle_save(d);
 
-    // Keep the last good one: a hard link, so `path` never disappears.
-    namespace fs = std::filesystem;
-    if (fs::exists(path)) {
-      const std::string prev = previous_checkpoint_path(path), prev_tmp = prev + ".tmp";
-      ::unlink(prev_tmp.c_str());
-      if (::link(path.c_str(), prev_tmp.c_str()) == 0) ::rename(prev_tmp.c_str(), prev.c_str());
-    }
-    write_atomically(path, bytes);
+    rotate_in(path, bytes);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -230,9 +306,20 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   {
     const std::string shared = broadcast_object(pg, std::string(bytes.begin(), bytes.end()), 0);
     if (pg.rank() != 0) bytes.assign(shared.begin(), shared.end());
+    used = broadcast_object(pg, used, 0);  // rank 0 may have fallen back to the previous file
   }
 
   auto root = parse_checkpoint(bytes, used);
+  if (pg.rank() == 0) remember_good(used);
+  TrainState state;
+  state.scaler = scaler;
+  state.last_checkpoint = used;
+  state.epoch = get_count(root, "epoch", used, 0, kMaxEpochs);
+  state.step = get_count(root, "step", used, 0, kMaxSteps);
+  state.sampler_epoch = get_count(root, "sampler_epoch", used, 0, kMaxEpochs);
+  // Absent from checkpoints written at an epoch's end by older versions.
+  state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
+  state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
   StateDict model_state;
   if (!detail::to_state_dict(root->get("model"), model_state))
     throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
@@ -261,19 +348,15 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 
   if (scaler && scaler->is_enabled()) load_scaler(root, used, *scaler, pg);
 
-  TrainState state;
-  state.scaler = scaler;
-  state.epoch = get_int(root, "epoch", used);
-  state.step = get_int(root, "step", used);
-  state.sampler_epoch = get_int(root, "sampler_epoch", used);
-  // Absent from checkpoints written at an epoch's end by older versions.
-  state.epoch_step = root->get("epoch_step") ? get_int(root, "epoch_step", used) : 0;
-  state.world_size = static_cast<int>(get_int(root, "world_size", used));
   if (auto config = root->get("config"); config && config->is_dict())
     for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
 
   // This rank's generator; with another world size, the old ranks' round-robin.
   if (auto rng = root->get("rng_states"); rng && rng->kind == pickle::Value::Kind::List && !rng->items.empty()) {
+    if (rng->items.size() != static_cast<size_t>(state.world_size))
+      throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" holds " +
+                            std::to_string(rng->items.size()) + " generator states for a world of " +
+                            std::to_string(state.world_size) + "; a corrupt or crafted file?");
     const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
     if (mine->is_tensor()) {
       try {
@@ -345,10 +428,13 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
     }
   }
   if (!from.empty()) {
-    state = load_checkpoint(from, model, &optimizer, pg, scaler);
-    state.last_checkpoint = from;
+    state = load_checkpoint(from, model, &optimizer, pg, scaler);  // sets last_checkpoint: the file used
     state.last_checkpoint_epoch = state.epoch;
-    run.log("resumed from " + from + " after " + position(state) + why);
+    if (state.epoch > opts.epochs())
+      throw CheckpointError(rank_tag(pg) + ": " + state.last_checkpoint + " is after " + std::to_string(state.epoch) +
+                            " epochs, more than --epochs " + std::to_string(opts.epochs()) +
+                            " asks for in all: raise --epochs to train on, or give another --run-dir to start afresh");
+    run.log("resumed from " + state.last_checkpoint + " after " + position(state) + why);
   }
   state.scaler = scaler;
   state.config = opts.to_config();

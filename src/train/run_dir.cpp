@@ -1,11 +1,14 @@
 #include "ddp/train/run_dir.h"
 
+#include "atomic_file.h"
 #include "runtime/parse_number.h"
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <vector>
@@ -31,8 +34,15 @@ RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name
   std::error_code ec;
   fs::create_directories(path_, ec);
   if (ec) throw CheckpointError(rank_tag(pg) + ": cannot create the run folder " + path_ + ": " + ec.message());
-  log_.open(file("log.txt"), std::ios::app);
-  if (!log_) throw CheckpointError(rank_tag(pg) + ": cannot write " + file("log.txt"));
+  try {
+    log_fd_ = open_append_no_follow(file("log.txt"));
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(rank_tag(pg) + ": " + e.what());
+  }
+}
+
+RunDir::~RunDir() {
+  if (log_fd_ >= 0) ::close(log_fd_);
 }
 
 std::string RunDir::file(const std::string& name) const { return (fs::path(path_) / name).string(); }
@@ -49,24 +59,29 @@ void RunDir::start(int64_t completed_epochs) {
       if (epoch && *epoch <= completed_epochs) kept.push_back(line);
     }
   }
-  std::ofstream out(file("metrics.csv"), std::ios::trunc);
-  out << kHeaderStart << metric_ << ",samples_per_s,epoch_s\n";
-  for (auto& l : kept) out << l << "\n";
+  std::string text = kHeaderStart + metric_ + ",samples_per_s,epoch_s\n";
+  for (auto& l : kept) text += l + "\n";
+  write_atomically(file("metrics.csv"), std::vector<char>(text.begin(), text.end()));
 }
 
 void RunDir::log(const std::string& text) {
   if (!writer_) return;
-  std::cout << text << (text.empty() || text.back() != '\n' ? "\n" : "") << std::flush;
-  log_ << text << (text.empty() || text.back() != '\n' ? "\n" : "") << std::flush;
+  const std::string line = text + (text.empty() || text.back() != '\n' ? "\n" : "");
+  std::cout << line << std::flush;
+  for (size_t done = 0; log_fd_ >= 0 && done < line.size();) {  // best effort, as a console's
+    const ssize_t n = ::write(log_fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
 }
 
 void RunDir::record(const EpochMetrics& m) {
   if (!writer_) return;
-  std::ofstream out(file("metrics.csv"), std::ios::app);
   char buf[256];
   std::snprintf(buf, sizeof buf, "%lld,%.6f,%.6f,%.6f,%.1f,%.3f\n", static_cast<long long>(m.epoch), m.train_loss,
                 m.test_loss, m.test_metric, m.samples_per_s, m.epoch_s);
-  out << buf;
+  append_no_follow(file("metrics.csv"), buf);
 }
 
 }  // namespace ddp

@@ -61,7 +61,10 @@ struct TrainState {
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
-// or throws CheckpointError (rank 0: why; others: that rank 0 failed). A
+// or throws CheckpointError (rank 0: why; others: that rank 0 failed). The
+// new file replaces `path` only once written, synced and read back whole;
+// the old `path` becomes <name>.prev.pt only if it is whole itself (a
+// damaged newest checkpoint never replaces the good previous one). A
 // ddp::ZeroRedundancyOptimizer is consolidated to rank 0 first, and the
 // checkpoint holds the whole state, as the unsharded optimizer's; loading
 // gives each rank its share again, at any world size.
@@ -70,7 +73,9 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 
 // Collective. Rank 0 reads `path` (falling back to <name>.prev.pt with a
 // notice if `path` is unreadable) and broadcasts it, so the other ranks need
-// no shared file system. Restores the model (prefixes stripped, tensors to
+// no shared file system; the returned state's last_checkpoint names the file
+// used. Nothing in the file is run: the optimizer's archive is read as data
+// (ddp::read_archive), and every count is range-checked. Restores the model (prefixes stripped, tensors to
 // the model's device), the optimizer (if given) and this rank's RNG state;
 // returns the rest. Another world size works, with a notice on rank 0.
 // An enabled `scaler` gets the checkpoint's scaler state (a checkpoint

@@ -14,10 +14,12 @@
 //   run.log("epoch 1: ...");
 //   run.record({epoch, train_loss, test_loss, test_acc, samples_per_s, epoch_s});
 //   run.draw_charts();
+//
+// No file of the folder is written through a symbolic link: a link where
+// one of them goes is a CheckpointError naming it (see docs/reliability.md).
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "ddp/comm/process_group.h"
@@ -40,6 +42,9 @@ class RunDir {
   // Every rank prints one line saying where it runs ("rank 1 of 2 on node2,
   // pid 4242, gloo, run folder runs/x"), so a job's output shows the layout.
   RunDir(std::string path, const ProcessGroup& pg, std::string metric_name = "test_acc");
+  ~RunDir();
+  RunDir(const RunDir&) = delete;
+  RunDir& operator=(const RunDir&) = delete;
 
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const;
@@ -61,7 +66,7 @@ class RunDir {
  private:
   std::string path_, metric_;
   bool writer_;
-  std::ofstream log_;
+  int log_fd_ = -1;  // log.txt, appended to
 };
 
 }  // namespace ddp
