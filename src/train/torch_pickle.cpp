@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -43,9 +44,11 @@ c10::ScalarType storage_dtype(const std::string& global, const std::string& what
 
 class Unpickler {
  public:
-  Unpickler(const std::string& pkl, const zip::Archive& zip, std::string what)
+  // `stored_size`: what data.pkl takes in the file (less than its size when
+  // deflated): the budget grows with what the file really holds.
+  Unpickler(const std::string& pkl, const zip::Archive& zip, std::string what, uint64_t stored_size)
       : p_(pkl), zip_(zip), what_(std::move(what)),
-        budget_(kValueBytesFloor + kValueBytesPerPickleByte * pkl.size()), view_budget_(kValueBytesFloor) {}
+        budget_(kValueBytesFloor + kValueBytesPerPickleByte * stored_size), view_budget_(kValueBytesFloor) {}
 
   ValuePtr run() {
     while (true) {
@@ -150,7 +153,7 @@ class Unpickler {
   void charge(uint64_t n) {
     if (n > budget_ - spent_) {
       throw CheckpointError(what_ + ": its data.pkl (" + std::to_string(p_.size()) +
-                            " bytes) would build more than " + std::to_string(budget_ >> 20) +
+                            " bytes inflated) would build more than " + std::to_string(budget_ >> 20) +
                             " MiB of values; a pickle of plain data never needs that many. Is it crafted or corrupt?");
     }
     spent_ += n;
@@ -483,7 +486,13 @@ std::vector<char> read_file(const std::string& path) {
   char head[4] = {};
   if (size >= 4) read_at(head, 4, 0);
   constexpr uint64_t kTail = 0xffff + 22;
-  if (size > 2 * kTail && std::memcmp(head, "PK\x03\x04", 4) == 0) {
+  if (size < 4 || std::memcmp(head, "PK\x03\x04", 4) != 0) {
+    // Not a zip: load() says what it is from the first bytes alone.
+    std::vector<char> start(static_cast<size_t>(std::min<uint64_t>(size, 16)));
+    read_at(start.data(), start.size(), 0);
+    return start;
+  }
+  if (size > 2 * kTail) {
     std::vector<char> tail(kTail);
     read_at(tail.data(), kTail, size - kTail);
     bool found = false;
@@ -518,7 +527,7 @@ ValuePtr load(const char* bytes, size_t size, const std::string& what) {
                             std::string(zip.bytes(*order), std::min<uint64_t>(order->size, 16)) +
                             "); load it there and save it again, or convert it in Python");
     const std::string pkl(zip.bytes(*data), data->size);
-    auto root = Unpickler(pkl, zip, what).run();
+    auto root = Unpickler(pkl, zip, what, std::min(data->compressed_size, data->size)).run();
     zip.verify_all();  // entries the pickle did not use: still a sign of damage
     return root;
   } catch (const CheckpointError&) {

@@ -12,7 +12,7 @@
 // of its storage is made. Nothing in a file names code to run: globals are
 // inert names, and only the tensor rebuilds of the allow-list are acted on.
 // Memory is bounded by what the file holds: the values built from data.pkl
-// may take at most kValueBytesPerPickleByte times its size (plus
+// may take at most kValueBytesPerPickleByte times its size in the file (plus
 // kValueBytesFloor), tensor views at most what their storages hold (plus the
 // same floor), and dict lookups are hashed. Anything off is a
 // CheckpointError naming the file.
@@ -93,7 +93,9 @@ ValuePtr load(const std::vector<char>& bytes, const std::string& what);
 // be read. Only a regular file is read (a FIFO, a device such as /dev/zero or
 // a folder is refused without blocking), in one allocation of its size; a
 // file that starts as a zip but has no zip end record in its last 64 KiB is
-// refused before the rest is read (a sparse or truncated file).
+// refused before the rest is read (a sparse or truncated file), and of a
+// file that is no zip only its first 16 bytes are read (all load() needs to
+// say what it is).
 std::vector<char> read_file(const std::string& path);
 
 }  // namespace pickle

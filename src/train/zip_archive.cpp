@@ -164,11 +164,16 @@ Archive::Archive(const char* data, size_t size, std::string what) : data_(data),
   // What inflating may take: PyTorch deflates only small code files, so a
   // few times the file (and at least 64 MiB) is plenty; a zip bomb is not.
   uint64_t inflated = 0;
+  const Entry* largest = nullptr;
   for (const auto& e : entries_)
-    if (e.method == 8) inflated += e.size;
+    if (e.method == 8) {
+      inflated += e.size;
+      if (!largest || e.size > largest->size) largest = &e;
+    }
   const uint64_t limit = kInflatedFloor + kInflatedPerByte * static_cast<uint64_t>(size_);
   if (inflated > limit)
-    fail("its compressed entries would inflate to " + std::to_string(inflated) + " bytes, more than " +
+    fail("its compressed entries (the largest: " + largest->name + ", " + std::to_string(largest->size) +
+         " bytes) would inflate to " + std::to_string(inflated) + " bytes, more than " +
          std::to_string(limit) + " for a file of " + std::to_string(size_) +
          " bytes; PyTorch stores tensor data uncompressed, so this is not a file it wrote");
   verified_.assign(entries_.size(), false);

@@ -15,6 +15,7 @@
 #include <iterator>
 
 #include "../core/multiprocess.h"
+#include "crafted_files.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/state_dict.h"
@@ -22,121 +23,9 @@
 
 namespace fs = std::filesystem;
 
+using namespace ddp::crafted;
+
 namespace {
-
-// ---- a zip writer: stored entries, as PyTorch writes them -----------------
-
-void put(std::string& out, uint64_t v, int bytes) {
-  for (int k = 0; k < bytes; ++k) out.push_back(static_cast<char>((v >> (8 * k)) & 0xff));
-}
-
-struct Entry {
-  std::string name, data;
-  bool wrong_crc = false;
-};
-
-struct Zip {
-  std::string bytes;
-  std::vector<size_t> local_offsets;  // of each entry's local header
-  size_t central_offset = 0, eocd_offset = 0;
-};
-
-Zip make_zip(const std::vector<Entry>& entries) {
-  Zip z;
-  std::string central;
-  for (const auto& e : entries) {
-    uint32_t crc = static_cast<uint32_t>(::crc32(0, reinterpret_cast<const Bytef*>(e.data.data()),
-                                                 static_cast<uInt>(e.data.size())));
-    if (e.wrong_crc) crc ^= 1;
-    const size_t offset = z.bytes.size();
-    z.local_offsets.push_back(offset);
-    put(z.bytes, 0x04034b50, 4);
-    put(z.bytes, 20, 2);  // version needed
-    put(z.bytes, 0, 2);   // flags
-    put(z.bytes, 0, 2);   // stored
-    put(z.bytes, 0, 4);   // time, date
-    put(z.bytes, crc, 4);
-    put(z.bytes, e.data.size(), 4);
-    put(z.bytes, e.data.size(), 4);
-    put(z.bytes, e.name.size(), 2);
-    put(z.bytes, 0, 2);
-    z.bytes += e.name + e.data;
-
-    put(central, 0x02014b50, 4);
-    put(central, 20, 2);
-    put(central, 20, 2);
-    put(central, 0, 2);
-    put(central, 0, 2);
-    put(central, 0, 4);
-    put(central, crc, 4);
-    put(central, e.data.size(), 4);
-    put(central, e.data.size(), 4);
-    put(central, e.name.size(), 2);
-    put(central, 0, 2);  // extra
-    put(central, 0, 2);  // comment
-    put(central, 0, 2);  // disk
-    put(central, 0, 2);  // internal attributes
-    put(central, 0, 4);  // external attributes
-    put(central, offset, 4);
-    central += e.name;
-  }
-  z.central_offset = z.bytes.size();
-  z.bytes += central;
-  z.eocd_offset = z.bytes.size();
-  put(z.bytes, 0x06054b50, 4);
-  put(z.bytes, 0, 4);  // disks
-  put(z.bytes, entries.size(), 2);
-  put(z.bytes, entries.size(), 2);
-  put(z.bytes, central.size(), 4);
-  put(z.bytes, z.central_offset, 4);
-  put(z.bytes, 0, 2);
-  return z;
-}
-
-// ---- a pickle builder (protocol 2, the opcodes torch.save uses) -----------
-
-std::string str(const std::string& s) {
-  std::string out = "X";
-  put(out, s.size(), 4);
-  return out + s;
-}
-std::string i64(int64_t v) {
-  std::string out = "\x8a\x08";
-  put(out, static_cast<uint64_t>(v), 8);
-  return out;
-}
-std::string global(const std::string& module, const std::string& name) { return "c" + module + "\n" + name + "\n"; }
-std::string tuple(const std::vector<int64_t>& xs) {
-  std::string out = "(";
-  for (auto x : xs) out += i64(x);
-  return out + "t";
-}
-
-struct TensorSpec {
-  std::string key = "0";
-  std::string storage = "FloatStorage";
-  int64_t offset = 0;
-  std::vector<int64_t> sizes{2, 3}, strides{3, 1};
-};
-
-std::string tensor_pkl(const TensorSpec& t) {
-  return global("torch._utils", "_rebuild_tensor_v2") + "((" + str("storage") + global("torch", t.storage) + str(t.key) +
-         str("cpu") + i64(6) + "tQ" + i64(t.offset) + tuple(t.sizes) + tuple(t.strides) + "\x89" +
-         global("collections", "OrderedDict") + ")RtR";
-}
-
-// A state dict {"w": tensor} pickled as torch.save writes it.
-std::string state_dict_pkl(const TensorSpec& t) { return "\x80\x02}(" + str("w") + tensor_pkl(t) + "u."; }
-
-std::string floats(std::vector<float> xs) {
-  return std::string(reinterpret_cast<const char*>(xs.data()), xs.size() * sizeof(float));
-}
-
-const std::string kWeights = floats({1, 2, 3, 4, 5, 6});
-
-std::vector<Entry> archive(const std::string& pkl, const std::string& storage_bytes = kWeights) {
-  return {{"archive/data.pkl", pkl}, {"archive/data/0", storage_bytes}, {"archive/version", "3\n"}};
-}
 
 // ---- running the readers ---------------------------------------------------
 
