@@ -1,9 +1,11 @@
 // Fuzzes load_checkpoint (src/train/checkpoint.cpp): the bytes are a
 // training checkpoint, restored into a small model and its SGD optimizer on a
 // one-rank group. A malformed checkpoint must be a ddp::CheckpointError;
-// anything else is a finding. Run: fuzz/README.md.
+// anything else is a finding, and so is running code from the input
+// (code_sentinel.h). Run: fuzz/README.md.
 #include <torch/torch.h>
 
+#include "code_sentinel.h"
 #include "ddp/train/checkpoint.h"
 #include "fuzz_input.h"
 #include "solo_group.h"
@@ -17,5 +19,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)ddp::load_checkpoint(file.path(), *model, &optimizer, pg);
   } catch (const ddp::CheckpointError&) {
   }
+  ddp::fuzz::abort_if_code_ran();
   return 0;
 }

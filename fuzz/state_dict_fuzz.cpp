@@ -1,9 +1,11 @@
 // Fuzzes read_state_dict (src/train/state_dict.cpp): the bytes are a state
 // dict file as torch.save(model.state_dict()) or ddp::save_state_dict write,
 // then loaded into a small model. A malformed file or a mismatch must be a
-// ddp::CheckpointError; anything else is a finding. Run: fuzz/README.md.
+// ddp::CheckpointError; anything else is a finding, and so is running code
+// from the input (code_sentinel.h). Run: fuzz/README.md.
 #include <torch/torch.h>
 
+#include "code_sentinel.h"
 #include "ddp/train/state_dict.h"
 #include "fuzz_input.h"
 
@@ -15,5 +17,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ddp::load_state_dict(*model, ddp::strip_module_prefix(state), /*strict=*/false);
   } catch (const ddp::CheckpointError&) {
   }
+  ddp::fuzz::abort_if_code_ran();
   return 0;
 }

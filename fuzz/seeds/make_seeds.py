@@ -77,4 +77,71 @@ os.makedirs(os.path.join(corpus, 'idx_fuzz'), exist_ok=True)
 for name, data in idx_files.items():
     with open(os.path.join(corpus, 'idx_fuzz', name), 'wb') as f:
         f.write(data)
+
+# LibTorch archives for module_archive_fuzz: a TorchScript module with every
+# kind of attribute the data-only reader rebuilds, libddp's SGD state (the
+# "optimizer" bytes of the committed libddp checkpoint), and, for the
+# pickle readers, a state dict whose data.pkl is deflated.
+# The code-*.pt seeds come from tests/data/python_code_archives.py, run with
+# /tmp/ddp-fuzz-code-ran as its victim (fuzz/code_sentinel.h).
+import typing
+import zipfile
+
+src = os.path.join(corpus, 'module_archive_fuzz', 'ddp_seed_attrs.py')
+os.makedirs(os.path.dirname(src), exist_ok=True)
+with open(src, 'w') as f:
+    f.write('''import torch
+from typing import Dict, List, Optional, Tuple
+
+
+class Inner(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer('running', torch.arange(3.))
+        self.scale = 2.5
+
+    def forward(self, x):
+        return x
+
+
+class Attrs(torch.nn.Module):
+    ints: List[int]
+    tensors: List[torch.Tensor]
+    table: Dict[str, List[float]]
+    pair: Tuple[float, float]
+    maybe: Optional[float]
+
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(3, 2))
+        self.inner = Inner()
+        self.ints = [1, 2, 3]
+        self.tensors = [torch.zeros(2), torch.ones(1)]
+        self.table = {'lr': [0.1, 0.01], 'empty': []}
+        self.pair = (0.9, 0.999)
+        self.maybe = None
+        self.name = 'attrs'
+
+    def forward(self, x):
+        return x
+''')
+sys.path.insert(0, os.path.dirname(src))
+import ddp_seed_attrs  # noqa: E402
+buf = io.BytesIO()
+torch.jit.save(torch.jit.script(ddp_seed_attrs.Attrs()), buf)
+os.remove(src)
+archives = {'py-jit-attrs.pt': buf.getvalue()}
+ckpt = torch.load(os.path.join(corpus, 'checkpoint_fuzz', 'ddp-checkpoint.pt'))
+archives['ddp-sgd-archive.pt'] = ckpt['optimizer'].numpy().tobytes()
+for name, data in archives.items():
+    with open(os.path.join(corpus, 'module_archive_fuzz', name), 'wb') as f:
+        f.write(data)
+
+deflated = io.BytesIO()
+with zipfile.ZipFile(io.BytesIO(valid)) as zin, zipfile.ZipFile(deflated, 'w') as zout:
+    for info in zin.infolist():
+        method = zipfile.ZIP_DEFLATED if info.filename.endswith('data.pkl') else zipfile.ZIP_STORED
+        zout.writestr(info.filename, zin.read(info.filename), compress_type=method)
+with open(os.path.join(corpus, 'torch_pickle_fuzz', 'py-deflated-pickle.pt'), 'wb') as f:
+    f.write(deflated.getvalue())
 print('ok')

@@ -311,3 +311,29 @@ TEST_F(UntrustedFiles, CheckpointCountsOutsideTheirRangeAreRefused) {
     EXPECT_NE(err.find("\"epoch\" is " + std::to_string(epoch)), std::string::npos) << err;
   }
 }
+
+// A TorchScript module's attributes of every kind come back as data
+// (fuzz/corpus/module_archive_fuzz/py-jit-attrs.pt, fuzz/seeds/make_seeds.py).
+TEST_F(UntrustedFiles, ATorchScriptModulesAttributesReadAsData) {
+  auto archive = ddp::read_archive(std::string(FUZZ_CORPUS) + "/module_archive_fuzz/py-jit-attrs.pt");
+  c10::IValue v;
+  archive.read("ints", v);
+  EXPECT_EQ(v.toIntVector(), (std::vector<int64_t>{1, 2, 3}));
+  archive.read("tensors", v);
+  ASSERT_EQ(v.toTensorVector().size(), 2u);
+  EXPECT_TRUE(torch::equal(v.toTensorVector()[1], torch::ones({1})));
+  archive.read("table", v);
+  EXPECT_EQ(v.toGenericDict().at("lr").toDoubleVector(), (std::vector<double>{0.1, 0.01}));
+  EXPECT_TRUE(v.toGenericDict().at("empty").toDoubleVector().empty());
+  archive.read("pair", v);
+  EXPECT_EQ(v.toTupleRef().elements()[1].toDouble(), 0.999);
+  archive.read("maybe", v);
+  EXPECT_TRUE(v.isNone());
+  torch::Tensor weight, running;
+  archive.read("weight", weight);
+  EXPECT_TRUE(torch::equal(weight, torch::ones({3, 2})));
+  torch::serialize::InputArchive inner;
+  archive.read("inner", inner);
+  inner.read("running", running, /*is_buffer=*/true);
+  EXPECT_TRUE(torch::equal(running, torch::arange(3.)));
+}
