@@ -49,10 +49,12 @@ bool write_all(int fd, const char* data, size_t size) {
 }
 
 UniqueFd open_log_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // Never through a link planted where a log goes.
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0)
     throw LaunchError("cannot open log file " + path + ": " + std::strerror(errno) +
-                      "; check that --log-dir is writable");
+                      (errno == ELOOP ? "; it is a symbolic link, which ddprun never writes through: remove it"
+                                      : "; check that --log-dir is writable"));
   return UniqueFd(fd);
 }
 
