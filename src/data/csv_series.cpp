@@ -1,5 +1,7 @@
 #include "ddp/data/csv_series.h"
 
+#include "runtime/regular_file.h"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -49,6 +51,8 @@ std::string lower(std::string s) {
 }  // namespace
 
 CsvSeries read_csv_series(const std::string& path) {
+  if (const auto why = why_not_a_regular_file(path); !why.empty())
+    throw DataError(path + ": cannot open (" + why + "); pass the CSV's path (the example's generator writes one)");
   std::ifstream in(path);
   if (!in) throw DataError(path + ": cannot open; pass the CSV's path (the example's generator writes one)");
   std::string line;

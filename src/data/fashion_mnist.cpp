@@ -1,5 +1,7 @@
 #include "ddp/data/fashion_mnist.h"
 
+#include "runtime/regular_file.h"
+
 #include <zlib.h>
 
 #include <cstdint>
@@ -22,9 +24,19 @@ struct GzCloser {
 class IdxFile {
  public:
   explicit IdxFile(std::string path) : path_(std::move(path)) {
-    if (!std::filesystem::exists(path_)) throw DataError(path_ + ": no such file");
+    // gzopen would block on a FIFO and read /dev/zero for ever.
+    if (const auto why = why_not_a_regular_file(path_, &file_size_); !why.empty()) throw DataError(path_ + ": " + why);
     file_.reset(gzopen(path_.c_str(), "rb"));
     if (!file_) throw DataError(path_ + ": cannot open");
+  }
+
+  // A header may not declare more bytes than the file could hold: memory
+  // follows what is there, not what a corrupt header says.
+  void check_declared(uint64_t bytes, const char* what) {
+    const uint64_t ratio = gzdirect(file_.get()) ? 1 : 1032;  // deflate's best ratio
+    if (bytes > file_size_ * ratio)
+      throw DataError(path_ + ": its header declares " + std::to_string(bytes) + " bytes of " + what + " but the " +
+                      std::to_string(file_size_) + "-byte file cannot hold them; truncated or corrupt");
   }
 
   void read(void* out, uint64_t bytes, const char* what) {
@@ -62,6 +74,7 @@ class IdxFile {
 
  private:
   std::string path_;
+  uint64_t file_size_ = 0;
   std::unique_ptr<gzFile_s, GzCloser> file_;
 };
 
@@ -94,6 +107,7 @@ torch::Tensor read_idx_images(const std::string& path) {
   if (rows == 0 || cols == 0 || rows > 4096 || cols > 4096 || n * rows * cols > kMaxBytes)
     throw DataError(path + ": implausible dimensions " + std::to_string(n) + "x" + std::to_string(rows) + "x" +
                     std::to_string(cols) + "; corrupt file");
+  f.check_declared(n * rows * cols, "pixels");
   auto images = torch::empty({static_cast<int64_t>(n), static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
                              torch::kUInt8);
   f.read(images.data_ptr(), n * rows * cols, "the pixels");
@@ -107,6 +121,7 @@ torch::Tensor read_idx_labels(const std::string& path) {
   if (magic != kLabelsMagic) throw DataError(magic_error(path, magic, kLabelsMagic));
   const uint64_t n = f.read_be32("the label count");
   if (n > kMaxBytes) throw DataError(path + ": implausible label count " + std::to_string(n) + "; corrupt file");
+  f.check_declared(n, "labels");
   auto labels = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
   f.read(labels.data_ptr(), n, "the labels");
   f.expect_end();
