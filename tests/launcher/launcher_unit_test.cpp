@@ -120,6 +120,35 @@ TEST(CommandLine, NumbersAreWholeAndInRange) {
   EXPECT_THROW(parse({"--rdzv-conf", "join_timeout=soon", "/bin/true"}), UsageError);
 }
 
+// --nproc-per-node 10000 would fork until EAGAIN: refused, with the way out.
+TEST(CommandLine, NprocFarBeyondTheMachineIsRefusedUnlessAllowed) {
+  EXPECT_EQ(nproc_limit(2, 0), kNprocFloor);
+  EXPECT_EQ(nproc_limit(32, 8), 128);
+  EXPECT_EQ(nproc_limit(4, 64), 256);
+  ::unsetenv("DDPRUN_MAX_NPROC");
+  auto fine = parse({"--nproc-per-node", std::to_string(kNprocFloor), "/bin/true"});
+  EXPECT_NO_THROW(resolve_nproc(fine));
+  EXPECT_EQ(fine.nproc, kNprocFloor);
+  auto huge = parse({"--nproc-per-node", "10000", "/bin/true"});
+  try {
+    resolve_nproc(huge);
+    ADD_FAILURE() << "10000 workers accepted";
+  } catch (const UsageError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("--nproc-per-node 10000"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(usable_cpus()) + " usable CPUs"), std::string::npos) << what;
+    EXPECT_NE(what.find("DDPRUN_MAX_NPROC=10000"), std::string::npos) << what;
+  }
+  ::setenv("DDPRUN_MAX_NPROC", "10000", 1);
+  EXPECT_NO_THROW(resolve_nproc(huge));
+  EXPECT_EQ(huge.nproc, 10000);
+  ::setenv("DDPRUN_MAX_NPROC", "9999", 1);
+  EXPECT_THROW(resolve_nproc(huge), UsageError);
+  ::setenv("DDPRUN_MAX_NPROC", "many", 1);
+  EXPECT_THROW(resolve_nproc(huge), UsageError);
+  ::unsetenv("DDPRUN_MAX_NPROC");
+}
+
 TEST(CommandLine, VersionAndHelpNeedNoProgram) {
   std::ostringstream out;
   const char* argv[] = {"ddprun", "--version"};
