@@ -24,9 +24,12 @@ struct Connection {
 };
 
 // Connects as TCPStore(host, opts) does (opts.isServer false), giving up
-// after `within` (sooner when `stop`, asked every 50 ms, returns true: the
-// construction then throws), then gives the connection's sockets receive and
-// send timeouts of opts.timeout, and the store opts.timeout as its own.
+// after `within`, then gives the connection's sockets receive and send
+// timeouts of opts.timeout, and the store opts.timeout as its own. Once
+// `stop` (asked every 50 ms) returns true, every answer the construction
+// waits for fails; 1.13's constructor then throws at once, but 2.x's retries
+// until `within` is up, so a caller that must stop quickly keeps `within`
+// short and retries itself (ddprun: attempts of 2 s).
 Connection connect(const std::string& host, const c10d::TCPStoreOptions& opts, std::chrono::milliseconds within,
                    const std::function<bool()>& stop = {});
 
