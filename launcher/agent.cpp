@@ -172,7 +172,13 @@ Agent::State Agent::start_workers() {
   workers_.resize(static_cast<size_t>(o_.nproc));
   std::string attempt_dir;
   if (!run_dir_.empty()) attempt_dir = run_dir_ + "/attempt_" + std::to_string(round_);
-  for (int lr = 0; lr < o_.nproc; ++lr) start_worker(lr, attempt_dir);
+  for (int lr = 0; lr < o_.nproc; ++lr) {
+    try {
+      start_worker(lr, attempt_dir);
+    } catch (const LaunchError& e) {
+      throw cannot_start(lr, e.what());
+    }
+  }
   next_poll_ = Clock::now() + seconds(o_.monitor_interval);
   return State::Healthy;
 }
@@ -399,6 +405,25 @@ Agent::Events Agent::wait_for_events() {
     pending_signals_.erase(pending_signals_.begin());
   }
   return e;
+}
+
+LaunchError Agent::cannot_start(int local_rank, const std::string& why) {
+  // A half-started group must not run: the started workers go now (their
+  // process groups, SIGKILL), the other nodes hear of it, and ddprun exits 1.
+  workers_.clear();
+  kill_adopted_orphans(watchdog_.pid());
+  const std::string text = "ddprun on host " + host_ + " could not start local rank " + std::to_string(local_rank) +
+                           " of " + std::to_string(o_.nproc) + ": " + why;
+  try {
+    rdzv_->report_failure(FailureRecord{kExitLaunch, false, text});
+  } catch (const LaunchError&) {
+    // The store is gone too; this node exits all the same.
+  }
+  return LaunchError("cannot start worker " + std::to_string(local_rank) + " of " + std::to_string(o_.nproc) +
+                     " on this node: " + why +
+                     (local_rank > 0 ? "; stopped the " + std::to_string(local_rank) +
+                                           " already started; lower --nproc-per-node"
+                                     : ""));
 }
 
 void Agent::record_stop_signal(int signo) {

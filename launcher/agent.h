@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "errors.h"
 #include "output.h"
 #include "rendezvous.h"
 #include "signals.h"
@@ -88,6 +89,10 @@ class Agent {
   Events wait_for_events();
   void reap();
   void record_stop_signal(int signo);
+  // Worker `local_rank` could not be started (fork failed: EAGAIN at the
+  // process limit): stops the started ones, tells the other nodes, and
+  // returns the error ddprun exits with.
+  LaunchError cannot_start(int local_rank, const std::string& why);
   bool failed_elsewhere(const Events& e);
   bool all_exited() const;
   void signal_running(int signo);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <random>
@@ -535,8 +536,41 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   return o;
 }
 
+int nproc_limit(int cpus, int gpus) { return std::max(kNprocFloor, kNprocPerDevice * std::max(cpus, gpus)); }
+
+namespace {
+
+// A number of workers far beyond the machine (--nproc-per-node 10000, a
+// typo or a total meant for --nnodes) would fork until EAGAIN: refuse it,
+// unless DDPRUN_MAX_NPROC allows that many.
+void check_nproc_limit(const Options& o) {
+  const int cpus = usable_cpus();
+  if (o.nproc <= nproc_limit(cpus, 0)) return;
+  const std::string n = std::to_string(o.nproc);
+  if (const char* given = std::getenv("DDPRUN_MAX_NPROC"); given && *given) {
+    auto max = ddp::parse_integer(given, 1, INT32_MAX);
+    if (!max) throw UsageError(std::string("DDPRUN_MAX_NPROC must be a whole number of at least 1; got '") + given + "'");
+    if (o.nproc <= *max) return;
+    throw UsageError("--nproc-per-node " + n + " is more than DDPRUN_MAX_NPROC=" + given +
+                     " workers; raise DDPRUN_MAX_NPROC to start that many on this node");
+  }
+  const GpuCount gpus = count_visible_gpus();
+  const int limit = nproc_limit(cpus, gpus.count);
+  if (o.nproc <= limit) return;
+  throw UsageError("--nproc-per-node " + n + " would start " + n + " workers on this node, which has " +
+                   std::to_string(cpus) + " usable CPUs and " + std::to_string(gpus.count) + " visible GPUs; ddprun "
+                   "refuses more than " + std::to_string(limit) + " (" + std::to_string(kNprocPerDevice) +
+                   " per CPU or GPU, at least " + std::to_string(kNprocFloor) + "); set DDPRUN_MAX_NPROC=" + n +
+                   " to start them anyway");
+}
+
+}  // namespace
+
 void resolve_nproc(Options& o) {
-  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") return;
+  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") {
+    check_nproc_limit(o);
+    return;
+  }
   int cpus = usable_cpus();
   if (o.nproc_spec == "cpu") {
     o.nproc = cpus;

@@ -83,8 +83,16 @@ struct Options {
 std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out);
 
 // Turns --nproc-per-node auto/gpu/cpu into a number. Throws LaunchError for
-// "gpu" on a machine without a visible GPU.
+// "gpu" on a machine without a visible GPU, and UsageError for a number above
+// nproc_limit() (one that would fork until EAGAIN) unless the environment's
+// DDPRUN_MAX_NPROC allows it.
 void resolve_nproc(Options& options);
+
+// The most workers a node starts without DDPRUN_MAX_NPROC: kNprocPerDevice
+// per usable CPU or visible GPU (whichever are more), at least kNprocFloor.
+constexpr int kNprocPerDevice = 4;
+constexpr int kNprocFloor = 64;
+int nproc_limit(int cpus, int gpus);
 
 // What --version prints: "ddprun (libddp) X.Y.Z", the project's version,
 // then "backends: gloo, mpi", the process-group backends libddp was built

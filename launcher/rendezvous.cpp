@@ -8,6 +8,7 @@
 #include <climits>
 #include <random>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "errors.h"
@@ -16,6 +17,8 @@
 #include "runtime/parse_number.h"
 #include "comm/store_bind.h"
 #include "comm/store_client.h"
+#include "comm/store_deadline.h"
+#include "signals.h"
 #include "wait.h"
 
 namespace ddprun {
@@ -25,6 +28,12 @@ namespace {
 constexpr auto kStorePoll = std::chrono::milliseconds(100);
 // How long a join waits quietly before saying what it waits for.
 constexpr auto kQuietJoin = std::chrono::seconds(5);
+// The longest one attempt to connect to the store may take: the attempts
+// repeat until join_timeout, and tick() reads the signals between them.
+constexpr auto kConnectAttempt = std::chrono::seconds(2);
+// A silent store ends a join this long after join_timeout, so that a store
+// that does answer reports what the join itself waited for.
+constexpr auto kSilenceGrace = std::chrono::seconds(2);
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
@@ -79,7 +88,9 @@ class StoreRendezvous : public Rendezvous {
 
   Assignment join(int round, int local_world_size, const Tick& tick) override {
     watch_.reset();  // a fresh connection for each round's watching
-    return guarded([&] { return do_join(round, local_world_size, tick); });
+    return answered("its answers while joining run '" + c_.run_id + "'",
+                    Clock::now() + seconds(c_.conf.join_timeout) + kSilenceGrace, tick,
+                    [&] { return do_join(round, local_world_size, tick); });
   }
 
   std::optional<FailureRecord> poll() override {
@@ -184,11 +195,73 @@ class StoreRendezvous : public Rendezvous {
     } catch (const Interrupted&) {
       throw;
     } catch (const std::exception& e) {
-      // A call that timed out may get its answer later, which the next call
-      // on that connection would read as its own: never reuse it.
-      watch_.reset();
-      throw LaunchError("lost contact with the rendezvous store at " + where() +
-                        " (the node hosting it may have stopped): " + first_line(e.what()));
+      throw lost(e);
+    }
+  }
+
+  LaunchError lost(const std::exception& e) {
+    // A call that timed out may get its answer later, which the next call
+    // on that connection would read as its own: never reuse it.
+    watch_.reset();
+    return LaunchError("lost contact with the rendezvous store at " + where() +
+                       " (the node hosting it may have stopped): " + first_line(e.what()));
+  }
+
+  // Calls on store_ that another machine answers, ended by `deadline` or by a
+  // termination signal even inside c10d's blocking recv (store_deadline.h),
+  // and reported as what they are; `what` is what this node waited for.
+  template <class F>
+  auto answered(const std::string& what, Clock::time_point deadline, const Tick& tick, F&& f) -> decltype(f()) {
+    if (hosting_) return guarded(f);  // served in this process: it answers
+    ddp::store_deadline::Deadline bound(deadline, store_sockets_, &SignalChannel::termination_pending);
+    try {
+      return f();
+    } catch (const LaunchError&) {
+      throw;
+    } catch (const Interrupted&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (bound.ended() == ddp::store_deadline::Ended::Stop) tick();  // throws Interrupted
+      // Ended by the Deadline, or by the sockets' own timeout (join_timeout).
+      if (bound.ended() == ddp::store_deadline::Ended::Deadline || Clock::now() >= deadline - kSilenceGrace)
+        throw silent(what);
+      throw lost(e);
+    }
+  }
+
+  // The store accepts connections but does not answer: its host is hung or
+  // stopped, or the port is some other service's, or a firewall lets the
+  // handshake through and nothing after it.
+  LaunchError silent(const std::string& what, const std::string& detail = "") const {
+    return LaunchError("the rendezvous store at " + where() + " did not answer within " +
+                       std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (join_timeout) while this node "
+                       "waited for " + what + (detail.empty() ? "" : " (" + detail + ")") + "; check that " +
+                       (c_.dynamic ? "--rdzv-endpoint" : "--master-addr/--master-port") + " name the store, that " +
+                       (c_.dynamic ? "the ddprun serving it" : "node 0's ddprun") +
+                       " is running and not stopped, and that no firewall drops traffic to port " +
+                       std::to_string(c_.port));
+  }
+
+  // TCPStore's constructor in attempts of kConnectAttempt at most (2.x's
+  // pings the server and would wait on a silent one), signals read between.
+  void connect_client(Clock::time_point deadline, const Tick& tick) {
+    std::string last;
+    for (;;) {
+      const auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero()) throw silent("its answer to a new connection", last);
+      try {
+        auto c = ddp::store_client::connect(
+            c_.host, options(false),
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::min<Clock::duration>(left, kConnectAttempt)),
+            &SignalChannel::termination_pending);
+        store_ = c.store;
+        store_sockets_ = c.sockets;
+        return;
+      } catch (const std::exception& e) {
+        last = first_line(e.what());
+      }
+      tick();
+      std::this_thread::sleep_for(kStorePoll);
     }
   }
 
@@ -255,13 +328,9 @@ class StoreRendezvous : public Rendezvous {
                           std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (" + why + "); check " +
                           (c_.dynamic ? "--rdzv-endpoint" : "--master-addr/--master-port") +
                           ", that the first node is running ddprun, and that the port is open");
-      try {
-        store_ = c10::make_intrusive<c10d::TCPStore>(c_.host, options(false));
-      } catch (const std::exception& e) {
-        throw LaunchError("cannot connect to the rendezvous store at " + where() + ": " + first_line(e.what()));
-      }
+      connect_client(deadline, tick);
     }
-    guarded([&] {
+    answered("its answer to the first request (the run id check)", deadline + kSilenceGrace, tick, [&] {
       std::string id = text(store_->compareSet("ddprun/run_id", {}, bytes(c_.run_id)));
       if (id != c_.run_id)
         throw LaunchError("the rendezvous store at " + where() + " belongs to run '" + id + "', not --rdzv-id '" +
@@ -430,6 +499,7 @@ class StoreRendezvous : public Rendezvous {
 
   StoreConfig c_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::vector<int> store_sockets_;  // store_'s, when another machine serves it
   // While the workers run: a second connection whose every call gives up
   // after keep_alive_interval x keep_alive_max_attempt (the time after which a
   // silent node counts as gone). store_'s calls may wait join_timeout (c10d

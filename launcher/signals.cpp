@@ -33,6 +33,15 @@ SignalChannel::~SignalChannel() {
   ::pthread_sigmask(SIG_SETMASK, &original_mask_, nullptr);
 }
 
+bool SignalChannel::termination_pending() {
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (::sigpending(&pending) != 0) return false;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT})
+    if (sigismember(&pending, s) == 1) return true;
+  return false;
+}
+
 std::vector<int> SignalChannel::drain() {
   std::vector<int> out;
   signalfd_siginfo info;

@@ -37,6 +37,10 @@ class SignalChannel {
   static bool is_warning(int signo) { return signo == SIGUSR1 || signo == SIGUSR2; }
   // True for the signals that mean "stop": the others but SIGCHLD.
   static bool is_termination(int signo) { return signo != SIGCHLD && !is_warning(signo); }
+  // Whether a termination signal waits in the channel, unread: safe from any
+  // thread, and reads nothing (store_deadline.h's helper thread asks it, so a
+  // store call blocked on a silent host ends on Ctrl-C; tick() then reads it).
+  static bool termination_pending();
 
  private:
   sigset_t original_mask_{};

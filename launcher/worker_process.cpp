@@ -68,7 +68,13 @@ WorkerProcess::WorkerProcess(const WorkerSpec& spec, UniqueFd stdout_w, UniqueFd
   Pipe report = make_pipe();
   pid_t parent = ::getpid();
   pid_ = ::fork();
-  if (pid_ < 0) throw LaunchError(std::string("cannot fork a worker: ") + std::strerror(errno));
+  if (pid_ < 0) {
+    const int err = errno;
+    throw LaunchError(std::string("cannot fork a worker: ") + std::strerror(err) +
+                      (err == EAGAIN ? " (the limit on processes and threads: ulimit -u, a cgroup's pids.max, "
+                                       "kernel.threads-max)"
+                                     : ""));
+  }
   if (pid_ == 0)
     child_exec(parent, argv[0], argv.data(), envp.data(), stdout_w.get(), stderr_w.get(), report.write.get(),
                spec.signal_mask);

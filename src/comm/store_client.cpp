@@ -1,55 +1,44 @@
 #include "comm/store_client.h"
 
-#include <dirent.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <unistd.h>
 
-#include <chrono>
-#include <cstdlib>
-#include <map>
+#include "comm/store_deadline.h"
 
 namespace ddp::store_client {
 
-namespace {
-
-// This process's sockets: fd -> "socket:[inode]" (an fd number reused for
-// another socket counts as new).
-std::map<int, std::string> sockets() {
-  std::map<int, std::string> out;
-  DIR* dir = ::opendir("/proc/self/fd");
-  if (!dir) return out;
-  while (dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0') continue;
-    char target[64];
-    const std::string path = std::string("/proc/self/fd/") + e->d_name;
-    const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
-    if (n <= 0) continue;
-    target[n] = '\0';
-    if (std::string(target).rfind("socket:", 0) == 0) out[static_cast<int>(fd)] = target;
+Connection connect(const std::string& host, const c10d::TCPStoreOptions& opts, std::chrono::milliseconds within,
+                   const std::function<bool()>& stop) {
+  const auto before = store_deadline::sockets_now();
+  auto construct = opts;
+  // c10d's own connect-and-retry loop ends here too; the Deadline ends a
+  // ping (2.x) that a silent server never answers.
+  construct.timeout = within;
+  Connection out;
+  {
+    store_deadline::Deadline deadline(store_deadline::Clock::now() + within, {}, stop);
+    out.store = c10::make_intrusive<c10d::TCPStore>(host, construct);
+    if (deadline.ended() != store_deadline::Ended::No) {
+      // Constructed just as the deadline shut its sockets down: unusable.
+      throw std::runtime_error("no answer from the store at " + host + ":" + std::to_string(opts.port) +
+                               " while connecting");
+    }
   }
-  ::closedir(dir);
-  return out;
-}
-
-}  // namespace
-
-c10::intrusive_ptr<c10d::TCPStore> connect_bounded(const std::string& host, const c10d::TCPStoreOptions& opts) {
-  const auto before = sockets();
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  out.store->setTimeout(opts.timeout);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count();
   timeval tv{};
   tv.tv_sec = static_cast<time_t>(us / 1000000);
   tv.tv_usec = static_cast<suseconds_t>(us % 1000000);
-  for (const auto& [fd, id] : sockets()) {
-    auto it = before.find(fd);
-    if (it != before.end() && it->second == id) continue;
+  out.sockets = store_deadline::opened_since(before);
+  for (int fd : out.sockets) {
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
   }
-  return store;
+  return out;
+}
+
+c10::intrusive_ptr<c10d::TCPStore> connect_bounded(const std::string& host, const c10d::TCPStoreOptions& opts) {
+  return connect(host, opts, opts.timeout).store;
 }
 
 }  // namespace ddp::store_client

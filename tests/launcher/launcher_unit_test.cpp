@@ -7,7 +7,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -18,6 +22,8 @@
 #include <sstream>
 
 #include "cli.h"
+#include "comm/store_client.h"
+#include "comm/store_deadline.h"
 #include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
@@ -114,6 +120,35 @@ TEST(CommandLine, NumbersAreWholeAndInRange) {
   EXPECT_THROW(parse({"--rdzv-conf", "join_timeout=soon", "/bin/true"}), UsageError);
 }
 
+// --nproc-per-node 10000 would fork until EAGAIN: refused, with the way out.
+TEST(CommandLine, NprocFarBeyondTheMachineIsRefusedUnlessAllowed) {
+  EXPECT_EQ(nproc_limit(2, 0), kNprocFloor);
+  EXPECT_EQ(nproc_limit(32, 8), 128);
+  EXPECT_EQ(nproc_limit(4, 64), 256);
+  ::unsetenv("DDPRUN_MAX_NPROC");
+  auto fine = parse({"--nproc-per-node", std::to_string(kNprocFloor), "/bin/true"});
+  EXPECT_NO_THROW(resolve_nproc(fine));
+  EXPECT_EQ(fine.nproc, kNprocFloor);
+  auto huge = parse({"--nproc-per-node", "10000", "/bin/true"});
+  try {
+    resolve_nproc(huge);
+    ADD_FAILURE() << "10000 workers accepted";
+  } catch (const UsageError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("--nproc-per-node 10000"), std::string::npos) << what;
+    EXPECT_NE(what.find(std::to_string(usable_cpus()) + " usable CPUs"), std::string::npos) << what;
+    EXPECT_NE(what.find("DDPRUN_MAX_NPROC=10000"), std::string::npos) << what;
+  }
+  ::setenv("DDPRUN_MAX_NPROC", "10000", 1);
+  EXPECT_NO_THROW(resolve_nproc(huge));
+  EXPECT_EQ(huge.nproc, 10000);
+  ::setenv("DDPRUN_MAX_NPROC", "9999", 1);
+  EXPECT_THROW(resolve_nproc(huge), UsageError);
+  ::setenv("DDPRUN_MAX_NPROC", "many", 1);
+  EXPECT_THROW(resolve_nproc(huge), UsageError);
+  ::unsetenv("DDPRUN_MAX_NPROC");
+}
+
 TEST(CommandLine, VersionAndHelpNeedNoProgram) {
   std::ostringstream out;
   const char* argv[] = {"ddprun", "--version"};
@@ -198,6 +233,63 @@ TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
   }
 }
 
+
+// A store that accepts and never answers (a hung or SIGSTOPped host): the
+// Deadline ends the call blocked in c10d's recv, at the deadline or on `stop`.
+class SilentListener {
+ public:
+  SilentListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    ::listen(fd_, 16);  // never accepts: the kernel completes connections into the backlog
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentListener() { ::close(fd_); }
+  uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+ddp::store_deadline::Ended call_on_silent_store(std::chrono::milliseconds after, const std::function<bool()>& stop) {
+  SilentListener silent;
+  c10d::TCPStoreOptions o;
+  o.port = silent.port();
+  o.isServer = false;
+  o.waitWorkers = false;
+  o.timeout = std::chrono::seconds(600);
+  using ddp::store_deadline::Clock;
+  try {
+    // 2.x's constructor pings: connect() itself must give up (after 1 s).
+    auto c = ddp::store_client::connect("127.0.0.1", o, std::chrono::seconds(1), stop);
+    ddp::store_deadline::Deadline bound(Clock::now() + after, c.sockets, stop);
+    try {
+      c.store->compareSet("k", {}, {1});
+      ADD_FAILURE() << "a silent store answered";
+    } catch (const std::exception&) {
+    }
+    return bound.ended();
+  } catch (const std::exception& e) {
+    EXPECT_GE(TORCH_VERSION_MAJOR, 2) << "1.13's constructor does not wait for an answer: " << e.what();
+    return stop && stop() ? ddp::store_deadline::Ended::Stop : ddp::store_deadline::Ended::Deadline;
+  }
+}
+
+TEST(StoreDeadline, EndsACallOnASilentStoreAtTheDeadline) {
+  EXPECT_EQ(call_on_silent_store(std::chrono::milliseconds(500), {}), ddp::store_deadline::Ended::Deadline);
+}
+
+TEST(StoreDeadline, EndsACallOnASilentStoreWhenToldToStop) {
+  auto start = std::chrono::steady_clock::now();
+  auto stop = [start] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300); };
+  EXPECT_EQ(call_on_silent_store(std::chrono::seconds(600), stop), ddp::store_deadline::Ended::Stop);
+}
 
 // ------------------------------------------------ one ddprun per Slurm node
 
