@@ -146,6 +146,9 @@ def main():
         write_bytes(os.path.join(out, "torch_%s_rank%d.bin" % (name, rank)), params)
         if scales:
             write_bytes(os.path.join(out, "torch_%s_rank%d_scales.txt" % (name, rank)), scales.encode())
+    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
+    # had already left aborted in teardown (exit 134, "terminate called").
+    dist.barrier()
     dist.destroy_process_group()
 
 

@@ -142,6 +142,9 @@ def main(out_dir, cases, batches):
     for case in cases:
         data = run_sampler_case(rank, world) if case == "sampler" else run_case(case, rank, batches)
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), data)
+    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
+    # had already left aborted in teardown (exit 134, "terminate called").
+    dist.barrier()
     dist.destroy_process_group()
 
 

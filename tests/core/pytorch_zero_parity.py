@@ -91,6 +91,9 @@ def main(out_dir, cases):
         params, owners = run_case(case, rank)
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), params)
         write_bytes(os.path.join(out_dir, f"torch_{case}_owner_rank{rank}.bin"), owners)
+    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
+    # had already left aborted in teardown (exit 134, "terminate called").
+    dist.barrier()
     dist.destroy_process_group()
 
 
