@@ -25,7 +25,7 @@ import torch.cuda.amp.grad_scaler as grad_scaler
 import torch.distributed as dist
 from torch import nn
 
-from parity_common import init, make_model, state_bytes, write_bytes
+from parity_common import finish, init, make_model, state_bytes, write_bytes
 
 assert not __debug__ or os.environ.get("AMP_PARITY_ALLOW_ASSERTS"), "run with python3 -O (see the docstring)"
 
@@ -146,10 +146,7 @@ def main():
         write_bytes(os.path.join(out, "torch_%s_rank%d.bin" % (name, rank)), params)
         if scales:
             write_bytes(os.path.join(out, "torch_%s_rank%d_scales.txt" % (name, rank)), scales.encode())
-    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
-    # had already left aborted in teardown (exit 134, "terminate called").
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # barrier, leave the group, exit without teardown
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.utils.checkpoint import checkpoint
 
-from parity_common import init, make_model, state_bytes, write_bytes
+from parity_common import finish, init, make_model, state_bytes, write_bytes
 
 STEPS = 30
 PER_RANK = 16
@@ -135,10 +135,7 @@ def main(out_dir, cases):
     rank, world = dist.get_rank(), dist.get_world_size()
     for case in cases:
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), run_case(case, rank, world))
-    # Every rank done before any group is torn down: PyTorch 2.11's Gloo
-    # aborts a rank whose peer closed the connection under it.
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # barrier, leave the group, exit without teardown
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.join import Join
 from torch.nn.parallel import DistributedDataParallel
 
-from parity_common import init, make_model, state_bytes, write_bytes
+from parity_common import finish, init, make_model, state_bytes, write_bytes
 
 ROWS = 8
 SMALL = dict(first=512, cap=1024)  # bytes: several buckets for these models
@@ -142,10 +142,7 @@ def main(out_dir, cases, batches):
     for case in cases:
         data = run_sampler_case(rank, world) if case == "sampler" else run_case(case, rank, batches)
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), data)
-    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
-    # had already left aborted in teardown (exit 134, "terminate called").
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # barrier, leave the group, exit without teardown
 
 
 if __name__ == "__main__":

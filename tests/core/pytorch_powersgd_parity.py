@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 
-from parity_common import init, make_model, state_bytes, write_bytes
+from parity_common import finish, init, make_model, state_bytes, write_bytes
 
 
 class WaitingDist:
@@ -135,10 +135,7 @@ def main(out_dir, cases):
         write_bytes(prefix + ".bin", params)
         with open(prefix + ".stats", "w") as f:
             f.write(stats)
-    # Every rank done before any group is torn down: PyTorch 2.11's Gloo
-    # aborts a rank whose peer closed the connection under it.
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # barrier, leave the group, exit without teardown
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from parity_common import init, state_bytes, write_bytes
+from parity_common import finish, init, state_bytes, write_bytes
 
 ROWS, IN, OUT, STEPS = 8, 10, 3, 30
 
@@ -91,10 +91,7 @@ def main(out_dir, cases):
         params, owners = run_case(case, rank)
         write_bytes(os.path.join(out_dir, f"torch_{case}_rank{rank}.bin"), params)
         write_bytes(os.path.join(out_dir, f"torch_{case}_owner_rank{rank}.bin"), owners)
-    # Every rank done before any tears down: a PyTorch 2.11 rank whose peers
-    # had already left aborted in teardown (exit 134, "terminate called").
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()  # barrier, leave the group, exit without teardown
 
 
 if __name__ == "__main__":
