@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <set>
 
@@ -15,6 +14,7 @@
 #include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
+#include "membership.h"
 #include "net.h"
 #include "wait.h"
 
@@ -24,15 +24,6 @@ namespace ddprun {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string timestamp(std::chrono::system_clock::time_point t) {
-  std::time_t tt = std::chrono::system_clock::to_time_t(t);
-  std::tm tm{};
-  ::localtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
-  return buf;
-}
 
 bool failed(const WorkerProcess& p) { return p.exited() && *p.exit_status() != 0; }
 
@@ -58,7 +49,7 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
       "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE"};
+      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND"};
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
@@ -162,8 +153,18 @@ int Agent::run(Rendezvous& rendezvous) {
 }
 
 Agent::State Agent::start_workers() {
+  const Assignment before = assignment_;
   assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
   round_ = assignment_.round;
+  if (!before.nodes.empty()) {
+    const std::string line = membership_change(before, assignment_, failure_ ? failure_->text : "a restart");
+    if (!line.empty()) say(line);
+  } else if (round_ > 0) {
+    // This node arrived while the group ran, and the group restarted to let it in.
+    say("joined run '" + o_.run_id + "' in round " + std::to_string(round_) + " as node " +
+        std::to_string(assignment_.group_rank) + " of " + std::to_string(assignment_.num_nodes) + ", world size " +
+        std::to_string(assignment_.world_size));
+  }
   failure_.reset();
   local_failures_.clear();
   stalled_.reset();
@@ -220,6 +221,13 @@ Agent::State Agent::monitor_workers(const Events& e) {
       say(std::string(e.what()) + "; the other nodes are not told of this failure");
       failure_ = r;
     }
+    if (failure_->membership) {
+      // Another node already stopped the group to admit waiting nodes; these
+      // workers ended because their peers did (75: they checkpointed).
+      say("stopping the workers to let nodes join: " + failure_->text);
+      begin_stop(SIGTERM);
+      return State::Unhealthy;
+    }
     if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
     say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
         std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
@@ -232,8 +240,9 @@ Agent::State Agent::monitor_workers(const Events& e) {
     next_poll_ = Clock::now();  // ask the other nodes at once
     return State::Succeeded;
   }
-  if (failed_elsewhere(e)) {
-    say("stopping the workers: " + failure_->text);
+  if (failed_elsewhere(e, /*admit=*/true)) {
+    say(std::string(failure_->membership ? "stopping the workers to let nodes join: " : "stopping the workers: ") +
+        failure_->text);
     // A node whose ddprun was told to stop passes its signal on.
     int f = failure_->exit_code;
     begin_stop(failure_->restartable ? SIGTERM : f > 128 ? f - 128 : SIGTERM);
@@ -271,7 +280,7 @@ Agent::State Agent::exit_barrier(const Events& e) {
   }
   // Another node failed after ours finished: the group as a whole failed,
   // and a restart includes this node.
-  if (failed_elsewhere(e)) return State::Failed;
+  if (failed_elsewhere(e, /*admit=*/false)) return State::Failed;
   if (e.poll_due && rdzv_->all_done()) {
     exit_code_ = 0;
     return State::Exited;
@@ -280,16 +289,23 @@ Agent::State Agent::exit_barrier(const Events& e) {
 }
 
 Agent::State Agent::restart_or_give_up() {
+  if (failure_ && failure_->membership) {
+    // torchrun's rule: letting nodes in is no failure and costs no restart.
+    say("restarting every worker to let nodes join (" + failure_->text + "); not counted against --max-restarts");
+    ++round_;
+    return State::Initial;
+  }
   bool restartable = failure_ && failure_->restartable;
-  if (restartable && round_ < o_.max_restarts) {
+  if (restartable && restarts_ < o_.max_restarts) {
     say("worker group failed (" + failure_->text + "); restarting every worker, restart " +
-        std::to_string(round_ + 1) + " of " + std::to_string(o_.max_restarts));
+        std::to_string(restarts_ + 1) + " of " + std::to_string(o_.max_restarts));
+    ++restarts_;
     ++round_;
     return State::Initial;
   }
   print_summary();
   if (restartable && o_.max_restarts > 0)
-    say("giving up after " + std::to_string(round_) + " restarts (--max-restarts " +
+    say("giving up after " + std::to_string(restarts_) + " restarts (--max-restarts " +
         std::to_string(o_.max_restarts) + ")");
   exit_code_ = failure_ ? failure_->exit_code : 1;
   return State::Exited;
@@ -436,11 +452,11 @@ void Agent::record_stop_signal(int signo) {
   }
 }
 
-bool Agent::failed_elsewhere(const Events& e) {
+bool Agent::failed_elsewhere(const Events& e, bool admit) {
   if (!e.poll_due) return false;
   std::optional<FailureRecord> f;
   try {
-    f = rdzv_->poll();
+    f = rdzv_->poll(admit);
   } catch (const LaunchError& lost) {
     // The link to the store host, or that host, is down: the workers cannot
     // reach their peers either. Stop them (restartable: a restart rejoins
@@ -505,7 +521,10 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   put("ROLE_WORLD_SIZE", std::to_string(a.world_size));
   put("MASTER_ADDR", a.master_addr);
   put("MASTER_PORT", std::to_string(a.master_port));
-  put("TORCHELASTIC_RESTART_COUNT", std::to_string(round_));
+  put("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
+  // Every re-rendezvous, membership changes included (torchrun's restart
+  // count leaves those out): what tells a restarted program to resume.
+  put("DDPRUN_RDZV_ROUND", std::to_string(round_));
   put("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
   put("TORCHELASTIC_RUN_ID", o_.run_id);
   // The workers' rank 0 serves its own store at MASTER_PORT; ddprun's store
@@ -519,74 +538,6 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
 std::string Agent::failure_text(const Worker& w) const {
   return "rank " + std::to_string(w.rank) + " (local rank " + std::to_string(w.local_rank) + ") on host " + host_ +
          ": " + describe_status(*w.process->exit_status());
-}
-
-void Agent::print_summary() const {
-  std::string program = o_.program;
-  std::string bar(60, '=');
-  std::string out = bar + "\n" + program + " FAILED\n" + std::string(60, '-') + "\n";
-  // torchrun's layout; the traceback lines are indented under their field.
-  auto indented = [](const std::string& text) {
-    std::string out;
-    for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
-    return out;
-  };
-  auto block = [&](const Worker& w) {
-    int st = *w.process->exit_status();
-    std::string code = std::to_string(exit_code_of(st));
-    if (WIFSIGNALED(st)) code += " (" + signal_name(WTERMSIG(st)) + ")";
-    std::string problem;
-    auto error = read_error_file(w.error_file, &problem);
-    auto when = w.exit_time;
-    if (error && error->timestamp)  // torchrun's time is the error's when there is one
-      when = std::chrono::system_clock::from_time_t(static_cast<std::time_t>(*error->timestamp));
-    std::string s;
-    s += "  time      : " + timestamp(when) + "\n";
-    s += "  host      : " + host_ + "\n";
-    s += "  rank      : " + std::to_string(w.rank) + " (local_rank: " + std::to_string(w.local_rank) + ")\n";
-    s += "  exitcode  : " + code + " (pid: " + std::to_string(w.process->pid()) + ")\n";
-    std::string logs = w.stdout_log;
-    if (!w.stderr_log.empty()) logs += (logs.empty() ? "" : ", ") + w.stderr_log;
-    s += "  log files : " + (logs.empty() ? std::string("<none: use --log-dir to keep them>") : logs) + "\n";
-    if (error) {
-      s += "  error_file: " + w.error_file + (private_run_dir_ ? " (removed when ddprun exits)" : "") + "\n";
-      s += "  traceback : " + indented(error->traceback) + "\n";
-    } else {
-      if (problem.empty()) {
-        s += "  error_file: <N/A>\n";
-        s += "  traceback : <N/A> (the worker wrote no error file; ddp::guarded_main or ddp::record_error in C++, "
-             "@record in Python, write one)\n";
-      } else {
-        s += "  error_file: <N/A> (" + w.error_file + ": " + problem + ")\n";
-        s += "  traceback : <N/A>\n";
-      }
-    }
-    return s;
-  };
-  bool root_here = false, stalled_here = false;
-  if (!local_failures_.empty()) {
-    const Worker& first = workers_[local_failures_.front()];
-    root_here = failure_ && failure_->text == failure_text(first);
-    stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
-  }
-  out += "Root Cause (first observed failure):\n";
-  if (stalled_here) {
-    const Worker& w = workers_[*stalled_];
-    out += "  " + w.stop.describe(w.rank, w.process->pid()) + "; the other ranks' failures follow from it\n";
-    out += block(w);
-  } else if (root_here) {
-    out += block(workers_[local_failures_.front()]);
-  } else if (failure_) {
-    out += "  " + failure_->text + "\n";
-    out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
-    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
-  }
-  size_t shown = 0;
-  std::string others;
-  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i, ++shown)
-    others += block(workers_[local_failures_[i]]);
-  out += std::string(60, '-') + "\nOther Failures:\n" + (shown ? others : "  <NO_OTHER_FAILURES>\n") + bar + "\n";
-  write_all(2, out);
 }
 
 }  // namespace ddprun

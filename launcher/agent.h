@@ -3,9 +3,9 @@
 // Group states (torchrun's WorkerState). run() is a loop that hands the
 // current state to its handler, and the handler returns the next state:
 //   Initial    start_workers: rendezvous, then start the workers  -> Healthy
-//   Healthy    monitor_workers: a worker failed, ddprun got a signal, or
-//              another node failed: SIGTERM (or that signal) to
-//              every worker                                        -> Unhealthy
+//   Healthy    monitor_workers: a worker failed, ddprun got a signal,
+//              another node failed, or nodes wait to join: SIGTERM
+//              (or that signal) to every worker                    -> Unhealthy
 //              every worker exited 0                               -> Succeeded
 //   Unhealthy  stop_workers: SIGKILL after --term-timeout, or at once
 //              on a further signal, or to a stopped worker (it cannot
@@ -16,7 +16,8 @@
 //              ddprun got a signal                                 -> Stopped
 //   Failed     restart_or_give_up: while --max-restarts allows     -> Initial
 //              (restart count + 1); else print the failure summary -> Exited
-//              (the first failing worker's exit code)
+//              (the first failing worker's exit code); a membership
+//              change (c10d: nodes wait to join) restarts uncounted -> Initial
 //   Stopped    stopped: ddprun got SIGINT/SIGTERM/...              -> Exited (128+sig)
 //   Exited     leave: tell the store this node knows the outcome,
 //              wait (store host) until every node does, return the exit code
@@ -93,7 +94,9 @@ class Agent {
   // process limit): stops the started ones, tells the other nodes, and
   // returns the error ddprun exits with.
   LaunchError cannot_start(int local_rank, const std::string& why);
-  bool failed_elsewhere(const Events& e);
+  // From the monitor loop: another node failed, or (`admit`: this node's
+  // workers run healthy) nodes wait to join; sets failure_.
+  bool failed_elsewhere(const Events& e, bool admit);
   bool all_exited() const;
   void signal_running(int signo);
   void kill_running();
@@ -116,7 +119,8 @@ class Agent {
   Watchdog& watchdog_;
   Rendezvous* rdzv_ = nullptr;
   State state_ = State::Initial;
-  int round_ = 0;
+  int round_ = 0;     // the rendezvous round: every restart, membership changes included
+  int restarts_ = 0;  // restarts after failures (TORCHELASTIC_RESTART_COUNT, --max-restarts)
   Assignment assignment_;
   std::vector<Worker> workers_;
   OutputRouter output_;

@@ -1,4 +1,4 @@
-#include "rendezvous.h"
+#include "store_rendezvous.h"
 
 #include <unistd.h>
 
@@ -41,47 +41,6 @@ std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 // c10d exceptions carry a C++ backtrace after the first line.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-// ---------------------------------------------------------------------------
-// One node: nothing to agree on. The workers' master is this machine.
-class LocalRendezvous : public Rendezvous {
- public:
-  LocalRendezvous(std::string addr, int port) : addr_(std::move(addr)), port_(port) {}
-  Assignment join(int round, int local_world_size, const Tick&) override {
-    Assignment a;
-    a.round = round;
-    a.world_size = local_world_size;
-    a.master_addr = addr_;
-    a.master_port = port_;
-    return a;
-  }
-  std::optional<FailureRecord> poll() override { return std::nullopt; }
-  FailureRecord report_failure(const FailureRecord& r) override { return r; }
-  void mark_done() override {}
-  bool all_done() override { return true; }
-  void acknowledge_end() override {}
-  void finish(const Tick&) override {}
-
- private:
-  std::string addr_;
-  int port_;
-};
-
-// ---------------------------------------------------------------------------
-struct StoreConfig {
-  bool dynamic = false;     // c10d (join order) vs static (--node-rank)
-  std::string host;         // store address
-  int port = 0;
-  bool host_store = false;  // try to serve the store here
-  bool fall_back_to_client = false;  // c10d: another ddprun here may serve it already
-  std::string run_id;
-  int min_nodes = 1, max_nodes = 1;
-  int node_rank = 0;        // static only
-  std::string master_addr;  // static: the workers' MASTER_ADDR
-  std::string local_addr;   // c10d: --local-addr
-  std::string fingerprint;  // settings every node must share
-  RdzvConf conf;
-};
-
 class StoreRendezvous : public Rendezvous {
  public:
   StoreRendezvous(StoreConfig c, const Tick& tick) : c_(std::move(c)) { connect(tick); }
@@ -93,9 +52,22 @@ class StoreRendezvous : public Rendezvous {
                     [&] { return do_join(round, local_world_size, tick); });
   }
 
-  std::optional<FailureRecord> poll() override {
+  std::optional<FailureRecord> poll(bool admit) override {
     return guarded([&]() -> std::optional<FailureRecord> {
       if (watch().check({key("failed")})) return FailureRecord::parse(text(watch().get(key("failed"))));
+      // torchrun's rule: a healthy group below MAX lets waiting nodes in.
+      // Not once a node's workers have all finished: that node is in its exit
+      // barrier, and the run is about to end.
+      if (admit && c_.dynamic && n_ < c_.max_nodes) {
+        if (const int64_t waiting = watch().add(key("waiting"), 0); waiting > 0 && watch().add(key("done"), 0) == 0) {
+          FailureRecord r;
+          r.exit_code = 0;
+          r.membership = true;
+          r.text = std::to_string(waiting) + (waiting == 1 ? " node waits" : " nodes wait") + " to join the " +
+                   std::to_string(n_) + " running (at most " + std::to_string(c_.max_nodes) + ")";
+          return do_report(r);
+        }
+      }
       auto now = Clock::now();
       if (now < next_keep_alive_) return std::nullopt;
       next_keep_alive_ = now + seconds(c_.conf.keep_alive_interval);
@@ -370,6 +342,52 @@ class StoreRendezvous : public Rendezvous {
     return true;
   }
 
+  // This node came after round round_ closed with n nodes: it is on that
+  // round's waiting list until the running nodes restart into the next round
+  // (which sets round_ here), the run ends, or `deadline`.
+  void wait_for_admission(int n, Clock::time_point deadline, const Tick& tick) {
+    store_->add(key("waiting"), 1);
+    const std::string nnodes = "--nnodes " + std::to_string(c_.min_nodes) + ":" + std::to_string(c_.max_nodes);
+    const bool full = n >= c_.max_nodes;
+    say(full ? "run '" + c_.run_id + "' runs with its maximum of " + std::to_string(n) + " nodes (" + nnodes +
+                   "); this node waits until one leaves (at most " +
+                   std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s, join_timeout)"
+             : "run '" + c_.run_id + "' runs with " + std::to_string(n) + (n == 1 ? " node (" : " nodes (") + nnodes +
+                   "); this node waits to be admitted: the running nodes restart their workers at their next check");
+    const std::string round_key = base() + "round";
+    int next = round_;
+    bool finished = false;
+    std::string gone;
+    auto admitted = [&] {
+      try {
+        next = stored_number(round_key, 0, INT_MAX);
+        if (next > round_) return true;
+        finished = store_->add(key("done"), 0) >= n;
+        return finished;
+      } catch (const LaunchError&) {
+        throw;
+      } catch (const std::exception& e) {
+        // The store host leaves once its run has ended.
+        gone = first_line(e.what());
+        return true;
+      }
+    };
+    if (!wait_until(deadline, tick, kStorePoll, admitted))
+      throw LaunchError(full ? "run '" + c_.run_id + "' kept its maximum of " + std::to_string(n) + " nodes (" + nnodes +
+                                   ") for " + std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                                   " s (join_timeout) and this node found no place; raise MAX, or start it when a "
+                                   "node has left"
+                             : "run '" + c_.run_id + "' did not admit this node within " +
+                                   std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                                   " s (join_timeout): its nodes did not restart; are they stopped?");
+    if (finished)
+      throw LaunchError("run '" + c_.run_id + "' finished while this node waited to join it; nothing left to do");
+    if (!gone.empty())
+      throw LaunchError("the rendezvous store at " + where() + " went away while this node waited to join run '" +
+                        c_.run_id + "' (the run ended, or its store host stopped): " + gone);
+    round_ = next;
+  }
+
   Assignment do_join(int round, int nproc, const Tick& tick) {
     auto started = Clock::now();
     auto deadline = started + seconds(c_.conf.join_timeout);
@@ -389,46 +407,53 @@ class StoreRendezvous : public Rendezvous {
         throw LaunchError("node rank " + std::to_string(me_) + " of run '" + c_.run_id + "' is already taken (by " +
                           host_of(got) + "): give every node a different --node-rank");
     } else {
-      int idx = static_cast<int>(store_->add(key("joined"), 1)) - 1;
-      int n = 0;
-      if (closed_count(n) && idx >= n) throw late(n);
-      if (idx >= c_.max_nodes)
-        throw LaunchError("run '" + c_.run_id + "' already has its maximum of " + std::to_string(c_.max_nodes) +
-                          " nodes (--nnodes " + std::to_string(c_.min_nodes) + ":" + std::to_string(c_.max_nodes) +
-                          "); raise MAX or use another --rdzv-id");
-      store_->set(key("node/" + std::to_string(idx)), bytes(me_info));
-      // The group closes when MAX nodes are in, or last_call_timeout after
-      // MIN were: whoever sees that first writes the final count, and the
-      // compare-and-set makes that one decision binding for every node.
-      std::optional<Clock::time_point> min_reached;
-      int joined = 0;
-      auto closed = [&] {
-        if (closed_count(n)) return true;
-        joined = static_cast<int>(store_->add(key("joined"), 0));
-        int count = 0;
-        if (joined >= c_.max_nodes) {
-          count = c_.max_nodes;
-        } else if (joined >= c_.min_nodes) {
-          if (!min_reached) min_reached = Clock::now();
-          if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) count = joined;
+      for (;;) {
+        int idx = static_cast<int>(store_->add(key("joined"), 1)) - 1;
+        int n = 0;
+        if (closed_count(n) && idx >= n) {
+          // The round runs already: wait to be let in at a later one.
+          wait_for_admission(n, deadline, tick);
+          continue;
         }
-        if (count == 0) return false;
-        store_->compareSet(key("closed"), {}, bytes(std::to_string(count)));
-        return closed_count(n);
-      };
-      Notice waiting{started + kQuietJoin, [&] {
-                       say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" +
-                           std::to_string(joined) + " of " + std::to_string(c_.min_nodes) + "-" +
-                           std::to_string(c_.max_nodes) + " so far)");
-                     }};
-      if (!wait_until(deadline, tick, kStorePoll, closed, waiting))
-        throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
-                          " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
-                          std::to_string(static_cast<int>(c_.conf.join_timeout)) +
-                          " s; start ddprun on the other nodes, or lower --nnodes MIN");
-      if (idx >= n) throw late(n);
-      n_ = n;
-      me_ = idx;
+        store_->set(key("node/" + std::to_string(idx)), bytes(me_info));
+        // The group closes when MAX nodes are in, or last_call_timeout after
+        // MIN were: whoever sees that first writes the final count, and the
+        // compare-and-set makes that one decision binding for every node.
+        std::optional<Clock::time_point> min_reached;
+        int joined = 0;
+        auto closed = [&] {
+          if (closed_count(n)) return true;
+          joined = static_cast<int>(store_->add(key("joined"), 0));
+          int count = 0;
+          if (joined >= c_.max_nodes) {
+            count = c_.max_nodes;
+          } else if (joined >= c_.min_nodes) {
+            if (!min_reached) min_reached = Clock::now();
+            if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) count = joined;
+          }
+          if (count == 0) return false;
+          store_->compareSet(key("closed"), {}, bytes(std::to_string(count)));
+          return closed_count(n);
+        };
+        Notice waiting{started + kQuietJoin, [&] {
+                         say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" +
+                             std::to_string(joined) + " of " + std::to_string(c_.min_nodes) + "-" +
+                             std::to_string(c_.max_nodes) + " so far)");
+                       }};
+        if (!wait_until(deadline, tick, kStorePoll, closed, waiting))
+          throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
+                            " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
+                            std::to_string(static_cast<int>(c_.conf.join_timeout)) +
+                            " s (" + std::to_string(c_.min_nodes - joined) + " missing); start ddprun on the other "
+                            "nodes, or lower --nnodes MIN");
+        if (idx >= n) {
+          wait_for_admission(n, deadline, tick);
+          continue;
+        }
+        n_ = n;
+        me_ = idx;
+        break;
+      }
     }
 
     // Everyone's worker count, for WORLD_SIZE and this node's rank offset.
@@ -454,6 +479,7 @@ class StoreRendezvous : public Rendezvous {
       std::string info = text(store_->get(node_keys[i]));
       int count = number_in(node_keys[i], info.substr(0, info.find(' ')), 1, INT_MAX);
       hosts_[i] = host_of(info);
+      a.nodes.push_back(hosts_[i] + "[" + pid_of(info) + "]");
       if (i < me_) a.rank_offset += count;
       a.world_size += count;
     }
@@ -485,16 +511,18 @@ class StoreRendezvous : public Rendezvous {
     return a;
   }
 
-  LaunchError late(int n) const {
-    return LaunchError("run '" + c_.run_id + "' has already started with " + std::to_string(n) +
-                       " nodes; a node cannot join a running group: wait until it ends, or use another --rdzv-id");
-  }
-
   static std::string host_of(const std::string& info) {
     std::istringstream in(info);
     std::string count, host;
     in >> count >> host;
     return host;
+  }
+
+  static std::string pid_of(const std::string& info) {
+    std::istringstream in(info);
+    std::string count, host, pid;
+    in >> count >> host >> pid;
+    return pid;
   }
 
   StoreConfig c_;
@@ -520,70 +548,8 @@ class StoreRendezvous : public Rendezvous {
 
 }  // namespace
 
-std::string FailureRecord::serialize() const {
-  std::string one_line = text;
-  for (char& c : one_line)
-    if (c == '\n') c = ' ';
-  return std::to_string(exit_code) + "\n" + (restartable ? "1" : "0") + "\n" + one_line +
-         (message.empty() ? "" : "\n" + message.substr(0, kMaxMessage));
-}
-
-FailureRecord FailureRecord::parse(const std::string& s) {
-  FailureRecord r;
-  size_t a = s.find('\n');
-  size_t b = a == std::string::npos ? std::string::npos : s.find('\n', a + 1);
-  if (b == std::string::npos) {
-    r.text = s;
-    return r;
-  }
-  // A record is only read to report it: an unreadable exit code becomes 1.
-  r.exit_code = static_cast<int>(ddp::parse_integer(s.substr(0, a), INT_MIN, INT_MAX).value_or(1));
-  r.restartable = s.substr(a + 1, b - a - 1) == "1";
-  size_t c = s.find('\n', b + 1);
-  r.text = s.substr(b + 1, c == std::string::npos ? std::string::npos : c - b - 1);
-  if (c != std::string::npos) r.message = s.substr(c + 1, kMaxMessage);
-  return r;
-}
-
-std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) {
-  if (o.standalone) return std::make_unique<LocalRendezvous>("127.0.0.1", free_port());
-  if (o.rdzv_backend == "static" && o.max_nodes == 1) {
-    // The workers' rank 0 will listen on --master-port: say so now, clearly,
-    // rather than through a worker's bind error.
-    std::string why = port_unavailable_reason(static_cast<uint16_t>(o.master_port));
-    if (!why.empty())
-      throw LaunchError("--master-port " + std::to_string(o.master_port) + " is not available on this machine (" +
-                        why + "); pick another port, or use --standalone to get a free one");
-    return std::make_unique<LocalRendezvous>(o.master_addr, o.master_port);
-  }
-  StoreConfig c;
-  c.run_id = o.run_id;
-  c.min_nodes = o.min_nodes;
-  c.max_nodes = o.max_nodes;
-  c.conf = o.rdzv_conf;
-  c.local_addr = o.local_addr;
-  c.fingerprint = "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
-                  " --max-restarts " + std::to_string(o.max_restarts) + " --rdzv-backend " + o.rdzv_backend;
-  if (o.rdzv_backend == "static") {
-    c.host = o.master_addr;
-    c.port = o.master_port;
-    c.node_rank = o.node_rank;
-    c.master_addr = o.master_addr;
-    c.host_store = o.node_rank == 0;
-  } else {
-    c.dynamic = true;
-    c.host = o.endpoint_host;
-    c.port = o.endpoint_port;
-    if (o.rdzv_conf.is_host) {
-      c.host_store = *o.rdzv_conf.is_host;
-    } else {
-      // torchrun's rule: the node the endpoint names serves the store; if
-      // another ddprun on that machine already does, join it as a client.
-      c.host_store = is_local_host(c.host);
-      c.fall_back_to_client = true;
-    }
-  }
-  return std::make_unique<StoreRendezvous>(std::move(c), tick);
+std::unique_ptr<Rendezvous> make_store_rendezvous(StoreConfig config, const Tick& tick) {
+  return std::make_unique<StoreRendezvous>(std::move(config), tick);
 }
 
 }  // namespace ddprun

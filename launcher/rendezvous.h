@@ -8,7 +8,11 @@
 //     c10d    node ranks in join order, MIN..MAX nodes with a last-call
 //             window, the store at --rdzv-endpoint hosted by the node that
 //             can bind it.
-// Rounds are numbered by restart count, so a restart is a fresh rendezvous.
+// Rounds are numbered from 0 and every restart (after a failure, or to admit
+// nodes that wait) is a fresh rendezvous in the next round. A c10d node that
+// arrives while a round runs waits, counted in that round's waiting list;
+// the running nodes see the list at their next poll and restart to let it in
+// (up to MAX), as torchrun's agents do.
 // After the join the store carries the run's fate: a failure record (first
 // writer wins), keep-alive counters, and the exit barrier. docs/launcher.md
 // lists the keys.
@@ -18,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cli.h"
 
@@ -32,6 +37,9 @@ struct Assignment {
   int world_size = 1;
   std::string master_addr;
   int master_port = 0;
+  // Every node of the group in node-rank order, as "host[ddprun pid]": what
+  // a membership change compares (membership.h).
+  std::vector<std::string> nodes;
 };
 
 // Why a round ended badly; the first one reported is the one every node uses.
@@ -40,6 +48,9 @@ struct FailureRecord {
   bool restartable = true;  // false when ddprun itself was told to stop
   std::string text;         // "rank 3 (local rank 1) on host h: exit code 7"
   std::string message;      // the worker's error file's message ("ddp::CommError: ..."), if any
+  // Not a failure: nodes wait to join a group below MAX (c10d). Every node
+  // stops its workers and re-rendezvouses; no restart is counted.
+  bool membership = false;
   static constexpr size_t kMaxMessage = 4096;  // what travels through the store
   std::string serialize() const;
   static FailureRecord parse(const std::string& text);
@@ -55,9 +66,11 @@ class Rendezvous {
   // arrives during a restart). Every wait is bounded by join_timeout.
   virtual Assignment join(int round, int local_world_size, const Tick& tick) = 0;
   // From the monitor loop: sends keep-alives, checks the other nodes', and
-  // returns the round's failure record once any node has written one.
+  // returns the round's failure record once any node has written one. With
+  // `admit` (the group runs healthy), nodes waiting to join below MAX write
+  // a membership record (FailureRecord::membership) that every node follows.
   // Throws LaunchError when the store is lost.
-  virtual std::optional<FailureRecord> poll() = 0;
+  virtual std::optional<FailureRecord> poll(bool admit) = 0;
   // Writes `record` unless another node's came first; returns the winner.
   virtual FailureRecord report_failure(const FailureRecord& record) = 0;
   // Exit barrier: this node's workers all succeeded / did every node's?

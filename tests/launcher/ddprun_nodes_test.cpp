@@ -66,7 +66,7 @@ TEST_F(Launcher, TwoNodesOnLoopbackWithC10dRendezvous) {
     EXPECT_EQ(read_env_file(env_path(envs, rank, 0))["TORCHELASTIC_RUN_ID"], "c10d-test");
 }
 
-TEST_F(Launcher, C10dRejectsAnotherRunIdAndLateNodes) {
+TEST_F(Launcher, C10dRejectsAnotherRunIdAndANodeBeyondMaxWaits) {
   std::string pids = sub("pids");
   std::string go = dir_ + "/go";
   uint16_t port = free_port();
@@ -85,14 +85,18 @@ TEST_F(Launcher, C10dRejectsAnotherRunIdAndLateNodes) {
 
   auto b = start(flags("run-x"), worker);
   ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 2; })) << a->current_err() << b->current_err();
-  Result late = run(flags("run-x"), worker);
-  EXPECT_EQ(late.code, 1) << late.err;
-  EXPECT_NE(late.err.find("already started"), std::string::npos) << late.err;
-
+  // A node beyond MAX waits for a place, says so, and is told when the run
+  // ends without one.
+  auto late = start(flags("run-x"), worker);
+  ASSERT_TRUE(wait_for([&] { return late->current_err().find("maximum of 2 nodes") != std::string::npos; }))
+      << late->current_err();
   std::ofstream(go) << "go";
-  Result ra = a->wait(), rb = b->wait();
+  Result ra = a->wait(), rb = b->wait(), rl = late->wait();
   EXPECT_EQ(ra.code, 0) << ra.err;
   EXPECT_EQ(rb.code, 0) << rb.err;
+  EXPECT_EQ(rl.code, 1) << rl.err;
+  EXPECT_NE(rl.err.find("while this node waited"), std::string::npos) << rl.err;
+  EXPECT_EQ(count_files(pids, "pid."), 2) << "the waiting node started no worker";
 }
 
 TEST_F(Launcher, AFailureOnOneNodeStopsTheOtherWithTheSameExitCode) {

@@ -1,0 +1,94 @@
+// The agent's failure summary: torchrun's block on stderr when the group
+// gives up, naming the root cause (this node's first failing worker, a
+// stopped worker, or another node's record) and the other failures.
+#include "agent.h"
+
+#include <sys/wait.h>
+
+#include <ctime>
+
+#include "error_file.h"
+
+namespace ddprun {
+namespace {
+
+std::string timestamp(std::chrono::system_clock::time_point t) {
+  std::time_t tt = std::chrono::system_clock::to_time_t(t);
+  std::tm tm{};
+  ::localtime_r(&tt, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+void Agent::print_summary() const {
+  std::string program = o_.program;
+  std::string bar(60, '=');
+  std::string out = bar + "\n" + program + " FAILED\n" + std::string(60, '-') + "\n";
+  // torchrun's layout; the traceback lines are indented under their field.
+  auto indented = [](const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
+    return out;
+  };
+  auto block = [&](const Worker& w) {
+    int st = *w.process->exit_status();
+    std::string code = std::to_string(exit_code_of(st));
+    if (WIFSIGNALED(st)) code += " (" + signal_name(WTERMSIG(st)) + ")";
+    std::string problem;
+    auto error = read_error_file(w.error_file, &problem);
+    auto when = w.exit_time;
+    if (error && error->timestamp)  // torchrun's time is the error's when there is one
+      when = std::chrono::system_clock::from_time_t(static_cast<std::time_t>(*error->timestamp));
+    std::string s;
+    s += "  time      : " + timestamp(when) + "\n";
+    s += "  host      : " + host_ + "\n";
+    s += "  rank      : " + std::to_string(w.rank) + " (local_rank: " + std::to_string(w.local_rank) + ")\n";
+    s += "  exitcode  : " + code + " (pid: " + std::to_string(w.process->pid()) + ")\n";
+    std::string logs = w.stdout_log;
+    if (!w.stderr_log.empty()) logs += (logs.empty() ? "" : ", ") + w.stderr_log;
+    s += "  log files : " + (logs.empty() ? std::string("<none: use --log-dir to keep them>") : logs) + "\n";
+    if (error) {
+      s += "  error_file: " + w.error_file + (private_run_dir_ ? " (removed when ddprun exits)" : "") + "\n";
+      s += "  traceback : " + indented(error->traceback) + "\n";
+    } else {
+      if (problem.empty()) {
+        s += "  error_file: <N/A>\n";
+        s += "  traceback : <N/A> (the worker wrote no error file; ddp::guarded_main or ddp::record_error in C++, "
+             "@record in Python, write one)\n";
+      } else {
+        s += "  error_file: <N/A> (" + w.error_file + ": " + problem + ")\n";
+        s += "  traceback : <N/A>\n";
+      }
+    }
+    return s;
+  };
+  bool root_here = false, stalled_here = false;
+  if (!local_failures_.empty()) {
+    const Worker& first = workers_[local_failures_.front()];
+    root_here = failure_ && failure_->text == failure_text(first);
+    stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
+  }
+  out += "Root Cause (first observed failure):\n";
+  if (stalled_here) {
+    const Worker& w = workers_[*stalled_];
+    out += "  " + w.stop.describe(w.rank, w.process->pid()) + "; the other ranks' failures follow from it\n";
+    out += block(w);
+  } else if (root_here) {
+    out += block(workers_[local_failures_.front()]);
+  } else if (failure_) {
+    out += "  " + failure_->text + "\n";
+    out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
+    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+  }
+  size_t shown = 0;
+  std::string others;
+  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i, ++shown)
+    others += block(workers_[local_failures_[i]]);
+  out += std::string(60, '-') + "\nOther Failures:\n" + (shown ? others : "  <NO_OTHER_FAILURES>\n") + bar + "\n";
+  write_all(2, out);
+}
+
+}  // namespace ddprun

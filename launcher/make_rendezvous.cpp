@@ -1,0 +1,80 @@
+// make_rendezvous: which rendezvous the options ask for, and the one-node
+// LocalRendezvous that needs no store.
+#include <unistd.h>
+
+#include "errors.h"
+#include "net.h"
+#include "store_rendezvous.h"
+
+namespace ddprun {
+namespace {
+
+// One node: nothing to agree on. The workers' master is this machine.
+class LocalRendezvous : public Rendezvous {
+ public:
+  LocalRendezvous(std::string addr, int port) : addr_(std::move(addr)), port_(port) {}
+  Assignment join(int round, int local_world_size, const Tick&) override {
+    Assignment a;
+    a.round = round;
+    a.world_size = local_world_size;
+    a.master_addr = addr_;
+    a.master_port = port_;
+    a.nodes = {this_hostname() + "[" + std::to_string(::getpid()) + "]"};
+    return a;
+  }
+  std::optional<FailureRecord> poll(bool) override { return std::nullopt; }
+  FailureRecord report_failure(const FailureRecord& r) override { return r; }
+  void mark_done() override {}
+  bool all_done() override { return true; }
+  void acknowledge_end() override {}
+  void finish(const Tick&) override {}
+
+ private:
+  std::string addr_;
+  int port_;
+};
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) {
+  if (o.standalone) return std::make_unique<LocalRendezvous>("127.0.0.1", free_port());
+  if (o.rdzv_backend == "static" && o.max_nodes == 1) {
+    // The workers' rank 0 will listen on --master-port: say so now, clearly,
+    // rather than through a worker's bind error.
+    std::string why = port_unavailable_reason(static_cast<uint16_t>(o.master_port));
+    if (!why.empty())
+      throw LaunchError("--master-port " + std::to_string(o.master_port) + " is not available on this machine (" +
+                        why + "); pick another port, or use --standalone to get a free one");
+    return std::make_unique<LocalRendezvous>(o.master_addr, o.master_port);
+  }
+  StoreConfig c;
+  c.run_id = o.run_id;
+  c.min_nodes = o.min_nodes;
+  c.max_nodes = o.max_nodes;
+  c.conf = o.rdzv_conf;
+  c.local_addr = o.local_addr;
+  c.fingerprint = "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
+                  " --max-restarts " + std::to_string(o.max_restarts) + " --rdzv-backend " + o.rdzv_backend;
+  if (o.rdzv_backend == "static") {
+    c.host = o.master_addr;
+    c.port = o.master_port;
+    c.node_rank = o.node_rank;
+    c.master_addr = o.master_addr;
+    c.host_store = o.node_rank == 0;
+  } else {
+    c.dynamic = true;
+    c.host = o.endpoint_host;
+    c.port = o.endpoint_port;
+    if (o.rdzv_conf.is_host) {
+      c.host_store = *o.rdzv_conf.is_host;
+    } else {
+      // torchrun's rule: the node the endpoint names serves the store; if
+      // another ddprun on that machine already does, join it as a client.
+      c.host_store = is_local_host(c.host);
+      c.fall_back_to_client = true;
+    }
+  }
+  return make_store_rendezvous(std::move(c), tick);
+}
+
+}  // namespace ddprun
