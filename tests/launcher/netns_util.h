@@ -100,6 +100,70 @@ class NetnsPair {
   bool created_[2] = {false, false};
 };
 
+// N namespace hosts on one switch: a bridge in a hub namespace of its own,
+// and a veth pair from each host to it. unplug(i)/plug(i) take host i's
+// cable out and back (its end in the hub goes down or up).
+class NetnsHosts {
+ public:
+  NetnsHosts(const std::string& ip, const std::string& dir, int n) : ip_(ip), dir_(dir), n_(n) {
+    static int serial = 0;
+    std::random_device rd;
+    const int b = 100 + static_cast<int>(rd() % 100), c = static_cast<int>(rd() % 250);
+    const std::string tag = std::to_string(::getpid()) + "_h" + std::to_string(serial);
+    hub_ = kPrefix + tag + "hub";
+    for (int i = 0; i < n; ++i) {
+      ns.push_back(kPrefix + tag + "n" + std::to_string(i));
+      const std::string short_tag = std::to_string(::getpid() % 10000) + std::to_string(serial % 10);
+      veth.push_back("dn" + short_tag + "_" + std::to_string(i));   // in the host
+      hub_end_.push_back("dh" + short_tag + "_" + std::to_string(i));
+      addr.push_back("10." + std::to_string(b) + "." + std::to_string(c) + "." + std::to_string(i + 1));
+    }
+    ++serial;
+  }
+  ~NetnsHosts() { remove(); }
+  NetnsHosts(const NetnsHosts&) = delete;
+  NetnsHosts& operator=(const NetnsHosts&) = delete;
+
+  // Empty on success, else what failed.
+  std::string create() {
+    if (Result r = run_cmd({ip_, "netns", "add", hub_}, dir_); r.code != 0) return "ip netns add failed: " + r.err;
+    created_.push_back(hub_);
+    for (const auto& cmd : std::vector<std::vector<std::string>>{{ip_, "-n", hub_, "link", "add", "br0", "type", "bridge"},
+                                                                  {ip_, "-n", hub_, "link", "set", "br0", "up"}})
+      if (Result r = run_cmd(cmd, dir_); r.code != 0) return "cannot create the bridge: " + r.err;
+    for (int i = 0; i < n_; ++i) {
+      if (Result r = run_cmd({ip_, "netns", "add", ns[i]}, dir_); r.code != 0) return "ip netns add failed: " + r.err;
+      created_.push_back(ns[i]);
+      for (const auto& cmd : std::vector<std::vector<std::string>>{
+               {ip_, "link", "add", veth[i], "netns", ns[i], "type", "veth", "peer", "name", hub_end_[i], "netns", hub_},
+               {ip_, "-n", hub_, "link", "set", hub_end_[i], "master", "br0"},
+               {ip_, "-n", hub_, "link", "set", hub_end_[i], "up"},
+               {ip_, "-n", ns[i], "addr", "add", addr[i] + "/24", "dev", veth[i]},
+               {ip_, "-n", ns[i], "link", "set", veth[i], "up"},
+               {ip_, "-n", ns[i], "link", "set", "lo", "up"}})
+        if (Result r = run_cmd(cmd, dir_); r.code != 0) return "network setup failed: " + r.err;
+    }
+    return "";
+  }
+
+  bool unplug(int i) { return run_cmd({ip_, "-n", hub_, "link", "set", hub_end_[i], "down"}, dir_).code == 0; }
+  bool plug(int i) { return run_cmd({ip_, "-n", hub_, "link", "set", hub_end_[i], "up"}, dir_).code == 0; }
+
+  void remove() {
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) run_cmd({ip_, "netns", "del", *it}, dir_);
+    created_.clear();
+  }
+
+  std::vector<std::string> ns, veth, addr;
+
+ private:
+  std::string ip_, dir_;
+  int n_;
+  std::string hub_;
+  std::vector<std::string> hub_end_;
+  std::vector<std::string> created_;
+};
+
 // Connects to addr:port (IPv4) from inside namespace `ns` ("" for this
 // process's own), within 5 s: 0 when it connected, else the errno
 // (ECONNREFUSED: nothing listens there). setns() changes only the calling
