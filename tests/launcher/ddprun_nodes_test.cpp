@@ -1,5 +1,6 @@
 // ddprun across several nodes on loopback: static and c10d rendezvous, a
-// failure or a vanishing node stopping the others, restarts together.
+// failure or a vanishing node stopping the others, restarts together, a
+// late node admitted (c10d) and one beyond MAX waiting.
 #include <set>
 
 #include "launcher_test_util.h"
@@ -97,6 +98,39 @@ TEST_F(Launcher, C10dRejectsAnotherRunIdAndANodeBeyondMaxWaits) {
   EXPECT_EQ(rl.code, 1) << rl.err;
   EXPECT_NE(rl.err.find("while this node waited"), std::string::npos) << rl.err;
   EXPECT_EQ(count_files(pids, "pid."), 2) << "the waiting node started no worker";
+}
+
+// torchrun's scale-up: a node that arrives while a 1:2 group runs waits, the
+// running node restarts its workers to let it in, and nothing counts as a
+// restart; the membership change is one line naming the newcomer.
+TEST_F(Launcher, C10dAdmitsALateNodeWithoutCountingARestart) {
+  std::string envs = sub("env"), pids = sub("pids");
+  std::string go = dir_ + "/go";
+  std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::string> flags{"--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                                 "--rdzv-id", "grow", "--rdzv-conf", "join_timeout=60,last_call_timeout=1",
+                                 "--term-timeout", "5", "--max-restarts", "0"};
+  std::vector<std::string> worker{"--env-dir", envs, "--pid-dir", pids, "--until-file", go};
+  auto a = start(flags, worker);
+  ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 1; })) << a->current_err();
+  auto b = start(flags, worker);
+  ASSERT_TRUE(wait_for([&] { return b->current_err().find("waits to be admitted") != std::string::npos; }))
+      << b->current_err();
+  // Rank 1 exists only in the round that admitted b.
+  ASSERT_TRUE(wait_for([&] { return fs::exists(env_path(envs, 1, 0)); })) << a->current_err() << b->current_err();
+  std::ofstream(go) << "go";
+  Result ra = a->wait(), rb = b->wait();
+  ASSERT_EQ(ra.code, 0) << ra.err;
+  ASSERT_EQ(rb.code, 0) << rb.err;
+  expect_consistent_world(envs, 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto env = read_env_file(env_path(envs, rank, 0));
+    EXPECT_EQ(env["TORCHELASTIC_RESTART_COUNT"], "0") << "a membership change counted as a restart";
+    EXPECT_EQ(env["DDPRUN_RDZV_ROUND"], "1");
+  }
+  EXPECT_NE(ra.err.find("membership changed in round 1: world size 1 -> 2, nodes 1 -> 2; joined: "),
+            std::string::npos) << ra.err;
+  EXPECT_NE(rb.err.find("joined run 'grow' in round 1 as node 1 of 2, world size 2"), std::string::npos) << rb.err;
 }
 
 TEST_F(Launcher, AFailureOnOneNodeStopsTheOtherWithTheSameExitCode) {
