@@ -1,5 +1,6 @@
 #include "ddp/parallel/distributed_sampler.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -20,18 +21,31 @@ DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, in
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& pg, DistributedSamplerOptions options)
     : DistributedSampler(dataset_size, pg.size(), pg.rank(), options) {}
 
-void DistributedSampler::set_epoch(int64_t epoch) { state_->epoch = epoch; }
+void DistributedSampler::set_epoch(int64_t epoch) {
+  state_->epoch = epoch;
+  state_->start = 0;
+}
 int64_t DistributedSampler::epoch() const { return state_->epoch; }
 
+void DistributedSampler::set_start(size_t positions_taken) {
+  if (positions_taken > state_->dataset_size)
+    throw UsageError("DistributedSampler: start " + std::to_string(positions_taken) + " is beyond the " +
+                     std::to_string(state_->dataset_size) + " samples of the data set");
+  state_->start = positions_taken;
+}
+size_t DistributedSampler::start() const { return state_->start; }
+size_t DistributedSampler::dataset_size() const { return state_->dataset_size; }
+
+// Counts below are of the positions not yet taken: N - start.
 size_t DistributedSampler::num_samples() const {
-  const size_t n = state_->dataset_size, w = static_cast<size_t>(num_replicas_), r = static_cast<size_t>(rank_);
+  const size_t n = state_->dataset_size - std::min(state_->start, state_->dataset_size), w = static_cast<size_t>(num_replicas_), r = static_cast<size_t>(rank_);
   if (options_.drop_last()) return n / w;
   if (options_.pad()) return (n + w - 1) / w;
   return n / w + (r < n % w ? 1 : 0);
 }
 
 size_t DistributedSampler::total_size() const {
-  const size_t n = state_->dataset_size, w = static_cast<size_t>(num_replicas_);
+  const size_t n = state_->dataset_size - std::min(state_->start, state_->dataset_size), w = static_cast<size_t>(num_replicas_);
   if (options_.drop_last()) return n / w * w;
   if (options_.pad()) return (n + w - 1) / w * w;
   return n;
@@ -49,20 +63,23 @@ std::vector<size_t> DistributedSampler::indices() const {
   } else {
     for (size_t i = 0; i < n; ++i) order[i] = i;
   }
-  const size_t total = total_size();
-  if (n > 0) {
-    // Padding repeats the order from its start, as often as needed (PyTorch's rule).
-    for (size_t i = n; i < total; ++i) order.push_back(order[i % n]);
-  }
-  order.resize(total);
+  // Positions start .. end-1 of the order, padded beyond n by repeating the
+  // order from its start, as often as needed (PyTorch's rule): the same
+  // padding as an epoch without a start.
+  const size_t start = std::min(state_->start, n), end = start + total_size();
   std::vector<size_t> mine;
   mine.reserve(num_samples());
-  for (size_t i = static_cast<size_t>(rank_); i < total; i += static_cast<size_t>(num_replicas_)) mine.push_back(order[i]);
+  if (n == 0) return mine;
+  for (size_t i = start + static_cast<size_t>(rank_); i < end; i += static_cast<size_t>(num_replicas_))
+    mine.push_back(order[i % n]);
   return mine;
 }
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
-  if (new_size) state_->dataset_size = *new_size;
+  if (new_size) {
+    state_->dataset_size = *new_size;
+    state_->start = std::min(state_->start, *new_size);
+  }
   current_ = indices();
   position_ = 0;
 }
@@ -79,6 +96,7 @@ c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", torch::tensor(state_->epoch, torch::kLong), /*is_buffer=*/true);
   archive.write("position", torch::tensor(static_cast<int64_t>(position_), torch::kLong), /*is_buffer=*/true);
+  archive.write("start", torch::tensor(static_cast<int64_t>(state_->start), torch::kLong), /*is_buffer=*/true);
 }
 
 void DistributedSampler::load(torch::serialize::InputArchive& archive) {
@@ -86,6 +104,12 @@ void DistributedSampler::load(torch::serialize::InputArchive& archive) {
   archive.read("epoch", epoch, /*is_buffer=*/true);
   archive.read("position", position, /*is_buffer=*/true);
   state_->epoch = epoch.item<int64_t>();
+  // Absent from archives written before the start existed.
+  torch::Tensor start = torch::zeros({}, torch::kLong);
+  if (archive.try_read("start", start, /*is_buffer=*/true))
+    state_->start = std::min(state_->dataset_size, static_cast<size_t>(std::max<int64_t>(0, start.item<int64_t>())));
+  else
+    state_->start = 0;
   current_ = indices();
   position_ = std::min(current_.size(), static_cast<size_t>(position.item<int64_t>()));
 }

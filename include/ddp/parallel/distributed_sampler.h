@@ -9,6 +9,14 @@
 // pad(false) is for evaluation: no index repeats, shards differ by at most
 // one sample, and the shards together are the dataset exactly once.
 //
+// A start position resumes an epoch at any world size (an elastic job that
+// lost or gained a node): set_start(K) after set_epoch() hands out the
+// positions K, K+1, ... of the epoch's permutation (which does not depend on
+// the world size), rank r taking K + r, K + r + W, ...; padding repeats the
+// permutation from its start (position 0, 1, ...), exactly as an epoch
+// without a start does. At the same world size and K = k * batch * W, the
+// epoch's batches are the uninterrupted epoch's batches k, k+1, ...
+//
 // It is a LibTorch sampler, so it plugs into torch::data::make_data_loader.
 // The loader takes a copy; copies share their state, so set_epoch() on the
 // sampler you kept steers the loader's copy:
@@ -54,12 +62,25 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   DistributedSampler(size_t dataset_size, const ProcessGroup& pg, DistributedSamplerOptions options = {});
 
   // The epoch decides the shuffle; shared with every copy of this sampler.
+  // Also sets the start back to 0: a new epoch starts at its beginning.
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
 
+  // Positions of this epoch's permutation already taken by all ranks
+  // together (an epoch resumed from a mid-epoch checkpoint, possibly written
+  // at another world size): the epoch hands out the rest, from position
+  // `positions_taken` on. Shared with every copy, like the epoch; set_epoch()
+  // resets it to 0, so call it after set_epoch(). UsageError beyond the
+  // dataset's size.
+  void set_start(size_t positions_taken);
+  size_t start() const;
+  size_t dataset_size() const;
+
   // This rank's indices for the current epoch, in order.
   std::vector<size_t> indices() const;
-  // How many this rank gets per epoch, and all ranks together (with padding).
+  // How many this rank gets per epoch, and all ranks together (with padding),
+  // from the start on: of R = dataset_size() - start() positions, ceil(R / W)
+  // each with padding, floor(R / W) with drop_last.
   size_t num_samples() const;
   size_t total_size() const;
   int rank() const { return rank_; }
@@ -76,6 +97,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   struct State {
     size_t dataset_size = 0;
     int64_t epoch = 0;
+    size_t start = 0;
   };
   std::shared_ptr<State> state_;  // shared between copies (see above)
   int num_replicas_, rank_;
