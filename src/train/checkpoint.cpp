@@ -84,6 +84,27 @@ int64_t get_count(const pickle::ValuePtr& root, const char* key, const std::stri
 // what would overflow the loops and seeds they feed.
 constexpr int64_t kMaxEpochs = int64_t(1) << 31, kMaxSteps = int64_t(1) << 53, kMaxWorldSize = int64_t(1) << 20;
 
+// A mid-epoch checkpoint of an older version holds only "epoch_step",
+// batches per rank. Its samples taken are epoch_step * batch * world_size,
+// with the batch and world of the run that wrote it: exact, because such a
+// file was only ever resumed at the same settings (and the batches before a
+// checkpoint are all whole).
+int64_t old_epoch_samples(const TrainState& state, const std::string& path) {
+  auto number = [&](const char* key) -> int64_t {
+    auto it = state.config.find(key);
+    const auto v = it == state.config.end() ? std::nullopt : parse_integer(it->second, 0, kMaxSteps);
+    return v ? *v : -1;
+  };
+  const int64_t per_process = number("batch_size"), global = number("global_batch_size");
+  const int64_t batch = per_process > 0 ? per_process : global > 0 ? global / state.world_size : 0;
+  const long double samples = static_cast<long double>(state.epoch_step) * batch * state.world_size;
+  if (batch <= 0 || samples > static_cast<long double>(kMaxSteps))
+    throw CheckpointError(path + ": checkpoint entry \"epoch_step\" is " + std::to_string(state.epoch_step) +
+                          " but its \"config\" gives no batch size to count the samples taken with; a corrupt or "
+                          "crafted file?");
+  return static_cast<int64_t>(samples);
+}
+
 // ---- which checkpoint files are known to be whole --------------------------
 //
 // A file this process wrote (and read back) or read and verified, by its
@@ -247,6 +268,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     d.insert("step", state.step);
     d.insert("sampler_epoch", state.sampler_epoch);
     d.insert("epoch_step", state.epoch_step);
+    d.insert("epoch_samples", state.epoch_samples);
     d.insert("world_size", static_cast<int64_t>(pg.size()));
     c10::List<at::Tensor> rng_list;
     for (auto& t : all_rng) rng_list.push_back(t.cpu());
@@ -320,6 +342,7 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   // Absent from checkpoints written at an epoch's end by older versions.
   state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
   state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
+  if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
   StateDict model_state;
   if (!detail::to_state_dict(root->get("model"), model_state))
     throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
@@ -350,6 +373,7 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 
   if (auto config = root->get("config"); config && config->is_dict())
     for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
+  if (!root->get("epoch_samples") && state.epoch_step > 0) state.epoch_samples = old_epoch_samples(state, used);
 
   // This rank's generator; with another world size, the old ranks' round-robin.
   if (auto rng = root->get("rng_states"); rng && rng->kind == pickle::Value::Kind::List && !rng->items.empty()) {
@@ -370,25 +394,25 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   }
   if (state.world_size != pg.size() && pg.rank() == 0)
     std::cout << "notice: " << used << " was written by " << state.world_size << " ranks; resuming with "
-              << pg.size() << ". The model and optimizer carry over; the data order and per-rank shards differ "
-              << "from an uninterrupted run, and random streams are reused round-robin." << std::endl;
+              << pg.size() << ". The model and optimizer carry over (a ZeRO optimizer takes each rank's share of "
+              << "the whole state); the data position carries over exactly: the samples of the epoch not yet "
+              << "taken go to the " << pg.size() << " ranks, in shards of the new size; random streams are "
+              << "reused round-robin." << std::endl;
   return state;
 }
 
 // ---- resuming a run -------------------------------------------------------
 
-namespace {
-
-// "SLURM_RESTART_COUNT=1" when Slurm requeued this job or ddprun/torchrun
-// restarted its workers, else "".
 std::string restart_reason() {
-  for (const char* name : {"SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"}) {
+  for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
     const char* v = std::getenv(name);
     const auto count = v ? parse_integer(v, 0, INT32_MAX) : std::nullopt;
     if (count && *count > 0) return std::string(name) + "=" + v;
   }
   return "";
 }
+
+namespace {
 
 // Collective: whether the run folder holds a checkpoint or its previous one
 // (rank 0 looks: the others may not share its disk).
@@ -401,10 +425,20 @@ bool run_has_checkpoint(RunDir& run, ProcessGroup& pg) {
   return found.cpu().item<int64_t>() != 0;
 }
 
+// What rank 0 knows of the stop request: its own signal, or that another rank got one.
+std::string signal_name(int signo) {
+  if (signo == SIGUSR1) return "SIGUSR1 here and maybe elsewhere";
+  if (signo == SIGTERM) return "SIGTERM here and maybe elsewhere: a stop request, as when a node joins or leaves";
+  if (signo == 0) return "a signal on another rank";
+  return "signal " + std::to_string(signo);
+}
+
 std::string position(const TrainState& s) {
   return "epoch " + std::to_string(s.epoch) +
-         (s.epoch_step > 0 ? " and " + std::to_string(s.epoch_step) + " batches of epoch " + std::to_string(s.epoch + 1)
-                           : std::string());
+         (s.epoch_samples > 0 ? " and " + std::to_string(s.epoch_samples) + " samples (" +
+                                    std::to_string(s.epoch_step) + " batches per rank) of epoch " +
+                                    std::to_string(s.epoch + 1)
+                              : std::string());
 }
 
 }  // namespace
@@ -421,7 +455,7 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
   if (!restart.empty() || auto_resume) {
     if (run_has_checkpoint(run, pg)) {
       from = run.checkpoint_path();
-      if (!restart.empty()) why = " (" + restart + ": the job was requeued or restarted)";
+      if (!restart.empty()) why = " (" + restart + ": the job was requeued, restarted or rescaled)";
     } else if (auto_resume) {
       from.clear();
       run.log("--resume auto: no checkpoint in " + opts.run_dir() + " yet; starting fresh");
@@ -437,14 +471,20 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
     run.log("resumed from " + state.last_checkpoint + " after " + position(state) + why);
   }
   state.scaler = scaler;
+  state.run = &run;
   state.config = opts.to_config();
   run.start(state.epoch);
   if (opts.preemption_check_every() > 0) {
+    // SIGUSR1: Slurm's warning. SIGTERM: how ddprun and torchrun stop the
+    // workers when a node joins or leaves (SIGKILL follows after
+    // --term-timeout), and Slurm's at the end: either way the epoch's work
+    // is saved at the next agreed step instead of lost.
     watch_preemption_signal(SIGUSR1);
+    watch_preemption_signal(SIGTERM);
     const std::string path = run.checkpoint_path();
     state.checkpoint_and_stop = [&run, &model, &optimizer, &pg, path](const TrainState& s) {
-      run.log("preemption warning (signal " + std::to_string(preemption_signal_received()) +
-              " on at least one rank): checkpoint after " + position(s) + ", then exit status " +
+      run.log("preemption warning (" + signal_name(preemption_signal_received()) +
+              "): checkpoint after " + position(s) + ", then exit status " +
               std::to_string(kPreemptedExitCode) + " so that the job is requeued");
       save_checkpoint(path, model, optimizer, s, pg);
       throw Preempted(rank_tag(pg) + ": stopped for preemption after " + position(s) + "; " + path +

@@ -92,6 +92,26 @@ void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned
                       ", or pass --nonfinite-loss continue to train on regardless");
 }
 
+void resume_inside_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainState& state,
+                         ProcessGroup& pg) {
+  const size_t n = sampler.dataset_size(), taken = static_cast<size_t>(state.epoch_samples);
+  if (taken > n)
+    throw CheckpointError(rank_tag(pg) + ": the checkpoint says " + std::to_string(taken) + " samples of epoch " +
+                          std::to_string(epoch + 1) + " were taken, but the data set has " + std::to_string(n) +
+                          "; was it written for another data set?");
+  sampler.set_start(taken);
+  if (pg.rank() != 0) return;
+  std::ostringstream line;
+  line << "resumed after " << taken << " of " << n << " samples of epoch " << epoch + 1 << " (" << state.epoch_step
+       << " batches per rank before): the other " << n - taken << " go to " << pg.size() << " ranks, "
+       << sampler.num_samples() << " each (" << sampler.total_size() - std::min(sampler.total_size(), n - taken)
+       << " repeated to pad), in batches of " << batch_size;
+  if (state.run)
+    state.run->log(line.str());
+  else
+    std::cout << line.str() << std::endl;
+}
+
 }  // namespace detail
 
 void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,

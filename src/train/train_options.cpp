@@ -1,5 +1,7 @@
 #include "ddp/train/train_options.h"
 
+#include "ddp/runtime/launch_env.h"
+#include "ddp/train/checkpoint.h"
 #include "runtime/parse_number.h"
 
 #include <cmath>
@@ -12,14 +14,42 @@ namespace ddp {
 
 namespace po = boost::program_options;
 
-int64_t TrainOptions::per_process_batch(int world_size) const {
-  if (batch_size() > 0) return batch_size();
-  if (global_batch_size() <= 0) throw UsageError("set --batch-size (per process) or --global-batch-size");
-  if (global_batch_size() % world_size != 0)
-    throw UsageError("--global-batch-size " + std::to_string(global_batch_size()) + " does not divide by the " +
-                     std::to_string(world_size) + " processes; pick a multiple of " + std::to_string(world_size) +
+namespace {
+
+int64_t split_global_batch(const TrainOptions& o, int world_size, int rank) {
+  if (o.batch_size() > 0) return o.batch_size();
+  if (o.global_batch_size() <= 0) throw UsageError("set --batch-size (per process) or --global-batch-size");
+  const int64_t global = o.global_batch_size(), world = world_size;
+  if (global % world == 0) return global / world;
+  const std::string restart = restart_reason();
+  if (restart.empty())
+    throw UsageError("--global-batch-size " + std::to_string(global) + " does not divide by the " +
+                     std::to_string(world) + " processes; pick a multiple of " + std::to_string(world) +
                      " or set --batch-size per process");
-  return global_batch_size() / world_size;
+  // A restart at a new world size (a node joined or left): the job must go
+  // on, so the nearest global batch below that the ranks share evenly.
+  const int64_t batch = std::max<int64_t>(1, global / world);
+  if (rank == 0)
+    std::cout << "warning: global batch " << batch * world << " = " << world << " x " << batch
+              << ", not --global-batch-size " << global << ": " << world << " ranks do not divide it (" << restart
+              << ": a restart, possibly at a new world size); the learning rate is unchanged" << std::endl;
+  return batch;
+}
+
+}  // namespace
+
+int64_t TrainOptions::per_process_batch(int world_size) const {
+  int rank = 0;
+  try {
+    rank = LaunchEnv::from_environment().rank;
+  } catch (const std::exception&) {
+    // An environment the process group will refuse with a better message.
+  }
+  return split_global_batch(*this, world_size, rank);
+}
+
+int64_t TrainOptions::per_process_batch(const ProcessGroup& pg) const {
+  return split_global_batch(*this, pg.size(), pg.rank());
 }
 
 std::string TrainOptions::resume_path() const {
@@ -30,9 +60,9 @@ std::string TrainOptions::resume_path() const {
   return where;
 }
 
-int64_t TrainOptions::steps_per_epoch(size_t samples, int64_t batch) const {
+int64_t TrainOptions::steps_per_epoch(size_t samples, int64_t batch, int64_t taken) const {
   int64_t steps = (static_cast<int64_t>(samples) + batch - 1) / batch;
-  if (limit_batches() >= 0) steps = std::min(steps, limit_batches());
+  if (limit_batches() >= 0) steps = std::min(steps, std::max<int64_t>(0, limit_batches() - taken));
   return steps;
 }
 

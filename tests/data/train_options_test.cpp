@@ -1,6 +1,9 @@
 // The shared command line.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
+#include "ddp/train/checkpoint.h"
 #include "ddp/train/train_options.h"
 
 namespace {
@@ -28,6 +31,59 @@ TEST(TrainOptions, BatchSizePerProcessOrGlobal) {
   EXPECT_EQ(parse({"--global-batch-size", "96"}, defaults).per_process_batch(3), 32);
   EXPECT_THROW(parse({"--global-batch-size", "100"}, defaults).per_process_batch(3), ddp::UsageError);
   EXPECT_THROW(parse({"--global-batch-size", "64", "--batch-size", "8"}, defaults), ddp::UsageError);
+}
+
+namespace {
+
+// Sets the restart variables for a test's lifetime (and clears the others).
+struct RestartEnv {
+  explicit RestartEnv(const char* name = nullptr, const char* value = nullptr) {
+    for (const char* n : kNames) ::unsetenv(n);
+    if (name) ::setenv(name, value, 1);
+  }
+  ~RestartEnv() {
+    for (const char* n : kNames) ::unsetenv(n);
+  }
+  static constexpr const char* kNames[] = {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"};
+};
+
+}  // namespace
+
+TEST(TrainOptions, ARestartAtAWorldSizeThatDoesNotDivideTheGlobalBatchRoundsDownAndWarns) {
+  auto o = parse({"--global-batch-size", "256"});
+  {
+    RestartEnv fresh;
+    EXPECT_THROW(o.per_process_batch(3), ddp::UsageError) << "a fresh start keeps the rule";
+    EXPECT_EQ(ddp::restart_reason(), "");
+  }
+  for (const char* name : RestartEnv::kNames) {
+    RestartEnv restart(name, "2");
+    EXPECT_EQ(ddp::restart_reason(), std::string(name) + "=2");
+    ::testing::internal::CaptureStdout();
+    EXPECT_EQ(o.per_process_batch(3), 85) << name;
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_NE(out.find("global batch 255 = 3 x 85, not --global-batch-size 256: 3 ranks do not divide it"),
+              std::string::npos) << out;
+    EXPECT_NE(out.find("the learning rate is unchanged"), std::string::npos) << out;
+    EXPECT_EQ(o.per_process_batch(4), 64) << "a world that divides it: no change";
+    EXPECT_EQ(o.per_process_batch(300), 1) << "at least one sample per process";
+  }
+  {
+    RestartEnv zero("DDPRUN_RDZV_ROUND", "0");
+    EXPECT_EQ(ddp::restart_reason(), "") << "round 0 is the first start";
+    EXPECT_THROW(o.per_process_batch(3), ddp::UsageError);
+  }
+  RestartEnv restart("DDPRUN_RDZV_ROUND", "1");
+  EXPECT_EQ(parse({"--batch-size", "32"}).per_process_batch(3), 32) << "--batch-size stays per process";
+}
+
+TEST(TrainOptions, LimitBatchesCountsTheBatchesTakenBeforeAResume) {
+  auto o = parse({"--limit-batches", "5"});
+  EXPECT_EQ(o.steps_per_epoch(100, 8), 5);
+  EXPECT_EQ(o.steps_per_epoch(100, 8, 3), 2);
+  EXPECT_EQ(o.steps_per_epoch(100, 8, 5), 0);
+  EXPECT_EQ(o.steps_per_epoch(12, 8, 3), 2);
+  EXPECT_EQ(parse({}).steps_per_epoch(100, 8, 3), 13) << "no limit: what is left";
 }
 
 TEST(TrainOptions, AllCommonOptions) {

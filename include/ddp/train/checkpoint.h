@@ -9,7 +9,7 @@
 // Contents (a dict): "model" (name -> tensor, no `module.` prefix),
 // "optimizer" (LibTorch's optimizer archive, as bytes in a uint8 tensor),
 // "scaler" (an enabled ddp::GradScaler's state_dict(), as PyTorch's dict),
-// "epoch", "step", "sampler_epoch", "epoch_step", "world_size", "rng_states" (every rank's
+// "epoch", "step", "sampler_epoch", "epoch_step", "epoch_samples", "world_size", "rng_states" (every rank's
 // CPU generator), "config" (name -> string), "format" and "version".
 //
 //   ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
@@ -42,9 +42,15 @@ struct TrainState {
   int64_t epoch = 0;          // epochs completed
   int64_t step = 0;           // optimizer steps taken
   int64_t sampler_epoch = 0;  // the epoch the sampler shuffles for next
-  // Batches of epoch `epoch` already taken: above 0 only in a checkpoint
-  // written inside an epoch (preemption); train_epoch() skips them.
+  // Batches of epoch `epoch` already taken (per rank, counting every run
+  // of the epoch): above 0 only inside an epoch and in a checkpoint written
+  // there (preemption); --limit-batches counts them.
   int64_t epoch_step = 0;
+  // Positions of epoch `epoch`'s permutation already taken by all ranks
+  // together: where the epoch resumes, at any world size
+  // (DistributedSampler::set_start). Always a step boundary: no batch is
+  // ever partly taken.
+  int64_t epoch_samples = 0;
   int world_size = 1;         // of the run that wrote it
   std::map<std::string, std::string> config;
   // Not saved. Set by resume_or_start() when the run watches for preemption
@@ -58,6 +64,9 @@ struct TrainState {
   // Not owned. The run's loss scaler, if any (resume_or_start sets it): its
   // state_dict() is saved with every checkpoint while it is enabled.
   GradScaler* scaler = nullptr;
+  // Not saved, not owned. The run folder (resume_or_start sets it):
+  // train_epoch() logs there where a resumed epoch goes on.
+  RunDir* run = nullptr;
 };
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
@@ -77,7 +86,10 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 // used. Nothing in the file is run: the optimizer's archive is read as data
 // (ddp::read_archive), and every count is range-checked. Restores the model (prefixes stripped, tensors to
 // the model's device), the optimizer (if given) and this rank's RNG state;
-// returns the rest. Another world size works, with a notice on rank 0.
+// returns the rest. Another world size works, with a notice on rank 0: the
+// data position carries over exactly (epoch_samples: the epoch's samples not
+// yet taken go to the new ranks), RNG states are reused round-robin, and a
+// ZeroRedundancyOptimizer takes its share of the consolidated state.
 // An enabled `scaler` gets the checkpoint's scaler state (a checkpoint
 // without one, from a run without float16, leaves it at its initial scale,
 // with a notice); the returned state points to it.
@@ -91,15 +103,25 @@ std::string previous_checkpoint_path(const std::string& path);
 // epoch, step, sampler epoch and RNG state (collective; logged to the run),
 // else a fresh state. --resume alone (or "auto") takes the run folder's
 // checkpoint when it has one (or only its previous one) and starts fresh when
-// it has none. A job that Slurm requeued (SLURM_RESTART_COUNT > 0) or whose
-// workers ddprun/torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0)
-// continues from the run folder's newest readable checkpoint when there is
-// one, whatever --resume says (that names where the first attempt started). Either way the configuration is recorded and
-// metrics.csv keeps only the epochs already done. Unless
-// --preemption-check-every is 0, SIGUSR1 is watched and
+// it has none. A restarted process (restart_reason(): Slurm requeued the
+// job, ddprun/torchrun restarted its workers, or ddprun rendezvoused again,
+// as after a node joined or left) continues from the run folder's newest
+// readable checkpoint when there is one, whatever --resume says (that names
+// where the first attempt started). Either way the configuration is
+// recorded and metrics.csv keeps only the epochs already done. Unless
+// --preemption-check-every is 0, SIGUSR1 and SIGTERM are watched and
 // state.checkpoint_and_stop set (ddp/train/preemption.h). A `scaler` is
 // restored with the rest and saved with every checkpoint (state.scaler).
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler = nullptr);
+
+// Why this process is a restart, as "NAME=value" of the first of these above
+// 0: DDPRUN_RDZV_ROUND (ddprun's rendezvous round: every re-rendezvous,
+// after a failure or a membership change), TORCHELASTIC_RESTART_COUNT
+// (ddprun/torchrun restarted the workers; torchrun keeps it on a membership
+// change), SLURM_RESTART_COUNT (Slurm requeued the job); "" for a first
+// start. Such a process resumes from its run folder and may run at another
+// world size (TrainOptions::per_process_batch).
+std::string restart_reason();
 
 }  // namespace ddp

@@ -71,6 +71,12 @@ RankCheck check_ranks(ProcessGroup& pg, bool preempt, const NonFiniteStep& mine)
 void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned, const TrainOptions& opts,
                        const TrainState& state, ProcessGroup& pg);
 
+// A resumed epoch: the sampler starts at state.epoch_samples (checked
+// against the data set: ddp::CheckpointError if beyond it), logged on rank 0
+// to state.run (or stdout) as "resumed after N of M samples of epoch E".
+void resume_inside_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainState& state,
+                         ProcessGroup& pg);
+
 }  // namespace detail
 
 // One training epoch: the sampler's epoch set, at most
@@ -78,57 +84,62 @@ void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned
 // counted, the loss summed over ranks in one all-reduce (collective).
 // step(batch) does one optimizer step and returns the batch's mean loss; the
 // batch's size is batch.data.size(0).
-// After a checkpoint written inside this epoch (state.epoch_step > 0), the
-// batches it covers are drawn and skipped, so the epoch sees each sample
-// once; the epoch's loss then covers the batches after the resume.
+// After a checkpoint written inside this epoch (state.epoch_samples > 0,
+// possibly at another world size), the sampler starts at that global
+// position (DistributedSampler::set_start): the epoch sees each sample once,
+// the samples left shared out over the ranks there are now, and its loss
+// covers the batches after the resume. --limit-batches counts the batches
+// taken before too (state.epoch_step). Each step advances
+// state.epoch_samples by the samples all ranks took; the epoch's end sets
+// both counts and the sampler's start back to 0.
 // Every opts.preemption_check_every() steps the ranks compare notes in one
 // all-reduce: when any rank's loss was NaN or infinite, every rank throws
 // ddp::NonFiniteLoss (or warns, with --nonfinite-loss continue); when
-// state.checkpoint_and_stop is set and any rank got a preemption warning,
-// every rank calls it at the same step (it throws ddp::Preempted). The
-// epoch's end checks the losses too, so no checkpoint of a diverged model is
-// written.
+// state.checkpoint_and_stop is set and any rank got a preemption warning or
+// a stop request, every rank calls it at the same step, a step boundary (it
+// throws ddp::Preempted). The epoch's end checks the losses too, so no
+// checkpoint of a diverged model is written.
 template <typename Loader, typename Step>
 TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                        const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
   sampler.set_epoch(epoch);
-  const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size);
-  const int64_t skip = std::min(state.epoch_step, steps);
+  if (state.epoch_samples > 0) detail::resume_inside_epoch(sampler, epoch, batch_size, state, pg);
+  const int64_t samples = static_cast<int64_t>(sampler.num_samples());
+  const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size, state.epoch_step);
   const int64_t check_every = opts.preemption_check_every();
-  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps - skip,
-               pg.rank() == 0);
+  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0);
   MetricSums sums({"loss"});
   detail::NonFiniteStep nonfinite;
   bool warned = false;
-  int64_t taken = 0;
+  int64_t taken = 0;  // steps in this run of the epoch
   for (auto& batch : loader) {
     if (taken == steps) break;
-    if (taken < skip) {
-      ++taken;
-      continue;
-    }
-    if (check_every > 0 && (taken - skip) % check_every == 0) {
+    if (check_every > 0 && taken % check_every == 0) {
       const bool preempt = state.checkpoint_and_stop && preemption_signal_received() != 0;
       const auto check = detail::check_ranks(pg, preempt, nonfinite);
       if (check.any_nonfinite()) detail::on_nonfinite_loss(check, nonfinite, warned, opts, state, pg);
       if (check.preempt && state.checkpoint_and_stop) {
-        TrainState here = state;
+        TrainState here = state;  // epoch_step and epoch_samples: the steps taken, every one whole
         here.epoch = epoch;
         here.sampler_epoch = epoch;
-        here.epoch_step = taken;
         state.checkpoint_and_stop(here);
       }
     }
-    ++taken;
     const int64_t n = batch.data.size(0);
     const double loss = step(batch).template item<double>();
+    // This rank's share of the step; every rank takes as many but the last.
+    state.epoch_samples += std::min(batch_size, samples - taken * batch_size) * pg.size();
+    ++taken;
+    ++state.epoch_step;
     ++state.step;
-    if (!std::isfinite(loss) && nonfinite.step == 0) nonfinite = {state.step, epoch, taken, loss};
+    if (!std::isfinite(loss) && nonfinite.step == 0) nonfinite = {state.step, epoch, state.epoch_step, loss};
     sums.add("loss", loss * static_cast<double>(n));
     sums.add_count(n);
     bar.update(loss, n * pg.size());
   }
   state.epoch_step = 0;
+  state.epoch_samples = 0;
+  sampler.set_start(0);
   bar.finish();
   const auto total = sums.all_reduced(pg);
   // The same sum on every rank, so all of them take this branch or none.

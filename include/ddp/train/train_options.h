@@ -26,7 +26,8 @@ struct TrainOptions {
   TORCH_ARG(int64_t, epochs) = 10;
   // Per process. 0: global_batch_size / world size.
   TORCH_ARG(int64_t, batch_size) = 0;
-  // All processes together; must divide by the world size.
+  // All processes together; must divide by the world size (but see
+  // per_process_batch for a restart at another world size).
   TORCH_ARG(int64_t, global_batch_size) = 0;
   TORCH_ARG(double, lr) = 0.1;
   TORCH_ARG(uint64_t, seed) = 0;
@@ -72,14 +73,24 @@ struct TrainOptions {
   TORCH_ARG(bool, amp) = false;
 
  public:
-  // The per-process batch: --batch-size if given, else --global-batch-size / world.
+  // The per-process batch: --batch-size if given (the global batch is then
+  // that x world), else --global-batch-size / world, which must divide at a
+  // fresh start (UsageError). A restarted process (ddp::restart_reason(): an
+  // elastic job that lost or gained a node may come back at a world size
+  // that does not divide it) takes floor(global / world), at least 1, and
+  // rank 0 warns with the effective global batch. The learning rate is
+  // never changed. The rank that warns is the launch environment's rank 0
+  // (ddp/runtime/launch_env.h), or pg's.
   int64_t per_process_batch(int world_size) const;
+  int64_t per_process_batch(const ProcessGroup& pg) const;
   // The checkpoint --resume names (a folder means its checkpoint.pt); "" when not resuming.
   std::string resume_path() const;
   ProcessGroupOptions process_group_options() const;
   DDPOptions ddp_options() const;
-  // Batches per epoch for `samples` per rank: ceil(samples / batch), capped by --limit-batches.
-  int64_t steps_per_epoch(size_t samples, int64_t batch) const;
+  // Batches per epoch for `samples` per rank: ceil(samples / batch), capped
+  // so that `taken` (batches of the epoch taken before a resume) plus them
+  // stay within --limit-batches.
+  int64_t steps_per_epoch(size_t samples, int64_t batch, int64_t taken = 0) const;
   // Whether to write a checkpoint after `completed` epochs (--checkpoint-every, and always after the last).
   bool checkpoint_due(int64_t completed) const;
   // Every option as text, for checkpoints and logs.
