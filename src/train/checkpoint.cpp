@@ -404,7 +404,8 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 // ---- resuming a run -------------------------------------------------------
 
 std::string restart_reason() {
-  for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+  // The most specific first: a failure restart sets both of ddprun's.
+  for (const char* name : {"SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "DDPRUN_RDZV_ROUND"}) {
     const char* v = std::getenv(name);
     const auto count = v ? parse_integer(v, 0, INT32_MAX) : std::nullopt;
     if (count && *count > 0) return std::string(name) + "=" + v;

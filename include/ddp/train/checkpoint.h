@@ -116,11 +116,11 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
                            torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler = nullptr);
 
 // Why this process is a restart, as "NAME=value" of the first of these above
-// 0: DDPRUN_RDZV_ROUND (ddprun's rendezvous round: every re-rendezvous,
-// after a failure or a membership change), TORCHELASTIC_RESTART_COUNT
-// (ddprun/torchrun restarted the workers; torchrun keeps it on a membership
-// change), SLURM_RESTART_COUNT (Slurm requeued the job); "" for a first
-// start. Such a process resumes from its run folder and may run at another
+// 0: SLURM_RESTART_COUNT (Slurm requeued the job), TORCHELASTIC_RESTART_COUNT
+// (ddprun/torchrun restarted the workers after a failure; torchrun keeps it
+// unchanged on a membership change), DDPRUN_RDZV_ROUND (ddprun's rendezvous
+// round: every re-rendezvous, after a failure or a membership change); ""
+// for a first start. Such a process resumes from its run folder and may run at another
 // world size (TrainOptions::per_process_batch).
 std::string restart_reason();
 
