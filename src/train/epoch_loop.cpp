@@ -2,12 +2,20 @@
 
 #include "atomic_file.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
 #include "ddp/comm/object_collectives.h"
+#include "runtime/parse_number.h"
 
 namespace ddp {
 
@@ -110,6 +118,55 @@ void resume_inside_epoch(DistributedSampler& sampler, int64_t epoch, int64_t bat
     state.run->log(line.str());
   else
     std::cout << line.str() << std::endl;
+}
+
+namespace {
+
+int64_t launcher_round() {
+  for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"})
+    if (const char* v = std::getenv(name))
+      if (auto n = parse_integer(v, 0, INT32_MAX)) return *n;
+  return 0;
+}
+
+}  // namespace
+
+SampleLog::SampleLog(const TrainOptions& opts, const DistributedSampler& sampler, int64_t epoch,
+                     const TrainState& state, ProcessGroup& pg)
+    : round_(launcher_round()), epoch_(epoch), mine_(sampler.indices()) {
+  const auto dir = std::filesystem::path(opts.run_dir()) / "samples";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (dir / ("rank" + std::to_string(pg.rank()) + ".txt")).string();
+  fd_ = open_append_no_follow(path);  // CheckpointError naming it if it cannot
+  path_ = path;
+  static bool headed = false;  // once per process: where this run of the program began
+  if (!headed) {
+    headed = true;
+    append_line("# resumed " + std::to_string(round_) + " " + std::to_string(state.step));
+  }
+}
+
+SampleLog::~SampleLog() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SampleLog::append_line(std::string line) {
+  line += '\n';
+  for (size_t done = 0; done < line.size();) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw CheckpointError("cannot append to " + path_ + " (--log-samples): " + std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+
+void SampleLog::step(int64_t batch, int64_t batch_size, int64_t step) {
+  std::string line = std::to_string(round_) + " " + std::to_string(epoch_) + " " + std::to_string(step);
+  const size_t lo = static_cast<size_t>(batch * batch_size);
+  const size_t hi = std::min(mine_.size(), lo + static_cast<size_t>(batch_size));
+  for (size_t i = lo; i < hi; ++i) line += " " + std::to_string(mine_[i]);
+  append_line(line);
 }
 
 }  // namespace detail

@@ -102,7 +102,8 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"timeline", timeline() ? "1" : "0"},
           {"timeline_skew_every", std::to_string(timeline_skew_every())},
           {"nonfinite_loss", nonfinite_loss()},
-          {"amp", amp() ? "1" : "0"}};
+          {"amp", amp() ? "1" : "0"},
+          {"log_samples", log_samples() ? "1" : "0"}};
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
@@ -150,7 +151,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
        "checkpoint) or continue (a warning)")
     ("amp", po::bool_switch(&o.amp()),
        "mixed precision: autocast to bfloat16 on CPU, to float16 with a loss scaler (ddp::GradScaler) on GPU; "
-       "parameters, gradients and DDP's buckets stay float32");
+       "parameters, gradients and DDP's buckets stay float32")
+    ("log-samples", po::bool_switch(&o.log_samples()),
+       "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt");
   // clang-format on
   po::options_description all;
   all.add(common);

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,34 @@ void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned
 void resume_inside_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainState& state,
                          ProcessGroup& pg);
 
+// --log-samples: this rank's record of the samples each step trained on, in
+// <run-dir>/samples/rank<R>.txt (appended; a link there is refused). The
+// first epoch a process trains writes "# resumed ROUND STEP": the launcher's
+// round (DDPRUN_RDZV_ROUND, else TORCHELASTIC_RESTART_COUNT, else
+// SLURM_RESTART_COUNT, else 0) and the optimizer steps already taken. Then
+// one line per step: "ROUND EPOCH STEP INDEX...", EPOCH 0-based, STEP the
+// global optimizer step it was. A step of round r whose STEP is above the
+// STEP a later round resumed after was undone by that resume (the model
+// went back to the checkpoint): what an audit leaves out.
+class SampleLog {
+ public:
+  SampleLog(const TrainOptions& opts, const DistributedSampler& sampler, int64_t epoch, const TrainState& state,
+            ProcessGroup& pg);
+  ~SampleLog();
+  SampleLog(const SampleLog&) = delete;
+  SampleLog& operator=(const SampleLog&) = delete;
+  // The step just taken: this rank's batch `batch` (0-based in this run of
+  // the epoch) of `batch_size`, global step `step`.
+  void step(int64_t batch, int64_t batch_size, int64_t step);
+
+ private:
+  void append_line(std::string line);
+  int fd_ = -1;
+  std::string path_;
+  int64_t round_ = 0, epoch_ = 0;
+  std::vector<size_t> mine_;  // this rank's indices for the epoch, from its start
+};
+
 }  // namespace detail
 
 // One training epoch: the sampler's epoch set, at most
@@ -112,6 +141,8 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
   detail::NonFiniteStep nonfinite;
   bool warned = false;
   int64_t taken = 0;  // steps in this run of the epoch
+  std::optional<detail::SampleLog> sample_log;
+  if (opts.log_samples()) sample_log.emplace(opts, sampler, epoch, state, pg);
   for (auto& batch : loader) {
     if (taken == steps) break;
     if (check_every > 0 && taken % check_every == 0) {
@@ -132,6 +163,7 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
     ++taken;
     ++state.epoch_step;
     ++state.step;
+    if (sample_log) sample_log->step(taken - 1, batch_size, state.step);
     if (!std::isfinite(loss) && nonfinite.step == 0) nonfinite = {state.step, epoch, state.epoch_step, loss};
     sums.add("loss", loss * static_cast<double>(n));
     sums.add_count(n);

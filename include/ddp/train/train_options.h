@@ -71,6 +71,10 @@ struct TrainOptions {
   // on CPU, float16 on CUDA with a ddp::GradScaler (the examples' choice;
   // ddp/autocast.h, ddp/grad_scaler.h).
   TORCH_ARG(bool, amp) = false;
+  // Record which samples every step trained on, in
+  // <run-dir>/samples/rank<R>.txt (ddp/train/epoch_loop.h says the format):
+  // an audit of the data order, across resumes and world-size changes.
+  TORCH_ARG(bool, log_samples) = false;
 
  public:
   // The per-process batch: --batch-size if given (the global batch is then
