@@ -59,6 +59,8 @@ struct Case {
   int stop_at_step;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 }  // namespace
 
 class ElasticResume : public ::testing::TestWithParam<Case> {};
