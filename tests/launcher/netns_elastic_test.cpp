@@ -26,8 +26,7 @@ class NetnsElastic : public LauncherTest {
   void SetUp() override {
     LauncherTest::SetUp();
     ip_ = ip_bin();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+    if (std::string why = netns_unavailable(ip_); !why.empty()) GTEST_SKIP() << why;
 #ifndef LENET_FMNIST
     GTEST_SKIP() << "the examples are not built here (DDP_BUILD_EXAMPLES=OFF)";
 #endif
@@ -80,18 +79,25 @@ class NetnsElastic : public LauncherTest {
   // a stop then undoes the steps after the last checkpoint).
   bool wait_for_step(int64_t step) {
     return wait_for([&] {
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(run_dir() + "/samples", ec)) {
-        std::istringstream in(read_file(e.path().string()));
-        std::string line;
-        while (std::getline(in, line)) {
-          std::istringstream l(line);
-          int64_t round = 0, epoch = 0, s = 0;
-          if (line[0] != '#' && l >> round >> epoch >> s && s >= step) return true;
-        }
-      }
-      return false;
+      bool reached = false;
+      for_each_sample_line([&](const std::string& line) {
+        std::istringstream l(line);
+        int64_t round = 0, epoch = 0, s = 0;
+        reached = reached || (line[0] != '#' && l >> round >> epoch >> s && s >= step);
+      });
+      return reached;
     }, 200);
+  }
+
+  // Every line of every rank's --log-samples record.
+  template <typename F>
+  void for_each_sample_line(F&& f) const {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(run_dir() + "/samples", ec)) {
+      std::istringstream in(read_file(e.path().string()));
+      for (std::string line; std::getline(in, line);)
+        if (!line.empty()) f(line);
+    }
   }
 
   // Every epoch's surviving sample records hold each index once, plus padding.
@@ -103,26 +109,21 @@ class NetnsElastic : public LauncherTest {
     };
     std::vector<Record> records;
     std::map<int, int64_t> resumed;  // round -> the step it resumed after
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(run_dir() + "/samples", ec)) {
-      std::istringstream in(read_file(e.path().string()));
-      std::string line;
-      while (std::getline(in, line)) {
-        std::istringstream l(line);
-        if (line.rfind("# resumed", 0) == 0) {
-          std::string hash, word;
-          int round = 0;
-          int64_t step = 0;
-          l >> hash >> word >> round >> step;
-          resumed[round] = step;
-          continue;
-        }
-        Record r;
-        l >> r.round >> r.epoch >> r.step;
-        for (int64_t i; l >> i;) r.indices.push_back(i);
-        records.push_back(r);
+    for_each_sample_line([&](const std::string& line) {
+      std::istringstream l(line);
+      if (line.rfind("# resumed", 0) == 0) {
+        std::string hash, word;
+        int round = 0;
+        int64_t step = 0;
+        l >> hash >> word >> round >> step;
+        resumed[round] = step;
+        return;
       }
-    }
+      Record r;
+      l >> r.round >> r.epoch >> r.step;
+      for (int64_t i; l >> i;) r.indices.push_back(i);
+      records.push_back(r);
+    });
     ASSERT_FALSE(records.empty()) << "no sample records in " << run_dir() << "/samples";
     std::map<int64_t, std::map<int64_t, int>> seen;  // epoch -> index -> times
     int undone = 0;

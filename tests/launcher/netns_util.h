@@ -194,6 +194,13 @@ inline int connect_from(const std::string& ns, const std::string& addr, uint16_t
   return result;
 }
 
+// Why this process cannot make namespace hosts ("" when it can try).
+inline std::string netns_unavailable(const std::string& ip) {
+  if (::geteuid() != 0) return "needs root to create network namespaces";
+  if (ip.empty()) return "the 'ip' tool (iproute2) is not installed";
+  return "";
+}
+
 // Base fixture: a fresh pair of namespace hosts (pair_) for every test, the
 // processes killed before the namespaces go. Skips, saying why, without root,
 // without `ip`, or where namespaces do not work; a derived SetUp checks
@@ -203,8 +210,7 @@ class NetnsHostsTest : public LauncherTest {
   void SetUp() override {
     LauncherTest::SetUp();
     ip_ = ip_bin();
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root to create network namespaces";
-    if (ip_.empty()) GTEST_SKIP() << "the 'ip' tool (iproute2) is not installed";
+    if (std::string why = netns_unavailable(ip_); !why.empty()) GTEST_SKIP() << why;
     sweep_stale_namespaces(ip_, dir_);
     pair_ = std::make_unique<NetnsPair>(ip_, dir_);
     if (std::string err = pair_->create(); !err.empty()) {
