@@ -9,6 +9,9 @@
 //       STOP_AT_STEP-th step (counted from this process's start).
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
+//   zero_train [training options]   ZeRO in an elastic job under ddprun
+//       (tests/launcher/netns_elastic_test.cpp): on a resume at another world
+//       size, each rank's share is checked against a fresh load.
 //
 // Exit status: guarded_main's (0, 1, 75 when stopped for preemption).
 #include <csignal>
@@ -16,6 +19,7 @@
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "ddp/train.h"
 
@@ -185,6 +189,52 @@ int scenario_zero_load() {
   return 0;
 }
 
+// An elastic job's ranks under ddprun, with ZeRO: a small model, Adam
+// sharded by ddp::ZeroRedundancyOptimizer, the kit's loop and checkpoints
+// (STEP_SLEEP_MS per step keeps it running while nodes come and go). A run
+// that resumed at another world size first loads the same checkpoint afresh
+// into a second ZeRO optimizer at this world size and checks that every
+// rank's share is bitwise what resume_or_start gave it: the state after the
+// change is a fresh load of the consolidated state.
+int scenario_zero_train(int argc, char** argv) {
+  const auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(6).lr(0.01));
+  auto pg = ddp::init_process_group(opts.process_group_options().backend("gloo"));
+  ddp::RunDir run(opts.run_dir(), *pg, "loss");
+  const int64_t n = 480;
+  torch::manual_seed(1);
+  ddp::TensorDataset data(torch::randn({n, 4}), torch::randn({n, 2}));
+  ddp::DistributedSampler sampler(n, *pg, ddp::DistributedSamplerOptions().seed(opts.seed()));
+  const int64_t batch = opts.per_process_batch(pg->size());
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(batch));
+  auto net = make_net();
+  ddp::DistributedDataParallel model(net, pg);
+  ddp::ZeroRedundancyOptimizer opt(net->parameters(), torch::optim::AdamOptions(opts.lr()), pg);
+  ddp::TrainState state = ddp::resume_or_start(opts, run, *net, opt, *pg);
+  if (!state.last_checkpoint.empty() && state.world_size != pg->size()) {
+    auto fresh_net = make_net();
+    ddp::ZeroRedundancyOptimizer fresh(fresh_net->parameters(), torch::optim::AdamOptions(opts.lr()), pg);
+    ddp::load_checkpoint(state.last_checkpoint, *fresh_net, &fresh, *pg);
+    expect_same_adam_state(opt.local_optimizer(), net->parameters(), fresh.local_optimizer(), fresh_net->parameters(),
+                           pg->rank());
+    std::cout << "zero: rank " << pg->rank() << " of " << pg->size() << " resumed from " << state.world_size
+              << " ranks holds a fresh load's share" << std::endl;
+  }
+  const int sleep_ms = env_int("STEP_SLEEP_MS", 0);
+  for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
+    const auto train = ddp::train_epoch(*loader, sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
+      opt.zero_grad();
+      auto loss = (model(b.data) - b.target).pow(2).mean();
+      loss.backward();
+      opt.step();
+      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      return loss.detach();
+    });
+    ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, *pg);
+  }
+  ddp::destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -193,6 +243,7 @@ int main(int argc, char** argv) {
     if (scenario == "train") return scenario_train(argc - 1, argv + 1);
     if (scenario == "zero_save") return scenario_zero_save();
     if (scenario == "zero_load") return scenario_zero_load();
+    if (scenario == "zero_train") return scenario_zero_train(argc - 1, argv + 1);
     throw ddp::UsageError("unknown scenario '" + scenario + "'");
   });
 }

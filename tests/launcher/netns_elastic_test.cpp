@@ -205,6 +205,40 @@ TEST_F(NetnsElastic, TwoToOneToTwo) {
   expect_each_sample_once_per_epoch();
 }
 
+// ZeRO across 2 -> 3: the sharded Adam state that the three ranks resume with
+// is, on every rank, bitwise a fresh 3-rank load of the consolidated
+// checkpoint (tests/data/elastic_worker.cpp zero_train checks it and exits 1
+// otherwise), and training goes on to the end.
+TEST_F(NetnsElastic, ZeroShardsAreTakenAfreshAtThreeNodes) {
+  std::vector<std::string> zero{"--epochs", "30", "--global-batch-size", "48", "--run-dir", run_dir(),
+                                "--timeout", "20", "--preemption-check-every", "1"};
+  auto start_zero = [&](int i) {
+    std::vector<std::string> argv{ip_, "netns", "exec", hosts_->ns[i], DDPRUN_BIN, "--nnodes", "2:3",
+                                  "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                  hosts_->addr[0] + ":" + port_, "--rdzv-id", "zero", "--rdzv-conf",
+                                  "join_timeout=120,last_call_timeout=2", "--term-timeout", "30",
+                                  DDP_ELASTIC_WORKER, "zero_train"};
+    argv.insert(argv.end(), zero.begin(), zero.end());
+    nodes_[i] = std::make_unique<Process>(
+        argv, Env{{"GLOO_SOCKET_IFNAME", hosts_->veth[i]}, {"OMP_NUM_THREADS", "1"}, {"STEP_SLEEP_MS", "40"}}, dir_);
+  };
+  start_zero(0);
+  start_zero(1);
+  ASSERT_TRUE(wait_for_epoch(2)) << all_err();
+  start_zero(2);
+  std::string out;
+  for (int i = 0; i < 3; ++i) {
+    Result r = nodes_[i]->wait(240);
+    EXPECT_EQ(r.code, 0) << "node " << i << ":\n" << r.out << r.err;
+    out += r.out;
+  }
+  EXPECT_NE(all_err().find("world size 2 -> 3"), std::string::npos) << all_err();
+  for (int rank = 0; rank < 3; ++rank)
+    EXPECT_NE(out.find("zero: rank " + std::to_string(rank) + " of 3 resumed from 2 ranks holds a fresh load's share"),
+              std::string::npos)
+        << out;
+}
+
 TEST_F(NetnsElastic, OneNodeOfAtLeastTwoFailsWithinTheJoinTimeoutNamingTheMissingCount) {
 #ifdef LENET_FMNIST
   std::vector<std::string> argv{ip_, "netns", "exec", hosts_->ns[0], DDPRUN_BIN, "--nnodes", "2:3",
