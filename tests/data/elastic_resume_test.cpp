@@ -124,6 +124,43 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"GlobalBatchSigterm", {"--global-batch-size", "8"}, 4, 2, SIGTERM, "DDPRUN_RDZV_ROUND", 5}),
     [](const auto& info) { return info.param.name; });
 
+// The checks keep working after a change: stopped at 2 ranks (SIGTERM, as
+// ddprun's membership change), resumed at 3, preempted there (SIGUSR1 to rank
+// 2), resumed at 2 again and run to the end. Each epoch: every index once,
+// plus the one padding repeat where 3 ranks took the 14 samples left.
+TEST(ElasticResume, APreemptionWarningAfterTheChangeCheckpointsAndTheRunGoesOnAtTwo) {
+  const auto dir = ddp::testing::temp_dir("elastic_twice");
+  const std::string run = dir + "/run";
+  const std::vector<std::string> args{"train", "--run-dir", run, "--epochs", "2", "--preemption-check-every", "1",
+                                      "--batch-size", "6"};
+  auto first = run_ranks(2, DDP_ELASTIC_WORKER, args,
+                         {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "first"}, {"STOP_SIGNAL", std::to_string(SIGTERM)},
+                          {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"}});
+  for (auto& r : first) ASSERT_EQ(r.exit_code, ddp::kPreemptedExitCode) << describe(first);
+  // At 3: epoch 0's last step (14 samples left, 5 a rank), then epoch 1's
+  // first; rank 2 gets SIGUSR1 in that one, and every rank stops before the next.
+  auto second = run_ranks(3, DDP_ELASTIC_WORKER, args,
+                          {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "second"}, {"DDPRUN_RDZV_ROUND", "1"},
+                           {"STOP_SIGNAL", std::to_string(SIGUSR1)}, {"STOP_RANK", "2"}, {"STOP_AT_STEP", "2"}});
+  for (auto& r : second) ASSERT_EQ(r.exit_code, ddp::kPreemptedExitCode) << describe(second);
+  auto third = run_ranks(2, DDP_ELASTIC_WORKER, args,
+                         {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "third"}, {"DDPRUN_RDZV_ROUND", "2"}});
+  for (auto& r : third) ASSERT_EQ(r.exit_code, 0) << describe(third);
+
+  const std::string log = ddp::testing::read_file(run + "/log.txt");
+  EXPECT_NE(log.find("resumed after 18 of 50 samples of epoch 2"), std::string::npos) << log;
+  Counts got;
+  add_counts(got, run, "first", 2);
+  add_counts(got, run, "second", 3);
+  add_counts(got, run, "third", 2);
+  std::map<size_t, int> expected0, expected1;
+  add_positions(expected0, 0, 0, 36 + 15);  // 36 at 2 ranks, 14 + 1 padding at 3
+  add_positions(expected1, 1, 0, 50);       // 18 at 3 ranks, 32 at 2
+  EXPECT_EQ(got[0], expected0) << "epoch 0: got " << print(got[0]) << "\nexpected " << print(expected0);
+  EXPECT_EQ(got[1], expected1) << "epoch 1: got " << print(got[1]) << "\nexpected " << print(expected1);
+  std::filesystem::remove_all(dir);
+}
+
 // A ZeRO optimizer saved at 2 ranks and loaded at 3: each rank's share equals
 // a fresh 3-rank load of the consolidated state, and trains on alike.
 TEST(ElasticZero, SavedAtTwoRanksLoadedAtThreeEachRankHoldsItsShareOfTheWholeState) {
