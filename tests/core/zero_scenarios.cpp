@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "worker_common.h"
+#include "optimizer_state_key.h"
 
 namespace ddp::testing {
 namespace {
@@ -101,19 +102,7 @@ void expect_bitwise(ZeroNet& a, ZeroNet& b, const std::string& what) {
                        std::to_string((pa[i] - pb[i]).abs().max().item<double>()));
 }
 
-// LibTorch keys state() by the TensorImpl's address: as text up to some 2.x
-// version, as the address itself after.
-template <typename Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return reinterpret_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
+using ddp::testing::state_key;
 
 // Whether two plain optimizers over the same parameters hold the same state, bitwise.
 bool same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, const std::vector<torch::Tensor>& params) {

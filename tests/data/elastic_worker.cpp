@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "ddp/train.h"
+#include "../core/optimizer_state_key.h"
 
 namespace {
 
@@ -107,19 +108,7 @@ int scenario_zero_save() {
   return 0;
 }
 
-// LibTorch keys state() by the TensorImpl's address: as text up to some 2.x
-// version, as the address itself after.
-template <typename Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << p.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return reinterpret_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
+using ddp::testing::state_key;
 
 // Adam states of two optimizers over parameters a[i] and b[i], bitwise.
 void expect_same_adam_state(torch::optim::Optimizer& x, const std::vector<torch::Tensor>& a, torch::optim::Optimizer& y,
