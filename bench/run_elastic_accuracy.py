@@ -3,7 +3,7 @@
 Fashion-MNIST, launched by ddprun over the c10d rendezvous on this machine
 (one ddprun per "node", one worker each, OMP_NUM_THREADS=1). First the
 run-to-run spread of an unchanged 2-node job, one run per --seeds; then each
-elastic scenario at the first seed:
+elastic scenario at each --scenario-seeds (default: the first seed):
 
   grow    2 nodes of --nnodes 2:3; a third starts once epoch 1 is logged,
           plus --delay seconds (so it arrives inside epoch 2)
@@ -19,10 +19,10 @@ Prints every run's final test accuracy and the spread, and writes OUT/elastic.cs
 import argparse
 import csv
 import os
-import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,7 +56,9 @@ class Job:
         self.run_dir = os.path.join(args.out, name)
         shutil.rmtree(self.run_dir, ignore_errors=True)
         os.makedirs(self.run_dir)
-        self.port = str(random.randint(20000, 40000))
+        with socket.socket() as s:  # a free port: other jobs on the machine hold random ones
+            s.bind(("127.0.0.1", 0))
+            self.port = str(s.getsockname()[1])
         self.seed = seed
         self.nodes = []
 
@@ -65,7 +67,9 @@ class Job:
         i = len(self.nodes)
         cmd = [a.ddprun, "--nnodes", self.nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", "127.0.0.1:" + self.port, "--rdzv-id", "bench", "--rdzv-conf",
-               "last_call_timeout=2", "--max-restarts", "3", a.lenet, "--epochs", str(a.epochs),
+               # The first node hosts the store (on one machine every node could): the
+               # scenarios kill others, as losing the store's host ends a job.
+               "last_call_timeout=2,is_host=%d" % (i == 0), "--max-restarts", "3", a.lenet, "--epochs", str(a.epochs),
                "--global-batch-size", "96", "--seed", str(self.seed), "--run-dir", self.run_dir,
                "--data-dir", a.data_dir]
         log = open(os.path.join(self.run_dir, "node%d.txt" % i), "w")
@@ -128,15 +132,19 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seeds", default="1,2,3,4")
     p.add_argument("--scenarios", default="grow,shrink,dip")
+    p.add_argument("--scenario-seeds", default="", help="the seeds of the elastic runs (default: the first of --seeds)")
     p.add_argument("--delay", type=float, default=8.0)
     p.add_argument("--out", default="/tmp/elastic_bench")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    seeds = [int(s) for s in args.seeds.split(",")]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    scenario_seeds = [int(s) for s in args.scenario_seeds.split(",") if s] or seeds[:1]
     rows = [run(args, "unchanged_s%d" % s, s, "unchanged") for s in seeds]
     base = [r["test_acc"] for r in rows if r["test_acc"] is not None]
-    for sc in [s for s in args.scenarios.split(",") if s]:
-        rows.append(run(args, sc + "_s%d" % seeds[0], seeds[0], sc))
+    n_base = len(rows)
+    for seed in scenario_seeds:
+        for sc in [s for s in args.scenarios.split(",") if s]:
+            rows.append(run(args, sc + "_s%d" % seed, seed, sc))
     with open(os.path.join(args.out, "elastic.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
         w.writeheader()
@@ -144,7 +152,7 @@ def main():
     if base:
         lo, hi = min(base), max(base)
         print("unchanged 2-node job over seeds %s: test acc %.4f .. %.4f (spread %.4f)" % (args.seeds, lo, hi, hi - lo))
-        for r in rows[len(seeds):]:
+        for r in rows[n_base:]:
             a = r["test_acc"]
             where = "inside" if a is not None and lo <= a <= hi else "OUTSIDE"
             print("  %-8s %s: %s the spread" % (r["scenario"], a, where))
