@@ -36,16 +36,18 @@ void DistributedSampler::set_start(size_t positions_taken) {
 size_t DistributedSampler::start() const { return state_->start; }
 size_t DistributedSampler::dataset_size() const { return state_->dataset_size; }
 
-// Counts below are of the positions not yet taken: N - start.
+// Counts below are of the positions not yet taken: N - start (set_start and
+// reset keep start <= N).
 size_t DistributedSampler::num_samples() const {
-  const size_t n = state_->dataset_size - std::min(state_->start, state_->dataset_size), w = static_cast<size_t>(num_replicas_), r = static_cast<size_t>(rank_);
+  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(num_replicas_),
+               r = static_cast<size_t>(rank_);
   if (options_.drop_last()) return n / w;
   if (options_.pad()) return (n + w - 1) / w;
   return n / w + (r < n % w ? 1 : 0);
 }
 
 size_t DistributedSampler::total_size() const {
-  const size_t n = state_->dataset_size - std::min(state_->start, state_->dataset_size), w = static_cast<size_t>(num_replicas_);
+  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(num_replicas_);
   if (options_.drop_last()) return n / w * w;
   if (options_.pad()) return (n + w - 1) / w * w;
   return n;
@@ -66,7 +68,7 @@ std::vector<size_t> DistributedSampler::indices() const {
   // Positions start .. end-1 of the order, padded beyond n by repeating the
   // order from its start, as often as needed (PyTorch's rule): the same
   // padding as an epoch without a start.
-  const size_t start = std::min(state_->start, n), end = start + total_size();
+  const size_t start = state_->start, end = start + total_size();
   std::vector<size_t> mine;
   mine.reserve(num_samples());
   if (n == 0) return mine;
