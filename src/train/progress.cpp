@@ -3,9 +3,27 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 
 namespace ddp {
+namespace {
+
+// Whether stdout is a terminal someone watches: this process's controlling
+// terminal. isatty() alone is not enough: Open MPI's mpirun gives every rank
+// a pseudo-terminal of its own as stdout (so its output comes line by line)
+// and copies what arrives there into mpirun's stdout, a file or a pipe as
+// often as not; that pseudo-terminal is not the rank's controlling terminal.
+bool stdout_is_the_terminal() {
+  if (!::isatty(STDOUT_FILENO)) return false;
+  const char* term = std::getenv("TERM");
+  if (term && std::strcmp(term, "dumb") == 0) return false;
+  // Fails (ENOTTY) unless stdout is the controlling terminal of this process.
+  return ::tcgetpgrp(STDOUT_FILENO) != -1;
+}
+
+}  // namespace
 
 std::string format_duration(double seconds) {
   if (seconds < 0) seconds = 0;
@@ -24,7 +42,7 @@ Progress::Progress(std::string label, int64_t total_steps, bool enabled, std::os
     : label_(std::move(label)),
       total_(total_steps),
       enabled_(enabled),
-      interactive_(out == nullptr && ::isatty(STDOUT_FILENO)),
+      interactive_(out == nullptr && stdout_is_the_terminal()),
       out_(out ? out : &std::cout),
       start_(std::chrono::steady_clock::now()),
       last_draw_(start_) {}

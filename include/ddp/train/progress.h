@@ -1,7 +1,9 @@
 // A progress bar for rank 0: step, loss, samples/s and time left. On a
-// terminal it redraws one line; when stdout is a pipe or a file (ddprun's
-// prefixed output, a batch job's log) it prints a plain line every tenth of
-// the way instead, so logs stay readable.
+// terminal it redraws one line; when stdout is anything else (a pipe or a
+// file: ddprun's prefixed output, a batch job's log; the pseudo-terminal
+// mpirun gives each rank, or TERM=dumb) it prints a plain line every tenth of
+// the way and one at the end instead, with no carriage return or escape
+// sequence, so logs stay readable.
 //
 //   ddp::Progress bar("epoch 3/10", steps_per_epoch, pg->rank() == 0);
 //   for (...) { ...; bar.update(loss.item<double>(), global_batch); }
@@ -26,7 +28,7 @@ class Progress {
 
   double samples_per_second() const;
   double elapsed_seconds() const;
-  // Whether redrawing is used (stdout is a terminal).
+  // Whether redrawing is used (stdout is this process's controlling terminal).
   bool interactive() const { return interactive_; }
 
  private:
