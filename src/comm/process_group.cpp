@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "comm/c10d_compat.h"
+#include "comm/c10d_process_group.h"
 #include "comm/store_client.h"
 #include "comm/comm_threads.h"
 #include "runtime/parse_number.h"
@@ -57,60 +58,9 @@ bool Work::on_complete(std::function<void()> fn) {
   return true;
 }
 
-// ---- c10d-backed process group -----------------------------------------------
+// ---- the group made here ----------------------------------------------------
 
 namespace {
-
-class C10dProcessGroup final : public ProcessGroup {
- public:
-  C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
-                   std::string name, torch::Device device, std::chrono::milliseconds timeout)
-      : store_(std::move(store)),
-        backend_(std::move(backend)),
-        name_(std::move(name)),
-        device_(device),
-        timeout_(timeout) {}
-
-  int rank() const override { return backend_->getRank(); }
-  int size() const override { return backend_->getSize(); }
-  std::string backend_name() const override { return name_; }
-  torch::Device device() const override { return device_; }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-
-  Work allreduce(at::Tensor& tensor) override {
-    std::vector<at::Tensor> tensors{tensor};
-    return wrap(backend_->allreduce(tensors), "allreduce");
-  }
-
-  Work broadcast(at::Tensor& tensor, int root) override {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::BroadcastOptions opts;
-    opts.rootRank = root;
-    return wrap(backend_->broadcast(tensors, opts), "broadcast");
-  }
-
-  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override {
-    std::vector<at::Tensor> inputs{tensor};
-    std::vector<std::vector<at::Tensor>> outputs(1);
-    for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
-    wrap(backend_->allgather(outputs, inputs), "allgather").wait();
-    return outputs[0];
-  }
-
-  void barrier() override { wrap(backend_->barrier(), "barrier").wait(); }
-  c10::intrusive_ptr<c10d::Store> store() const override { return store_; }
-
- private:
-  Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
-    return Work(std::move(work), name_ + " " + op, rank());
-  }
-
-  c10::intrusive_ptr<c10d::Store> store_;  // the backend keeps using it after construction
-  c10::intrusive_ptr<compat::Backend> backend_;
-  std::string name_;
-  torch::Device device_;
-  std::chrono::milliseconds timeout_;
-};
 
 std::mutex g_mutex;
 std::shared_ptr<ProcessGroup> g_default;
@@ -321,11 +271,13 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
     std::lock_guard<std::mutex> lock(g_mutex);
     generation = g_generation++;
   }
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(
-      "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation), store);
+  const std::string prefix =
+      "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
 
   torch::Device device(torch::kCPU);
   c10::intrusive_ptr<compat::Backend> pg;
+  detail::GlooDevices gloo_devices;
   try {
     if (backend == "gloo") {
 #ifdef USE_C10D_GLOO
@@ -336,6 +288,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
       const auto before_device = detail::thread_ids();
       auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
       opts->devices.push_back(gloo_device(env, learned_interface));
+      gloo_devices = opts->devices;
       const auto before_group = detail::thread_ids();
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
       for (pid_t tid : detail::new_threads(before_device, before_group))
@@ -364,7 +317,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
                     " ranks within the timeout: " + e.what() +
                     "\n  (check that every rank was started, and GLOO_SOCKET_IFNAME when hosts have several interfaces)");
   }
-  auto group = std::make_shared<C10dProcessGroup>(store, pg, backend, device, timeout);
+  auto group = std::make_shared<detail::C10dProcessGroup>(store, pg, backend, device, timeout, prefix,
+                                                         std::move(gloo_devices));
   std::lock_guard<std::mutex> lock(g_mutex);
   g_default = group;
   return group;

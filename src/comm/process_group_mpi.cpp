@@ -6,24 +6,12 @@
 // move on while backward computes. All MPI calls hold one mutex.
 #include "comm/process_group_mpi.h"
 
-// MPI's C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
-#include <atomic>
-#include <climits>
 #include <cstdlib>
-#include <mutex>
-#include <thread>
-#include <vector>
 
-#include "comm/c10d_compat.h"
+#include "comm/mpi_group.h"
 
 namespace ddp::detail {
-namespace {
-
-using Clock = std::chrono::steady_clock;
+namespace mpi {
 
 std::string error_string(int code) {
   char text[MPI_MAX_ERROR_STRING] = {0};
@@ -31,6 +19,8 @@ std::string error_string(int code) {
   if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
   return std::string(text, static_cast<size_t>(len));
 }
+
+namespace {
 
 // Half and bfloat16 have no MPI type: two bytes, summed by these (in float,
 // as c10 adds them).
@@ -41,23 +31,14 @@ void sum_of(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = static_cast<T>(static_cast<float>(a[i]) + static_cast<float>(b[i]));
 }
 
-// MPI's process-wide state as libddp sees it. Leaked on purpose: the atexit
-// handler and late destructors must still find it.
-struct Runtime {
-  std::mutex mutex;  // every MPI call of libddp holds it
-  bool initialized_here = false;
-  int thread_level = MPI_THREAD_SINGLE;
-  // A collective timed out and its request is still pending: MPI_Finalize
-  // would wait for it (and for the rank that never came), so it is skipped.
-  std::atomic<bool> abandoned{false};
-  MPI_Datatype two_bytes = MPI_DATATYPE_NULL;
-  MPI_Op half_sum = MPI_OP_NULL, bfloat16_sum = MPI_OP_NULL;
-};
+}  // namespace
 
 Runtime& runtime() {
   static Runtime* rt = new Runtime;
   return *rt;
 }
+
+namespace {
 
 void finalize_at_exit() {
   Runtime& rt = runtime();
@@ -95,8 +76,8 @@ void ensure_initialized(const std::string& who) {
   }
 }
 
-// Polls `request` until done or `deadline`; a timeout marks the runtime as
-// holding an abandoned request and throws CommError(who + what + advice).
+}  // namespace
+
 void wait_request(MPI_Request& request, Clock::time_point deadline, std::chrono::milliseconds timeout,
                   const std::string& who) {
   Runtime& rt = runtime();
@@ -120,6 +101,8 @@ void wait_request(MPI_Request& request, Clock::time_point deadline, std::chrono:
   }
 }
 
+namespace {
+
 // A communicator of our own (MPI_Comm_idup, bounded by the timeout), so
 // that libddp's collectives never match a user's on MPI_COMM_WORLD.
 MPI_Comm duplicate_world(std::chrono::milliseconds timeout, const std::string& who) {
@@ -136,6 +119,8 @@ MPI_Comm duplicate_world(std::chrono::milliseconds timeout, const std::string& w
   return comm;
 }
 
+}  // namespace
+
 void free_comm(MPI_Comm& comm) {
   Runtime& rt = runtime();
   std::lock_guard<std::mutex> lock(rt.mutex);
@@ -144,209 +129,65 @@ void free_comm(MPI_Comm& comm) {
   if (!finalized && !rt.abandoned && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
 }
 
-// One collective in flight. `buffer` is what MPI reads and writes (the
-// tensor itself when it is a contiguous CPU tensor); `target`, when set, is
-// the caller's tensor that gets the result back (CUDA or non-contiguous
-// tensors, staged through a contiguous host copy).
-class MpiWork final : public compat::Work {
- public:
-  MpiWork(c10d::OpType type, std::string op, int rank, std::chrono::milliseconds timeout, at::Tensor buffer,
-          at::Tensor target)
-      : compat::Work(rank, type),
-        op_(std::move(op)),
-        rank_(rank),
-        timeout_(timeout),
-        started_(Clock::now()),
-        buffer_(std::move(buffer)),
-        target_(std::move(target)) {}
-
-  MPI_Request request = MPI_REQUEST_NULL;
-
-  // Under the runtime's mutex: one MPI_Test, which also progresses it.
-  bool test_locked() {
-    if (done_) return true;
-    int flag = 0;
-    const int rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-      error_ = error_string(rc);
-      flag = 1;
-    }
-    if (flag) done_ = true;
-    return done_;
+Work MpiProcessGroup::allreduce(at::Tensor& tensor) {
+  check(tensor, "allreduce");
+  MPI_Datatype type;
+  MPI_Op op = MPI_SUM;
+  switch (tensor.scalar_type()) {
+    case at::kFloat: type = MPI_FLOAT; break;
+    case at::kDouble: type = MPI_DOUBLE; break;
+    case at::kHalf: type = runtime().two_bytes; op = runtime().half_sum; break;
+    case at::kBFloat16: type = runtime().two_bytes; op = runtime().bfloat16_sum; break;
+    case at::kChar: type = MPI_INT8_T; break;
+    case at::kByte: type = MPI_UINT8_T; break;
+    case at::kInt: type = MPI_INT32_T; break;
+    case at::kLong: type = MPI_INT64_T; break;
+    default:
+      throw UsageError("rank " + std::to_string(rank_) + ": mpi allreduce: tensors of " +
+                       std::string(c10::toString(tensor.scalar_type())) +
+                       " cannot be summed by the mpi backend; it sums float, double, half, bfloat16, int8, uint8, "
+                       "int32 and int64 tensors");
   }
+  const int count = count_of(tensor.numel(), "allreduce");
+  auto work = start(c10d::OpType::ALLREDUCE, "allreduce", tensor, [&](void* data, MPI_Request* request) {
+    return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, request);
+  });
+  return Work(work, "mpi allreduce", rank_);
+}
 
-  bool isCompleted() override {
-    std::lock_guard<std::mutex> lock(runtime().mutex);
-    return test_locked();
-  }
+Work MpiProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  check(tensor, "broadcast");
+  const int bytes = count_of(tensor.numel() * static_cast<int64_t>(tensor.element_size()), "broadcast");
+  auto work = start(c10d::OpType::BROADCAST, "broadcast", tensor, [&](void* data, MPI_Request* request) {
+    return MPI_Ibcast(data, bytes, MPI_BYTE, root, comm_, request);
+  });
+  return Work(work, "mpi broadcast", rank_);
+}
 
-  // Bounded by the group's timeout from the collective's start, or by
-  // `timeout` from now when one is given.
-  bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override {  // 0: c10d's kNoTimeout
-    const auto limit = timeout.count() > 0 ? timeout : timeout_;
-    const auto deadline = (timeout.count() > 0 ? Clock::now() : started_) + limit;
-    for (int spins = 0;; ++spins) {
-      if (isCompleted()) break;
-      if (Clock::now() >= deadline) {
-        runtime().abandoned = true;
-        throw std::runtime_error(
-            "not finished within the timeout of " + std::to_string(limit.count()) + " ms on rank " +
-            std::to_string(rank_) + ": some rank has not started this " + op_ +
-            " (stuck, dead, or running different collectives). Check every rank's log; if they are merely slow, "
-            "raise the timeout with ddp::ProcessGroupOptions().timeout(...)");
-      }
-      if (spins < 200) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    std::lock_guard<std::mutex> lock(finish_mutex_);
-    if (!error_.empty()) throw std::runtime_error(op_ + " failed in MPI: " + error_);
-    if (target_.defined() && !copied_) {
-      target_.copy_(buffer_);
-      copied_ = true;
-    }
-    return true;
-  }
+std::vector<at::Tensor> MpiProcessGroup::allgather(const at::Tensor& tensor) {
+  check(tensor, "allgather");
+  const at::Tensor mine = tensor.to(at::kCPU).contiguous();
+  const int bytes = count_of(mine.numel() * static_cast<int64_t>(mine.element_size()), "allgather");
+  auto gathered = at::empty({static_cast<int64_t>(size_) * mine.numel()}, mine.options());
+  auto work = start(c10d::OpType::ALLGATHER, "allgather", gathered, [&](void* data, MPI_Request* request) {
+    return MPI_Iallgather(mine.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, request);
+  });
+  Work(work, "mpi allgather", rank_).wait();
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < size_; ++r)
+    out.push_back(gathered.narrow(0, r * mine.numel(), mine.numel()).view(tensor.sizes()).to(tensor.device()));
+  return out;
+}
 
-  std::vector<at::Tensor> result() override { return {target_.defined() ? target_ : buffer_}; }
+void MpiProcessGroup::barrier() {
+  at::Tensor none;
+  auto work = start(c10d::OpType::BARRIER, "barrier", none, [&](void*, MPI_Request* request) {
+    return MPI_Ibarrier(comm_, request);
+  });
+  Work(work, "mpi barrier", rank_).wait();
+}
 
- private:
-  std::string op_;
-  int rank_;
-  std::chrono::milliseconds timeout_;
-  Clock::time_point started_;
-  at::Tensor buffer_, target_;
-  std::atomic<bool> done_{false};
-  std::string error_;
-  std::mutex finish_mutex_;
-  bool copied_ = false;
-};
-
-class MpiProcessGroup final : public ProcessGroup {
- public:
-  MpiProcessGroup(MPI_Comm comm, int rank, int size, torch::Device device, std::chrono::milliseconds timeout)
-      : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
-  ~MpiProcessGroup() override { free_comm(comm_); }
-
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  std::string backend_name() const override { return "mpi"; }
-  torch::Device device() const override { return device_; }
-  std::chrono::milliseconds timeout() const override { return timeout_; }
-
-  Work allreduce(at::Tensor& tensor) override {
-    check(tensor, "allreduce");
-    MPI_Datatype type;
-    MPI_Op op = MPI_SUM;
-    switch (tensor.scalar_type()) {
-      case at::kFloat: type = MPI_FLOAT; break;
-      case at::kDouble: type = MPI_DOUBLE; break;
-      case at::kHalf: type = runtime().two_bytes; op = runtime().half_sum; break;
-      case at::kBFloat16: type = runtime().two_bytes; op = runtime().bfloat16_sum; break;
-      case at::kChar: type = MPI_INT8_T; break;
-      case at::kByte: type = MPI_UINT8_T; break;
-      case at::kInt: type = MPI_INT32_T; break;
-      case at::kLong: type = MPI_INT64_T; break;
-      default:
-        throw UsageError("rank " + std::to_string(rank_) + ": mpi allreduce: tensors of " +
-                         std::string(c10::toString(tensor.scalar_type())) +
-                         " cannot be summed by the mpi backend; it sums float, double, half, bfloat16, int8, uint8, "
-                         "int32 and int64 tensors");
-    }
-    const int count = count_of(tensor.numel(), "allreduce");
-    auto work = start(c10d::OpType::ALLREDUCE, "allreduce", tensor, [&](void* data, MPI_Request* request) {
-      return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, request);
-    });
-    return Work(work, "mpi allreduce", rank_);
-  }
-
-  Work broadcast(at::Tensor& tensor, int root) override {
-    check(tensor, "broadcast");
-    const int bytes = count_of(tensor.numel() * static_cast<int64_t>(tensor.element_size()), "broadcast");
-    auto work = start(c10d::OpType::BROADCAST, "broadcast", tensor, [&](void* data, MPI_Request* request) {
-      return MPI_Ibcast(data, bytes, MPI_BYTE, root, comm_, request);
-    });
-    return Work(work, "mpi broadcast", rank_);
-  }
-
-  std::vector<at::Tensor> allgather(const at::Tensor& tensor) override {
-    check(tensor, "allgather");
-    const at::Tensor mine = tensor.to(at::kCPU).contiguous();
-    const int bytes = count_of(mine.numel() * static_cast<int64_t>(mine.element_size()), "allgather");
-    auto gathered = at::empty({static_cast<int64_t>(size_) * mine.numel()}, mine.options());
-    auto work = start(c10d::OpType::ALLGATHER, "allgather", gathered, [&](void* data, MPI_Request* request) {
-      return MPI_Iallgather(mine.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, request);
-    });
-    Work(work, "mpi allgather", rank_).wait();
-    std::vector<at::Tensor> out;
-    for (int r = 0; r < size_; ++r)
-      out.push_back(gathered.narrow(0, r * mine.numel(), mine.numel()).view(tensor.sizes()).to(tensor.device()));
-    return out;
-  }
-
-  void barrier() override {
-    at::Tensor none;
-    auto work = start(c10d::OpType::BARRIER, "barrier", none, [&](void*, MPI_Request* request) {
-      return MPI_Ibarrier(comm_, request);
-    });
-    Work(work, "mpi barrier", rank_).wait();
-  }
-
- private:
-  void check(const at::Tensor& tensor, const char* op) const {
-    const std::string who = "rank " + std::to_string(rank_) + ": mpi " + op + ": ";
-    if (!tensor.defined()) throw UsageError(who + "the tensor is undefined");
-    if (tensor.is_sparse()) throw UsageError(who + "sparse tensors are not supported; densify them first");
-#ifdef DDP_WITH_CUDA
-    if (!tensor.is_cpu() && !tensor.is_cuda())
-#else
-    if (!tensor.is_cpu())
-#endif
-      throw UsageError(who + "tensors on " + tensor.device().str() +
-                       " are not supported; the mpi backend takes CPU tensors (and CUDA tensors, staged through host "
-                       "memory, in CUDA builds)");
-  }
-
-  int count_of(int64_t n, const char* op) const {
-    if (n > INT_MAX)
-      throw UsageError("rank " + std::to_string(rank_) + ": mpi " + op + ": " + std::to_string(n) +
-                       " elements exceed MPI's int count; split the tensor (e.g. a smaller bucket_cap_mb)");
-    return static_cast<int>(n);
-  }
-
-  // Stages `tensor` into a contiguous host buffer when it is not one itself,
-  // tests the outstanding collectives (progress), then starts this one.
-  template <typename Start>
-  c10::intrusive_ptr<MpiWork> start(c10d::OpType type, const char* op, at::Tensor& tensor, Start&& begin) {
-    at::Tensor buffer = tensor, target;
-    if (tensor.defined() && (!tensor.is_cpu() || !tensor.is_contiguous())) {
-      buffer = tensor.to(at::kCPU).contiguous();  // synchronous: a CUDA tensor's producer has finished
-      target = tensor;
-    }
-    auto work = c10::make_intrusive<MpiWork>(type, std::string(op), rank_, timeout_, buffer, target);
-    std::lock_guard<std::mutex> lock(runtime().mutex);
-    progress_locked();
-    const int rc = begin(buffer.defined() ? buffer.data_ptr() : nullptr, &work->request);
-    if (rc != MPI_SUCCESS)
-      throw CommError("rank " + std::to_string(rank_) + ": mpi " + op + " could not start: " + error_string(rc));
-    outstanding_.push_back(work);
-    return work;
-  }
-
-  // Under the runtime's mutex. Completed collectives leave the list; the
-  // list keeps every pending one's buffers alive even if its Work is dropped.
-  void progress_locked() {
-    std::vector<c10::intrusive_ptr<MpiWork>> pending;
-    for (auto& w : outstanding_)
-      if (!w->test_locked()) pending.push_back(w);
-    outstanding_.swap(pending);
-  }
-
-  MPI_Comm comm_;
-  int rank_, size_;
-  torch::Device device_;
-  std::chrono::milliseconds timeout_;
-  std::vector<c10::intrusive_ptr<MpiWork>> outstanding_;  // under the runtime's mutex
-};
+namespace {
 
 std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine, std::chrono::milliseconds timeout,
                                            const std::string& who) {
@@ -377,6 +218,9 @@ std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& min
 }
 
 }  // namespace
+}  // namespace mpi
+
+using namespace mpi;
 
 std::shared_ptr<ProcessGroup> make_mpi_process_group(const LaunchEnv& env, std::chrono::milliseconds timeout,
                                                      torch::Device device, const std::string& who) {

@@ -20,7 +20,9 @@ namespace ddp {
 
 // Handle to an asynchronous collective, as c10d's Work. wait() honours the
 // process group's timeout and throws CommError naming rank and operation.
-class Work {
+// [[nodiscard]]: a collective whose handle is dropped unwaited has not
+// finished (its tensor holds whatever the backend has written so far).
+class [[nodiscard]] Work {
  public:
   Work() = default;
   Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank);
@@ -44,6 +46,40 @@ class Work {
   int rank_ = 0;
 };
 
+// torch.distributed.ReduceOp. AVG: NCCL only, as in PyTorch (Gloo and MPI
+// refuse it); BAND, BOR, BXOR: integer tensors.
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR };
+// "SUM", "AVG", ... as PyTorch spells them.
+const char* reduce_op_name(ReduceOp op);
+
+// One collective of ddp::dist (ddp/comm/dist.h) as a group's ranks see it:
+// `root` is a rank of this group. Tensors are handles: outputs are written
+// in place.
+struct CollectiveCall {
+  enum class Kind {
+    AllReduce,            // inputs[0] in place, by `op`
+    Reduce,               // inputs[0] in place on `root`, by `op`
+    Broadcast,            // inputs[0] in place, from `root`
+    AllGather,            // inputs[0] -> outputs (one per rank)
+    AllGatherIntoTensor,  // inputs[0] -> outputs[0] (ranks' tensors along dim 0)
+    Gather,               // inputs[0] -> outputs on `root` (one per rank; none elsewhere)
+    Scatter,              // inputs on `root` (one per rank; none elsewhere) -> outputs[0]
+    ReduceScatter,        // inputs (one per rank) -> outputs[0], by `op`
+    ReduceScatterTensor,  // inputs[0] (ranks' chunks along dim 0) -> outputs[0], by `op`
+    AllToAll,             // inputs[r] goes to rank r's outputs[this rank]
+    AllToAllSingle,       // inputs[0] split along dim 0 by input_split_sizes (even when empty)
+    Barrier,
+  };
+  Kind kind = Kind::Barrier;
+  ReduceOp op = ReduceOp::SUM;
+  int root = 0;
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> outputs;
+  std::vector<int64_t> output_split_sizes, input_split_sizes;
+};
+// "all_reduce", "all_gather_into_tensor", ...: torch.distributed's names.
+const char* collective_name(CollectiveCall::Kind kind);
+
 // The collectives libddp needs. Gloo, NCCL and MPI sit behind it; tests wrap
 // it to count what the reducer asked for.
 class ProcessGroup {
@@ -66,6 +102,17 @@ class ProcessGroup {
   // The rendezvous store the group was made with, for notes that must not
   // wait for a collective (the stall inspector); null where there is none.
   virtual c10::intrusive_ptr<c10d::Store> store() const { return {}; }
+
+  // Any collective of ddp::dist, started; what the backend lacks is a
+  // UsageError naming the rank. The default refuses every one (a group of
+  // one's own, e.g. a test's decorator, need not have them).
+  virtual Work collective(const CollectiveCall& call);
+  // ddp::dist::new_group: every rank of this group calls it, in the same
+  // order; `ranks` (of this group, ascending, distinct) form the new group,
+  // which this rank gets if it is one of them, else null. The default
+  // refuses.
+  virtual std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
+                                                     std::chrono::milliseconds timeout);
 };
 
 struct ProcessGroupOptions {

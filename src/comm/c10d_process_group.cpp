@@ -1,0 +1,190 @@
+#include "comm/c10d_process_group.h"
+
+#include <algorithm>
+
+#ifdef DDP_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace ddp::detail {
+
+namespace {
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return c10d::ReduceOp::SUM;
+    case ReduceOp::AVG: return c10d::ReduceOp::AVG;
+    case ReduceOp::PRODUCT: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::MIN: return c10d::ReduceOp::MIN;
+    case ReduceOp::MAX: return c10d::ReduceOp::MAX;
+    case ReduceOp::BAND: return c10d::ReduceOp::BAND;
+    case ReduceOp::BOR: return c10d::ReduceOp::BOR;
+    case ReduceOp::BXOR: return c10d::ReduceOp::BXOR;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+C10dProcessGroup::C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
+                                   std::string name, torch::Device device, std::chrono::milliseconds timeout,
+                                   std::string prefix, GlooDevices gloo_devices)
+    : store_(std::move(store)),
+      backend_(std::move(backend)),
+      name_(std::move(name)),
+      device_(device),
+      timeout_(timeout),
+      prefix_(std::move(prefix)),
+      gloo_devices_(std::move(gloo_devices)) {}
+
+Work C10dProcessGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
+  return Work(std::move(work), name_ + " " + op, rank());
+}
+
+Work C10dProcessGroup::allreduce(at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  return wrap(backend_->allreduce(tensors), "allreduce");
+}
+
+Work C10dProcessGroup::broadcast(at::Tensor& tensor, int root) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return wrap(backend_->broadcast(tensors, opts), "broadcast");
+}
+
+std::vector<at::Tensor> C10dProcessGroup::allgather(const at::Tensor& tensor) {
+  std::vector<at::Tensor> inputs{tensor};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
+  wrap(backend_->allgather(outputs, inputs), "allgather").wait();
+  return outputs[0];
+}
+
+void C10dProcessGroup::barrier() { wrap(backend_->barrier(), "barrier").wait(); }
+
+// c10d's call of the same name. Its argument checks throw here, at the
+// start; Gloo's refusal of AVG would come only from wait(), and leave the
+// group unusable, so it is refused before anything starts.
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& call) {
+  using Kind = CollectiveCall::Kind;
+  auto in = call.inputs;
+  auto out = call.outputs;
+  switch (call.kind) {
+    case Kind::AllReduce: {
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend_->allreduce(in, opts);
+    }
+    case Kind::Reduce: {
+      c10d::ReduceOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      opts.rootRank = call.root;
+      return backend_->reduce(in, opts);
+    }
+    case Kind::Broadcast: {
+      c10d::BroadcastOptions opts;
+      opts.rootRank = call.root;
+      return backend_->broadcast(in, opts);
+    }
+    case Kind::AllGather: {
+      std::vector<std::vector<at::Tensor>> lists{out};
+      return backend_->allgather(lists, in);
+    }
+    case Kind::AllGatherIntoTensor: return backend_->_allgather_base(out.at(0), in.at(0));
+    case Kind::Gather: {
+      std::vector<std::vector<at::Tensor>> lists;
+      if (rank() == call.root) lists.push_back(out);
+      c10d::GatherOptions opts;
+      opts.rootRank = call.root;
+      return backend_->gather(lists, in, opts);
+    }
+    case Kind::Scatter: {
+      std::vector<std::vector<at::Tensor>> lists;
+      if (rank() == call.root) lists.push_back(in);
+      c10d::ScatterOptions opts;
+      opts.rootRank = call.root;
+      return backend_->scatter(out, lists, opts);
+    }
+    case Kind::ReduceScatter: {
+      std::vector<std::vector<at::Tensor>> lists{in};
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend_->reduce_scatter(out, lists, opts);
+    }
+    case Kind::ReduceScatterTensor: {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend_->_reduce_scatter_base(out.at(0), in.at(0), opts);
+    }
+    case Kind::AllToAll: return backend_->alltoall(out, in);
+    case Kind::AllToAllSingle: {
+      auto out_splits = call.output_split_sizes;
+      auto in_splits = call.input_split_sizes;
+      return backend_->alltoall_base(out.at(0), in.at(0), out_splits, in_splits);
+    }
+    case Kind::Barrier: return backend_->barrier();
+  }
+  throw UsageError("unknown collective");
+}
+
+Work C10dProcessGroup::collective(const CollectiveCall& call) {
+  const std::string op = collective_name(call.kind);
+  const std::string who = "rank " + std::to_string(rank()) + ": dist." + op + " on " + name_ + ": ";
+  if (name_ == "gloo" && call.op == ReduceOp::AVG &&
+      (call.kind == CollectiveCall::Kind::AllReduce || call.kind == CollectiveCall::Kind::Reduce ||
+       call.kind == CollectiveCall::Kind::ReduceScatter || call.kind == CollectiveCall::Kind::ReduceScatterTensor))
+    throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch (\"Cannot use ReduceOp.AVG with Gloo\"): "
+                     "reduce with ReduceOp::SUM and divide by dist::get_world_size(group)");
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = start(call);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UsageError(who + first_line(e.what()) +
+                     "\n  (c10d refused it before it started; where PyTorch's backend lacks an operation, "
+                     "docs/api.md's table of ddp::dist says which backend has it)");
+  }
+  return Work(std::move(work), name_ + " " + op, rank());
+}
+
+std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<int>& ranks,
+                                                             std::chrono::milliseconds timeout) {
+  const std::string prefix = prefix_ + "_sub" + std::to_string(subgroups_++);
+  const auto it = std::find(ranks.begin(), ranks.end(), rank());
+  std::shared_ptr<ProcessGroup> group;
+  if (it != ranks.end()) {
+    const int sub_rank = static_cast<int>(it - ranks.begin());
+    const int sub_size = static_cast<int>(ranks.size());
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store_);
+    c10::intrusive_ptr<compat::Backend> backend;
+    try {
+      if (name_ == "gloo") {
+#ifdef USE_C10D_GLOO
+        auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+        opts->devices = gloo_devices_;
+        backend = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, sub_rank, sub_size, opts);
+#endif
+      } else {
+#ifdef USE_C10D_NCCL
+        auto opts = c10d::ProcessGroupNCCL::Options::create();
+        opts->timeout = timeout;
+        backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, sub_rank, sub_size, opts);
+#endif
+      }
+    } catch (const std::exception& e) {
+      throw CommError("rank " + std::to_string(rank()) + ": dist.new_group: the " + std::to_string(sub_size) +
+                      " ranks of the new group did not all connect within the timeout: " + first_line(e.what()) +
+                      "\n  (every rank of the job must call new_group with the same ranks, in the same order)");
+    }
+    if (!backend) throw UsageError("rank " + std::to_string(rank()) + ": dist.new_group: no " + name_ + " in this build");
+    group = std::make_shared<C10dProcessGroup>(store_, backend, name_, device_, timeout, prefix, gloo_devices_);
+  }
+  barrier();  // as PyTorch's new_group: every rank of the parent leaves it together
+  return group;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,339 @@
+#include "ddp/comm/dist.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <mutex>
+#include <set>
+
+namespace ddp::dist {
+
+namespace {
+
+using Kind = CollectiveCall::Kind;
+
+std::string who(const char* op) {
+  return "rank " + std::to_string(ddp::is_initialized() ? default_process_group()->rank() : -1) + ": dist." + op +
+         ": ";
+}
+
+// PyTorch's note for a collective on a group this rank is not in, once per op.
+void warn_not_in_group(const char* op) {
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!warned.insert(op).second) return;
+  TORCH_WARN("Running ", op, " on global rank ", default_process_group()->rank(),
+             " which does not belong to the given group.");
+}
+
+void check_tensor(const at::Tensor& t, const char* op, const char* what = "tensor") {
+  if (!t.defined()) throw UsageError(who(op) + "the " + what + " is undefined");
+}
+
+void check_list(const std::vector<at::Tensor>& list, const char* op, const char* what) {
+  for (const auto& t : list)
+    if (!t.defined()) throw UsageError(who(op) + "a tensor of " + what + " is undefined");
+}
+
+// Starts `call` on `group`'s process group; waits unless `async`. A rank
+// outside the group does nothing and gets an empty Work.
+Work run(CollectiveCall call, const Group& group, bool async) {
+  const auto pg = group.process_group();
+  if (!pg) {
+    warn_not_in_group(collective_name(call.kind));
+    return Work();
+  }
+  Work work = pg->collective(call);
+  if (async) return work;
+  work.wait();
+  return Work();
+}
+
+CollectiveCall make(Kind kind, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs = {},
+                    ReduceOp op = ReduceOp::SUM, int root = 0) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.inputs = std::move(inputs);
+  call.outputs = std::move(outputs);
+  call.op = op;
+  call.root = root;
+  return call;
+}
+
+// `global`'s rank in `group`, or -1 where this rank is not in it (nothing runs then).
+int root_of(const Group& group, int global, const char* op, const char* what) {
+  if (!group.is_member()) return -1;
+  const auto ranks = group.ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), global);
+  if (it == ranks.end()) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw UsageError(who(op) + what + " " + std::to_string(global) + " is not a rank of the group (its global ranks: " +
+                     list + ")");
+  }
+  return static_cast<int>(it - ranks.begin());
+}
+
+// PyTorch's rule for gather's and scatter's lists: given on the root only.
+void check_root_list(const std::vector<at::Tensor>& list, bool is_root, const char* op, const char* name,
+                     const char* root) {
+  if (is_root && list.empty())
+    throw UsageError(who(op) + "Argument `" + name + "` must be specified on " + root + " rank.");
+  if (!is_root && !list.empty())
+    throw UsageError(who(op) + "Argument `" + name + "` must NOT be specified on non-" + root + " ranks.");
+}
+
+Work do_all_reduce(const at::Tensor& t, ReduceOp op, const Group& g, bool async) {
+  check_tensor(t, "all_reduce");
+  return run(make(Kind::AllReduce, {t}, {}, op), g, async);
+}
+
+Work do_reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g, bool async) {
+  check_tensor(t, "reduce");
+  const int root = root_of(g, dst, "reduce", "dst");
+  return run(make(Kind::Reduce, {t}, {}, op, root), g, async);
+}
+
+Work do_broadcast(const at::Tensor& t, int src, const Group& g, bool async) {
+  check_tensor(t, "broadcast");
+  const int root = root_of(g, src, "broadcast", "src");
+  return run(make(Kind::Broadcast, {t}, {}, ReduceOp::SUM, root), g, async);
+}
+
+Work do_all_gather(const std::vector<at::Tensor>& list, const at::Tensor& t, const Group& g, bool async) {
+  check_tensor(t, "all_gather");
+  check_list(list, "all_gather", "tensor_list");
+  return run(make(Kind::AllGather, {t}, list), g, async);
+}
+
+Work do_all_gather_into_tensor(const at::Tensor& out, const at::Tensor& in, const Group& g, bool async) {
+  check_tensor(out, "all_gather_into_tensor", "output tensor");
+  check_tensor(in, "all_gather_into_tensor", "input tensor");
+  return run(make(Kind::AllGatherIntoTensor, {in}, {out}), g, async);
+}
+
+Work do_gather(const at::Tensor& t, const std::vector<at::Tensor>& list, int dst, const Group& g, bool async) {
+  check_tensor(t, "gather");
+  check_list(list, "gather", "gather_list");
+  const int root = root_of(g, dst, "gather", "dst");
+  if (root >= 0) check_root_list(list, get_rank(g) == root, "gather", "gather_list", "destination");
+  return run(make(Kind::Gather, {t}, list, ReduceOp::SUM, root), g, async);
+}
+
+Work do_scatter(const at::Tensor& t, const std::vector<at::Tensor>& list, int src, const Group& g, bool async) {
+  check_tensor(t, "scatter");
+  check_list(list, "scatter", "scatter_list");
+  const int root = root_of(g, src, "scatter", "src");
+  if (root >= 0) check_root_list(list, get_rank(g) == root, "scatter", "scatter_list", "source");
+  return run(make(Kind::Scatter, list, {t}, ReduceOp::SUM, root), g, async);
+}
+
+Work do_reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& list, ReduceOp op, const Group& g,
+                       bool async) {
+  check_tensor(out, "reduce_scatter", "output tensor");
+  check_list(list, "reduce_scatter", "input_list");
+  return run(make(Kind::ReduceScatter, list, {out}, op), g, async);
+}
+
+Work do_reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const Group& g, bool async) {
+  check_tensor(out, "reduce_scatter_tensor", "output tensor");
+  check_tensor(in, "reduce_scatter_tensor", "input tensor");
+  return run(make(Kind::ReduceScatterTensor, {in}, {out}, op), g, async);
+}
+
+Work do_all_to_all(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins, const Group& g,
+                   bool async) {
+  check_list(outs, "all_to_all", "output_tensor_list");
+  check_list(ins, "all_to_all", "input_tensor_list");
+  return run(make(Kind::AllToAll, ins, outs), g, async);
+}
+
+Work do_all_to_all_single(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                          const std::vector<int64_t>& in_splits, const Group& g, bool async) {
+  check_tensor(out, "all_to_all_single", "output tensor");
+  check_tensor(in, "all_to_all_single", "input tensor");
+  auto call = make(Kind::AllToAllSingle, {in}, {out});
+  call.output_split_sizes = out_splits;
+  call.input_split_sizes = in_splits;
+  return run(std::move(call), g, async);
+}
+
+}  // namespace
+
+// ---- Group ---------------------------------------------------------------------
+
+Group::Group(std::shared_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {}
+
+Group Group::of_ranks(std::shared_ptr<ProcessGroup> pg, std::vector<int> ranks) {
+  Group g;
+  g.pg_ = std::move(pg);
+  g.subgroup_ = true;
+  g.ranks_ = std::move(ranks);
+  return g;
+}
+
+std::shared_ptr<ProcessGroup> Group::process_group() const {
+  if (is_default()) return default_process_group();
+  return pg_;
+}
+
+std::vector<int> Group::ranks() const {
+  if (subgroup_) return ranks_;
+  std::vector<int> all(static_cast<size_t>(process_group()->size()));
+  for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+  return all;
+}
+
+// ---- the group -------------------------------------------------------------------
+
+int get_rank(const Group& group) {
+  const auto pg = group.process_group();
+  return pg ? pg->rank() : -1;
+}
+
+int get_world_size(const Group& group) {
+  const auto pg = group.process_group();
+  return pg ? pg->size() : -1;
+}
+
+std::string get_backend(const Group& group) {
+  const auto pg = group.process_group();
+  if (!pg) throw UsageError(who("get_backend") + "Invalid process group specified: this rank is not in the group");
+  return pg->backend_name();
+}
+
+int get_group_rank(const Group& group, int global_rank) {
+  const auto ranks = group.ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), global_rank);
+  if (it == ranks.end())
+    throw UsageError(who("get_group_rank") + "global rank " + std::to_string(global_rank) + " is not in the group");
+  return static_cast<int>(it - ranks.begin());
+}
+
+int get_global_rank(const Group& group, int group_rank) {
+  const auto ranks = group.ranks();
+  if (group_rank < 0 || group_rank >= static_cast<int>(ranks.size()))
+    throw UsageError(who("get_global_rank") + "group rank " + std::to_string(group_rank) + " is not in the group (" +
+                     std::to_string(ranks.size()) + " ranks)");
+  return ranks[static_cast<size_t>(group_rank)];
+}
+
+Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds> timeout) {
+  const auto world = default_process_group();
+  if (ranks.empty())
+    for (int r = 0; r < world->size(); ++r) ranks.push_back(r);
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world->size())
+      throw UsageError(who("new_group") + "rank " + std::to_string(ranks[i]) + " is not a rank of the job (world size " +
+                       std::to_string(world->size()) + ")");
+    if (i > 0 && ranks[i] == ranks[i - 1])
+      throw UsageError(who("new_group") + "rank " + std::to_string(ranks[i]) + " is listed twice");
+  }
+  if (timeout && timeout->count() <= 0)
+    throw UsageError(who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
+                     " ms");
+  auto pg = world->new_subgroup(ranks, timeout.value_or(world->timeout()));
+  return Group::of_ranks(std::move(pg), std::move(ranks));
+}
+
+void barrier(const Group& group) { run(make(Kind::Barrier, {}), group, false); }
+Work barrier(const Group& group, AsyncOp) { return run(make(Kind::Barrier, {}), group, true); }
+Work barrier(AsyncOp) { return barrier(Group{}, async_op); }
+
+// ---- collectives -------------------------------------------------------------------
+
+void all_reduce(const at::Tensor& t, ReduceOp op, const Group& g) { do_all_reduce(t, op, g, false); }
+Work all_reduce(const at::Tensor& t, ReduceOp op, const Group& g, AsyncOp) { return do_all_reduce(t, op, g, true); }
+Work all_reduce(const at::Tensor& t, ReduceOp op, AsyncOp) { return do_all_reduce(t, op, {}, true); }
+Work all_reduce(const at::Tensor& t, AsyncOp) { return do_all_reduce(t, ReduceOp::SUM, {}, true); }
+
+void reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g) { do_reduce(t, dst, op, g, false); }
+Work reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g, AsyncOp) { return do_reduce(t, dst, op, g, true); }
+Work reduce(const at::Tensor& t, int dst, ReduceOp op, AsyncOp) { return do_reduce(t, dst, op, {}, true); }
+Work reduce(const at::Tensor& t, int dst, AsyncOp) { return do_reduce(t, dst, ReduceOp::SUM, {}, true); }
+
+void broadcast(const at::Tensor& t, int src, const Group& g) { do_broadcast(t, src, g, false); }
+Work broadcast(const at::Tensor& t, int src, const Group& g, AsyncOp) { return do_broadcast(t, src, g, true); }
+Work broadcast(const at::Tensor& t, int src, AsyncOp) { return do_broadcast(t, src, {}, true); }
+
+void all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g) { do_all_gather(l, t, g, false); }
+Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g, AsyncOp) {
+  return do_all_gather(l, t, g, true);
+}
+Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, AsyncOp) { return do_all_gather(l, t, {}, true); }
+
+void all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g) {
+  do_all_gather_into_tensor(o, i, g, false);
+}
+Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g, AsyncOp) {
+  return do_all_gather_into_tensor(o, i, g, true);
+}
+Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
+  return do_all_gather_into_tensor(o, i, {}, true);
+}
+
+void gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g) {
+  do_gather(t, l, dst, g, false);
+}
+Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g, AsyncOp) {
+  return do_gather(t, l, dst, g, true);
+}
+Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, AsyncOp) {
+  return do_gather(t, l, dst, {}, true);
+}
+
+void scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g) {
+  do_scatter(t, l, src, g, false);
+}
+Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g, AsyncOp) {
+  return do_scatter(t, l, src, g, true);
+}
+Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, AsyncOp) {
+  return do_scatter(t, l, src, {}, true);
+}
+
+void reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g) {
+  do_reduce_scatter(o, l, op, g, false);
+}
+Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g, AsyncOp) {
+  return do_reduce_scatter(o, l, op, g, true);
+}
+Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, AsyncOp) {
+  return do_reduce_scatter(o, l, ReduceOp::SUM, {}, true);
+}
+
+void reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g) {
+  do_reduce_scatter_tensor(o, i, op, g, false);
+}
+Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g, AsyncOp) {
+  return do_reduce_scatter_tensor(o, i, op, g, true);
+}
+Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
+  return do_reduce_scatter_tensor(o, i, ReduceOp::SUM, {}, true);
+}
+
+void all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g) {
+  do_all_to_all(o, i, g, false);
+}
+Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g, AsyncOp) {
+  return do_all_to_all(o, i, g, true);
+}
+Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, AsyncOp) {
+  return do_all_to_all(o, i, {}, true);
+}
+
+void all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
+                       const std::vector<int64_t>& is, const Group& g) {
+  do_all_to_all_single(o, i, os, is, g, false);
+}
+Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
+                       const std::vector<int64_t>& is, const Group& g, AsyncOp) {
+  return do_all_to_all_single(o, i, os, is, g, true);
+}
+Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
+  return do_all_to_all_single(o, i, {}, {}, {}, true);
+}
+
+}  // namespace ddp::dist

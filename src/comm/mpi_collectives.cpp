@@ -1,0 +1,312 @@
+// The mpi backend's share of ddp::dist: every collective of
+// torch.distributed on MPI's non-blocking ones (MPI_Ireduce, MPI_Igatherv,
+// MPI_Iscatterv, MPI_Ialltoallv, MPI_Ireduce_scatter_block, ...), and
+// new_group's subgroups (MPI_Comm_split, entered only after an
+// MPI_Ibarrier bounded by the timeout shows every rank has come). Tensors
+// of a list travel as one flat byte buffer; sizes may differ by rank where
+// MPI's "v" collectives allow it (all_gather, gather, scatter, all_to_all).
+#include "comm/mpi_group.h"
+
+#ifdef DDP_WITH_MPI
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace ddp::detail::mpi {
+
+namespace {
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// A contiguous CPU copy of `t`, or `t` itself when it is one.
+at::Tensor host(const at::Tensor& t) { return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous(); }
+
+// The list's tensors, one after another, as bytes.
+at::Tensor flat_bytes(const std::vector<at::Tensor>& list) {
+  int64_t total = 0;
+  for (const auto& t : list) total += nbytes(t);
+  auto flat = at::empty({total}, at::TensorOptions().dtype(at::kByte));
+  int64_t at = 0;
+  for (const auto& t : list) {
+    const auto h = host(t);
+    if (nbytes(h) > 0) std::memcpy(static_cast<uint8_t*>(flat.data_ptr()) + at, h.data_ptr(), nbytes(h));
+    at += nbytes(h);
+  }
+  return flat;
+}
+
+// Copies `flat`'s bytes back into the list's tensors, in order.
+void unflatten_into(const at::Tensor& flat, const std::vector<at::Tensor>& list, const std::vector<int64_t>& offsets) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (list[i].numel() == 0) continue;
+    auto bytes = flat.narrow(0, offsets[i], nbytes(list[i]));
+    auto typed = at::empty(list[i].sizes(), list[i].options().device(at::kCPU));
+    std::memcpy(typed.data_ptr(), bytes.data_ptr(), static_cast<size_t>(nbytes(list[i])));
+    list[i].copy_(typed);
+  }
+}
+
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> out(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) out[i] = out[i - 1] + counts[i - 1];
+  return out;
+}
+
+}  // namespace
+
+Work MpiProcessGroup::collective(const CollectiveCall& call) {
+  const std::string who = "rank " + std::to_string(rank_) + ": dist." + collective_name(call.kind) + " on mpi: ";
+  for (const auto* list : {&call.inputs, &call.outputs})
+    for (const auto& t : *list) check(t, collective_name(call.kind));
+  return start_collective(call, who);
+}
+
+Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::string& who) {
+  using Kind = CollectiveCall::Kind;
+  const char* name = collective_name(call.kind);
+  const std::string op_name = std::string("mpi ") + name;
+  auto ints = [&](const std::vector<int64_t>& v) {
+    std::vector<int> out;
+    for (auto x : v) out.push_back(count_of(x, name));
+    return out;
+  };
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) throw UsageError(who + what);
+  };
+  auto reduction = [&](const at::Tensor& t) {
+    if (call.op == ReduceOp::AVG)
+      throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch: reduce with ReduceOp::SUM and divide by "
+                       "dist::get_world_size(group)");
+    const bool integral = c10::isIntegralType(t.scalar_type(), false);
+    if ((call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR) && !integral)
+      throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs an integer tensor, not " +
+                       c10::toString(t.scalar_type()));
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_Op op = MPI_SUM;
+    switch (t.scalar_type()) {
+      case at::kFloat: type = MPI_FLOAT; break;
+      case at::kDouble: type = MPI_DOUBLE; break;
+      case at::kChar: type = MPI_INT8_T; break;
+      case at::kByte: type = MPI_UINT8_T; break;
+      case at::kShort: type = MPI_INT16_T; break;
+      case at::kInt: type = MPI_INT32_T; break;
+      case at::kLong: type = MPI_INT64_T; break;
+      case at::kHalf:
+      case at::kBFloat16:
+        need(call.op == ReduceOp::SUM, std::string("the mpi backend reduces ") + c10::toString(t.scalar_type()) +
+                                           " tensors by SUM only; convert to float for ReduceOp::" +
+                                           reduce_op_name(call.op));
+        type = runtime().two_bytes;
+        op = t.scalar_type() == at::kHalf ? runtime().half_sum : runtime().bfloat16_sum;
+        return std::make_pair(type, op);
+      default:
+        throw UsageError(who + "tensors of " + c10::toString(t.scalar_type()) +
+                         " cannot be reduced by the mpi backend; it reduces float, double, half and bfloat16 (SUM), "
+                         "int8, uint8, int16, int32 and int64 tensors");
+    }
+    switch (call.op) {
+      case ReduceOp::SUM: op = MPI_SUM; break;
+      case ReduceOp::PRODUCT: op = MPI_PROD; break;
+      case ReduceOp::MIN: op = MPI_MIN; break;
+      case ReduceOp::MAX: op = MPI_MAX; break;
+      case ReduceOp::BAND: op = MPI_BAND; break;
+      case ReduceOp::BOR: op = MPI_BOR; break;
+      case ReduceOp::BXOR: op = MPI_BXOR; break;
+      case ReduceOp::AVG: break;
+    }
+    return std::make_pair(type, op);
+  };
+  const bool is_root = rank_ == call.root;
+  c10::intrusive_ptr<MpiWork> work;
+  switch (call.kind) {
+    case Kind::AllReduce:
+    case Kind::Reduce: {
+      at::Tensor t = call.inputs.at(0);
+      const auto reduce_by = reduction(t);
+      const int count = count_of(t.numel(), name);
+      const bool all = call.kind == Kind::AllReduce;
+      work = start(all ? c10d::OpType::ALLREDUCE : c10d::OpType::REDUCE, name, t, [&](void* data, MPI_Request* r) {
+        const auto [type, op] = reduce_by;
+        if (all) return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, r);
+        return MPI_Ireduce(is_root ? MPI_IN_PLACE : data, data, count, type, op, call.root, comm_, r);
+      });
+      break;
+    }
+    case Kind::Broadcast: {
+      at::Tensor t = call.inputs.at(0);
+      const int bytes = count_of(nbytes(t), name);
+      work = start(c10d::OpType::BROADCAST, name, t, [&](void* data, MPI_Request* r) {
+        return MPI_Ibcast(data, bytes, MPI_BYTE, call.root, comm_, r);
+      });
+      break;
+    }
+    case Kind::AllGather:
+    case Kind::Gather: {
+      const bool all = call.kind == Kind::AllGather;
+      const auto in = host(call.inputs.at(0));
+      std::vector<int64_t> counts;
+      if (all || is_root) {
+        need(static_cast<int>(call.outputs.size()) == size_,
+             "the output list has " + std::to_string(call.outputs.size()) + " tensors, not one per rank (" +
+                 std::to_string(size_) + ")");
+        for (const auto& t : call.outputs) counts.push_back(nbytes(t));
+        need(call.outputs[rank_].scalar_type() == in.scalar_type() && counts[rank_] == nbytes(in),
+             "this rank's tensor does not match its place in the output list (dtype and size)");
+      }
+      const auto displs = offsets_of(counts);
+      auto flat = at::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})},
+                            at::TensorOptions().dtype(at::kByte));
+      const auto c = ints(counts), d = ints(displs);
+      const int mine = count_of(nbytes(in), name);
+      auto outputs = call.outputs;
+      work = start(all ? c10d::OpType::ALLGATHER : c10d::OpType::GATHER, name, flat,
+                   [&](void* data, MPI_Request* r) {
+                     if (all)
+                       return MPI_Iallgatherv(in.data_ptr(), mine, MPI_BYTE, data, c.data(), d.data(), MPI_BYTE, comm_, r);
+                     return MPI_Igatherv(in.data_ptr(), mine, MPI_BYTE, data, is_root ? c.data() : nullptr,
+                                         is_root ? d.data() : nullptr, MPI_BYTE, call.root, comm_, r);
+                   },
+                   {in}, [flat, outputs, displs] { unflatten_into(flat, outputs, displs); });
+      break;
+    }
+    case Kind::AllGatherIntoTensor: {
+      const auto in = host(call.inputs.at(0));
+      at::Tensor out = call.outputs.at(0);
+      need(nbytes(out) == nbytes(in) * size_ && out.scalar_type() == in.scalar_type(),
+           "the output tensor must hold world size (" + std::to_string(size_) + ") times the input, of its dtype");
+      const int bytes = count_of(nbytes(in), name);
+      work = start(c10d::OpType::_ALLGATHER_BASE, name, out, [&](void* data, MPI_Request* r) {
+        return MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, r);
+      }, {in});
+      break;
+    }
+    case Kind::Scatter: {
+      at::Tensor out = call.outputs.at(0);
+      std::vector<int64_t> counts;
+      at::Tensor flat = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+      if (is_root) {
+        need(static_cast<int>(call.inputs.size()) == size_,
+             "the scatter list has " + std::to_string(call.inputs.size()) + " tensors, not one per rank (" +
+                 std::to_string(size_) + ")");
+        for (const auto& t : call.inputs) counts.push_back(nbytes(t));
+        flat = flat_bytes(call.inputs);
+      }
+      const auto c = ints(counts), d = ints(offsets_of(counts));
+      const int mine = count_of(nbytes(out), name);
+      work = start(c10d::OpType::SCATTER, name, out, [&](void* data, MPI_Request* r) {
+        return MPI_Iscatterv(flat.data_ptr(), is_root ? c.data() : nullptr, is_root ? d.data() : nullptr, MPI_BYTE,
+                             data, mine, MPI_BYTE, call.root, comm_, r);
+      }, {flat});
+      break;
+    }
+    case Kind::ReduceScatter:
+    case Kind::ReduceScatterTensor: {
+      at::Tensor out = call.outputs.at(0);
+      at::Tensor in;
+      if (call.kind == Kind::ReduceScatter) {
+        need(static_cast<int>(call.inputs.size()) == size_, "the input list needs one tensor per rank (" +
+                                                                std::to_string(size_) + ")");
+        for (const auto& t : call.inputs)
+          need(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
+               "every tensor of the input list must match the output in size and dtype");
+        in = at::cat([&] {
+          std::vector<at::Tensor> flat;
+          for (const auto& t : call.inputs) flat.push_back(host(t).reshape({-1}));
+          return flat;
+        }());
+      } else {
+        in = host(call.inputs.at(0));
+        need(in.numel() == out.numel() * size_ && in.scalar_type() == out.scalar_type(),
+             "the input tensor must hold world size (" + std::to_string(size_) + ") times the output, of its dtype");
+      }
+      const auto reduce_by = reduction(out);
+      const int count = count_of(out.numel(), name);
+      work = start(call.kind == Kind::ReduceScatter ? c10d::OpType::REDUCE_SCATTER : c10d::OpType::_REDUCE_SCATTER_BASE,
+                   name, out, [&](void* data, MPI_Request* r) {
+                     return MPI_Ireduce_scatter_block(in.data_ptr(), data, count, reduce_by.first, reduce_by.second,
+                                                      comm_, r);
+                   }, {in});
+      break;
+    }
+    case Kind::AllToAll:
+    case Kind::AllToAllSingle: {
+      std::vector<int64_t> send, recv;
+      at::Tensor in, out;
+      std::vector<at::Tensor> outputs;
+      if (call.kind == Kind::AllToAll) {
+        need(static_cast<int>(call.inputs.size()) == size_ && static_cast<int>(call.outputs.size()) == size_,
+             "the input and output lists need one tensor per rank (" + std::to_string(size_) + ")");
+        for (const auto& t : call.inputs) send.push_back(nbytes(t));
+        for (const auto& t : call.outputs) recv.push_back(nbytes(t));
+        in = flat_bytes(call.inputs);
+        out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, at::TensorOptions().dtype(at::kByte));
+        outputs = call.outputs;
+      } else {
+        in = host(call.inputs.at(0));
+        out = call.outputs.at(0);
+        auto rows = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
+          const int64_t n = t.dim() == 0 ? 1 : t.size(0);
+          const int64_t row = n == 0 ? 0 : nbytes(t) / n;
+          std::vector<int64_t> bytes;
+          if (splits.empty()) {
+            need(n % size_ == 0, std::string("the ") + which + " tensor's first dimension (" + std::to_string(n) +
+                                     ") does not divide by the world size; give split sizes");
+            bytes.assign(static_cast<size_t>(size_), n / size_ * row);
+          } else {
+            need(static_cast<int>(splits.size()) == size_ &&
+                     std::accumulate(splits.begin(), splits.end(), int64_t{0}) == n,
+                 std::string("the ") + which + " split sizes must be one per rank and add up to the first dimension");
+            for (auto s : splits) bytes.push_back(s * row);
+          }
+          return bytes;
+        };
+        send = rows(in, call.input_split_sizes, "input");
+        recv = rows(out, call.output_split_sizes, "output");
+      }
+      const auto sc = ints(send), sd = ints(offsets_of(send)), rc = ints(recv), rd = ints(offsets_of(recv));
+      std::function<void()> after;
+      if (!outputs.empty()) after = [out, outputs, recv] { unflatten_into(out, outputs, offsets_of(recv)); };
+      work = start(call.kind == Kind::AllToAll ? c10d::OpType::ALLTOALL : c10d::OpType::ALLTOALL_BASE, name, out,
+                   [&](void* data, MPI_Request* r) {
+                     return MPI_Ialltoallv(in.data_ptr(), sc.data(), sd.data(), MPI_BYTE, data, rc.data(), rd.data(),
+                                           MPI_BYTE, comm_, r);
+                   }, {in}, std::move(after));
+      break;
+    }
+    case Kind::Barrier: {
+      at::Tensor none;
+      work = start(c10d::OpType::BARRIER, name, none, [&](void*, MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+      break;
+    }
+  }
+  return Work(work, op_name, rank_);
+}
+
+std::shared_ptr<ProcessGroup> MpiProcessGroup::new_subgroup(const std::vector<int>& ranks,
+                                                            std::chrono::milliseconds timeout) {
+  const std::string who = "rank " + std::to_string(rank_) + ": dist.new_group on mpi: ";
+  // Every rank must have come before MPI_Comm_split, which has no bound.
+  MPI_Request request = MPI_REQUEST_NULL;
+  {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    MPI_Ibarrier(comm_, &request);
+  }
+  wait_request(request, Clock::now() + timeout, timeout, who + "waiting for every rank to call new_group: ");
+  const auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  const bool member = it != ranks.end();
+  MPI_Comm sub = MPI_COMM_NULL;
+  {
+    std::lock_guard<std::mutex> lock(runtime().mutex);
+    const int rc = MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, rank_, &sub);
+    if (rc != MPI_SUCCESS) throw CommError(who + "MPI_Comm_split failed: " + error_string(rc));
+    if (sub != MPI_COMM_NULL) MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+  }
+  if (!member) return nullptr;
+  return std::make_shared<MpiProcessGroup>(sub, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                                           device_, timeout);
+}
+
+}  // namespace ddp::detail::mpi
+
+#endif  // DDP_WITH_MPI
