@@ -1,12 +1,15 @@
-// The agent's failure summary: torchrun's block on stderr when the group
-// gives up, naming the root cause (this node's first failing worker, a
-// stopped worker, or another node's record) and the other failures.
+// The agent's summary: torchrun's block on stderr when the group gives up,
+// naming the root cause (this node's first failing worker, a stopped worker,
+// or another node's record) and the other failures. A deliberate stop for
+// preemption (exit 75 after a checkpoint) is summarized as that, not as a
+// failure.
 #include "agent.h"
 
 #include <sys/wait.h>
 
 #include <ctime>
 
+#include "ddp/errors.h"
 #include "error_file.h"
 
 namespace ddprun {
@@ -26,14 +29,19 @@ std::string timestamp(std::chrono::system_clock::time_point t) {
 void Agent::print_summary() const {
   std::string program = o_.program;
   std::string bar(60, '=');
-  std::string out = bar + "\n" + program + " FAILED\n" + std::string(60, '-') + "\n";
+  // Exit 75 (ddp::kPreemptedExitCode) first: the workers saved a checkpoint
+  // on a warning (SIGUSR1, SIGTERM) and stopped so that the job is requeued.
+  const bool preempted = failure_ && !failure_->membership && !stalled_ &&
+                         failure_->exit_code == ddp::kPreemptedExitCode;
+  std::string out = bar + "\n" + program + (preempted ? " STOPPED FOR PREEMPTION (not a failure)" : " FAILED") + "\n" +
+                    std::string(60, '-') + "\n";
   // torchrun's layout; the traceback lines are indented under their field.
   auto indented = [](const std::string& text) {
     std::string out;
     for (char c : text) out += c == '\n' ? std::string("\n    ") : std::string(1, c);
     return out;
   };
-  auto block = [&](const Worker& w) {
+  auto block = [&](const Worker& w, bool failure = true) {
     int st = *w.process->exit_status();
     std::string code = std::to_string(exit_code_of(st));
     if (WIFSIGNALED(st)) code += " (" + signal_name(WTERMSIG(st)) + ")";
@@ -53,7 +61,7 @@ void Agent::print_summary() const {
     if (error) {
       s += "  error_file: " + w.error_file + (private_run_dir_ ? " (removed when ddprun exits)" : "") + "\n";
       s += "  traceback : " + indented(error->traceback) + "\n";
-    } else {
+    } else if (failure) {
       if (problem.empty()) {
         s += "  error_file: <N/A>\n";
         s += "  traceback : <N/A> (the worker wrote no error file; ddp::guarded_main or ddp::record_error in C++, "
@@ -71,23 +79,45 @@ void Agent::print_summary() const {
     root_here = failure_ && failure_->text == failure_text(first);
     stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
   }
-  out += "Root Cause (first observed failure):\n";
-  if (stalled_here) {
-    const Worker& w = workers_[*stalled_];
-    out += "  " + w.stop.describe(w.rank, w.process->pid()) + "; the other ranks' failures follow from it\n";
-    out += block(w);
-  } else if (root_here) {
-    out += block(workers_[local_failures_.front()]);
-  } else if (failure_) {
-    out += "  " + failure_->text + "\n";
-    out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
-    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+  if (preempted) {
+    const std::string code = std::to_string(ddp::kPreemptedExitCode);
+    out += "Stopped For Preemption (first worker to stop):\n";
+    if (root_here) {
+      out += block(workers_[local_failures_.front()], /*failure=*/false);
+    } else {
+      out += "  " + failure_->text + "\n";
+      if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+    }
+    out += "  meaning   : the workers saved a checkpoint on the preemption warning (SIGUSR1, or SIGTERM) and exited " +
+           code + " (ddp::kPreemptedExitCode);\n    ddprun exits " + code +
+           " without restarting them; the job run again (the Slurm templates requeue it) resumes from that "
+           "checkpoint\n";
+  } else {
+    out += "Root Cause (first observed failure):\n";
+    if (stalled_here) {
+      const Worker& w = workers_[*stalled_];
+      out += "  " + w.stop.describe(w.rank, w.process->pid()) + "; the other ranks' failures follow from it\n";
+      out += block(w);
+    } else if (root_here) {
+      out += block(workers_[local_failures_.front()]);
+    } else if (failure_) {
+      out += "  " + failure_->text + "\n";
+      out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
+      if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+    }
   }
   size_t shown = 0;
   std::string others;
-  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i, ++shown)
-    others += block(workers_[local_failures_[i]]);
-  out += std::string(60, '-') + "\nOther Failures:\n" + (shown ? others : "  <NO_OTHER_FAILURES>\n") + bar + "\n";
+  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i) {
+    const Worker& w = workers_[local_failures_[i]];
+    // Under a preemption, the other workers that checkpointed and stopped too are no failures.
+    if (preempted && exit_code_of(*w.process->exit_status()) == ddp::kPreemptedExitCode) continue;
+    others += block(w);
+    ++shown;
+  }
+  const std::string none = preempted ? "  <NO_FAILURES>\n" : "  <NO_OTHER_FAILURES>\n";
+  out += std::string(60, '-') + (preempted ? "\nFailures:\n" : "\nOther Failures:\n") + (shown ? others : none) + bar +
+         "\n";
   write_all(2, out);
 }
 

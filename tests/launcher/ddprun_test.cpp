@@ -299,6 +299,25 @@ TEST_F(LauncherTest, WorkersStoppedForPreemptionAreNotRestartedAndGive75) {
   EXPECT_EQ(count_files(envs, "env."), 2) << "one attempt only";
 }
 
+// The summary calls exit 75 what it is: a stop with a checkpoint, to resume
+// from, not a failure with a root cause; ddprun still exits 75.
+TEST_F(LauncherTest, APreemptionIsSummarizedAsAStopWithACheckpointNotAFailure) {
+  std::string pids = sub("pids"), traps = sub("traps");
+  auto p = start({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())},
+                 {"--pid-dir", pids, "--trap-dir", traps, "--on-warning", "75", "--sleep", "-1"});
+  ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 2; })) << p->current_err();
+  p->signal(SIGUSR1);
+  Result r = p->wait();
+  EXPECT_EQ(r.code, 75) << r.err;
+  EXPECT_NE(r.err.find("STOPPED FOR PREEMPTION (not a failure)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Stopped For Preemption (first worker to stop)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("saved a checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resumes from that checkpoint"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("<NO_FAILURES>"), std::string::npos) << "the other rank stopped too:\n" << r.err;
+  for (const char* failure : {" FAILED", "Root Cause", "traceback : <N/A> (the worker wrote no error file"})
+    EXPECT_EQ(r.err.find(failure), std::string::npos) << "'" << failure << "' in:\n" << r.err;
+}
+
 // SIGUSR1/SIGUSR2 as torchrun's --signals-to-handle: Slurm's preemption
 // warning (scancel --signal=USR1, sbatch --signal) must reach the workers so
 // that they can checkpoint, not kill ddprun and with it the workers.
