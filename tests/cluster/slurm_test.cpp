@@ -283,6 +283,46 @@ TEST_P(EachTemplate, APreemptionWarningCheckpointsRequeuesAndResumes) {
   expect_trained("run", 3, output);
 }
 
+// A request no node can meet (here 4096 CPUs a node) pends forever under
+// plain sbatch (Reason=PartitionConfig) and never runs the template, so the
+// template cannot say so; deploy/slurm/submit.sh asks Slurm first (sbatch
+// --test-only), fails with the reason and the nodes' sizes, and submits
+// nothing; a request that fits it submits as sbatch does. With
+// EnforcePartLimits=ALL (docs/clusters.md) sbatch itself refuses.
+TEST_F(SlurmTemplates, SubmitRefusesARequestNoNodeCanMeetInsteadOfPendingForever) {
+  const std::string slurm_dir = std::string(DDP_SOURCE_DIR) + "/deploy/slurm/";
+  const std::string submit_sh = slurm_dir + "submit.sh", output = "--output=" + dir_ + "/out/%j.out";
+  auto queued = [&] { return on_login_node({"squeue", "-h", "-o", "%i %r"})->wait(60).out; };
+
+  Result plain = on_login_node({"sbatch", "--cpus-per-task=4096", output, slurm_dir + kPerNode, LENET_BIN})->wait(60);
+  ASSERT_EQ(plain.code, 0) << "sbatch refused it by itself:\n" << plain.err;
+  const std::string job = the_job();
+  std::string why;
+  EXPECT_TRUE(wait_for([&] { return (why = queued()).find("PartitionConfig") != std::string::npos; }, 30)) << why;
+  on_login_node({"scancel", job})->wait(60);
+  ASSERT_TRUE(wait_for([&] { return queued().empty(); }, 60));
+
+  Result refused = on_login_node({submit_sh, "--cpus-per-task=4096", output, slurm_dir + kPerNode, LENET_BIN})->wait(60);
+  EXPECT_EQ(refused.code, 1) << refused.out << refused.err;
+  for (const std::string& said : {"submit: Slurm would never start this job: Requested node configuration is not available",
+                                  "--cpus-per-task", "CPUS", "Nothing was submitted"})
+    EXPECT_NE(refused.err.find(said), std::string::npos) << "missing '" << said << "' in:\n" << refused.err;
+  EXPECT_EQ(queued(), "") << "submit.sh submitted it";
+
+  Result fits = on_login_node({submit_sh, "--wait", "--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=1", output,
+                               slurm_dir + kPerTask, "/bin/true"})
+                    ->wait(120);
+  EXPECT_EQ(fits.code, 0) << fits.out << fits.err;
+  EXPECT_NE(fits.out.find("Submitted batch job"), std::string::npos) << fits.out;
+
+  std::ofstream(cluster_ + "/slurm.conf", std::ios::app) << "EnforcePartLimits=ALL\n";
+  ASSERT_EQ(on_login_node({"scontrol", "reconfigure"})->wait(60).code, 0);
+  Result enforced = on_login_node({"sbatch", "--cpus-per-task=4096", output, slurm_dir + kPerNode, LENET_BIN})->wait(60);
+  EXPECT_NE(enforced.code, 0) << enforced.out;
+  EXPECT_NE(enforced.err.find("More processors requested than permitted"), std::string::npos) << enforced.err;
+  EXPECT_EQ(queued(), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Slurm, EachTemplate, ::testing::Values(kPerNode, kPerTask),
                          [](const auto& info) { return info.param == kPerNode ? "DdprunPerNode" : "SrunPerTask"; });
 
