@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Configures (once) and builds libddp into ./build with ccache; incremental
 # when warm. Extra arguments go to the configure step, e.g. -DDDP_BUILD_BENCH=OFF.
+# DDP_BUILD_TARGETS="ddprun lenet_fmnist" builds those targets (and what they
+# link) instead of everything: deploy/run-main.sh does; run-tests.sh builds all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${DDP_BUILD_DIR:-build}
@@ -12,4 +14,6 @@ export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
 if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release "$@"
 fi
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in ${DDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" "${targets[@]}"
