@@ -15,8 +15,16 @@ cmake --install "$build" --prefix "$work/staging" >/dev/null
 mv "$work/staging" "$work/prefix"
 prefix=$work/prefix
 for f in include/ddp/ddp.h include/ddp/train.h include/ddp/errors.h lib/cmake/ddp/ddpConfig.cmake \
-         share/doc/ddp/api.md share/doc/ddp/launcher.md share/doc/ddp/consumer/CMakeLists.txt; do
+         share/doc/ddp/api.md share/doc/ddp/launcher.md share/doc/ddp/clusters.md share/doc/ddp/consumer/CMakeLists.txt; do
   test -f "$prefix/$f" || { echo "missing from the installed package: $f"; exit 1; }
+done
+# Every page and image the installed docs link to is installed beside them
+# (links into the source tree, such as ../bench/results/, stay the repository's).
+for page in "$prefix"/share/doc/ddp/*.md; do
+  for target in $(grep -o '](\([A-Za-z_]*\.md\|img/[^)#]*\|docs/[^)#]*\)[)#]' "$page" | sed 's/^](//; s/[)#]$//' | sort -u); do
+    test -e "$prefix/share/doc/ddp/$target" ||
+      { echo "the installed $(basename "$page") links $target, which is not installed"; exit 1; }
+  done
 done
 # Private headers stay private.
 if find "$prefix/include" -name 'c10d_compat.h' -o -name 'torch_pickle.h' -o -name 'usage_check.h' | grep -q .; then
