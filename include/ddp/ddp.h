@@ -29,6 +29,7 @@
 #include "ddp/amp/grad_scaler.h"
 #include "ddp/nn/sync_batch_norm.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
+#include "ddp/nn/unique_parameters.h"
 
 // runtime/: the process's start
 #include "ddp/runtime/hostlist.h"

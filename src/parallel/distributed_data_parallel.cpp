@@ -2,6 +2,7 @@
 
 #include "ddp/runtime/malloc_tuning.h"
 #include "ddp/comm/object_collectives.h"
+#include "parallel/tied_weights.h"
 #include "runtime/parse_number.h"
 #include "usage_check.h"
 
@@ -204,6 +205,12 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
                          largest_megabytes(params) < kLargeGradientMb;
   const std::vector<at::Tensor> reduced = params;
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+  // A parameter without a gradient: the error names the cause when the module shows it.
+  reducer_->set_no_gradient_advice([weak = std::weak_ptr<torch::nn::Module>(module_)](const auto& missing) {
+    const auto module = weak.lock();
+    return module ? detail::no_gradient_advice(*module, missing) : std::string();
+  });
+  detail::warn_about_tied_weights(*module_, pg_->rank());
   record_construction_logging_data(reduced);
   timeline_ = timeline_from_env(pg_);
   if (timeline_) reducer_->set_timeline(timeline_);

@@ -216,6 +216,34 @@ TEST_P(DDPWorld, TiedWeightsCopiedWhenNotBucketViews) {
   expect_all_pass(GetParam(), {"tied", "--shape", "embedding", "--as-view", "0"});
 }
 
+// `head->weight = emb->weight`, PyTorch's way to tie: LibTorch keeps head's
+// old registered tensor, which gets no gradient. The error says so, and how
+// to tie, rather than only suggesting find_unused_parameters.
+TEST_P(DDPWorld, ReassignedLinearWeightErrorNamesTheMemberNotFindUnused) {
+  expect_all_pass(GetParam(), {"tied_reassigned", "--layer", "linear"});
+}
+
+TEST_P(DDPWorld, ReassignedMemberOfAnOwnLayerIsTheFirstLikelyCause) {
+  expect_all_pass(GetParam(), {"tied_reassigned", "--layer", "custom"});
+}
+
+// A weight registered twice: one warning, on rank 0, at construction; SGD
+// over ddp::unique_parameters steps it once.
+TEST_P(DDPWorld, WeightListedTwiceWarnsOnceAndUniqueParametersStepItOnce) {
+  auto results = run_ranks(GetParam(), DDP_WORKER, {"tied_step"});
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const std::string warning = "lists 1 tensor(s) more than once: 'emb.weight' (also 'head.weight')";
+  EXPECT_EQ(count(results[0].output, warning), 1u) << results[0].output;
+  EXPECT_LT(results[0].output.find(warning), results[0].output.find("rank 0: constructed")) << results[0].output;
+  EXPECT_NE(results[0].output.find("ddp::unique_parameters(module)"), std::string::npos) << results[0].output;
+  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(count(results[r].output, "warning"), 0u) << describe(results);
+}
+
 TEST_P(DDPWorld, BranchUsedOnlyUnderNoSyncIsReducedNotZeroed) {
   expect_all_pass(GetParam(), {"no_sync", "--unused-branch", "1"});
 }

@@ -337,6 +337,8 @@ int main(int argc, char** argv) {
     else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg, flags);
     else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg, flags);
     else if (scenario == "tied") rc = scenario_tied(*pg, pg, flags);
+    else if (scenario == "tied_reassigned") rc = scenario_tied_reassigned(pg, flags);
+    else if (scenario == "tied_step") rc = scenario_tied_step(pg);
     else if (scenario == "undefined_grad") rc = scenario_undefined_grad(*pg, pg);
     else if (scenario == "reentrant") rc = scenario_reentrant(*pg, pg);
     else if (scenario == "failed_backward") rc = scenario_failed_backward(*pg, pg);

@@ -249,4 +249,8 @@ int scenario_zero_resume(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_zero_reload(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
+// tied_weights_scenarios.cpp
+int scenario_tied_reassigned(std::shared_ptr<ProcessGroup> pg, Flags flags);
+int scenario_tied_step(std::shared_ptr<ProcessGroup> pg);
+
 }  // namespace ddp::testing

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -88,6 +89,13 @@ class Reducer {
   // (ddp/comm_hook.h). Once, before the first synchronised backward.
   void register_comm_hook(CommHook hook);
   bool has_comm_hook() const;
+
+  // What the error says when a backward ends with parameters that received
+  // no gradient: advice(their names) follows the list of names.
+  // DistributedDataParallel's looks at the module for the likely cause (a
+  // layer's member reassigned away from its registered tensor).
+  using NoGradientAdvice = std::function<std::string(const std::vector<std::string>& names)>;
+  void set_no_gradient_advice(NoGradientAdvice advice);
 
   // Records each backward's buckets on `timeline` (null: stop).
   void set_timeline(std::shared_ptr<Timeline> timeline);

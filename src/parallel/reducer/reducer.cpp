@@ -279,28 +279,6 @@ int64_t Reducer::Impl::mark_unused_ready() {
   return unused;
 }
 
-// A bucket that never launched: some parameter got no gradient. The
-// launched ones are waited for, then the error says which and what to do.
-void Reducer::Impl::check_every_bucket_launched() {
-  if (next_bucket == buckets.size()) return;
-  std::ostringstream missing;
-  size_t count = 0;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (!marked[i]) missing << (count++ ? ", " : "") << "'" << names[i] << "'";
-  wait_for_launched_buckets();
-  reset_iteration();
-  if (options.static_graph())
-    check_usage(false, who(), "backward finished, but ", count, " parameter(s) received fewer gradients than in the "
-                "first iteration, so the gradient reduction could not finish: ", missing.str(),
-                ".\n  The training graph changed, which static_graph(true) does not allow; construct "
-                "DistributedDataParallel without static_graph (with find_unused_parameters(true) if some "
-                "parameters go unused in some iterations).");
-  check_usage(false, who(), "backward finished, but ", count,
-              " parameter(s) received no gradient, so the gradient reduction could not finish: ", missing.str(),
-              ".\n  Either make every parameter contribute to the loss, or construct with "
-              "ddp::DDPOptions().find_unused_parameters(true).");
-}
-
 Clock::time_point Reducer::Impl::wait_for_buckets() {
   observers.each([](auto& o) { o.wait_started(); });
   struct Ended {  // the observers hear of a wait that threw too

@@ -7,7 +7,8 @@
 //                    search (observers.h)
 // and the few fields of the step itself. reducer.cpp is the hot path (hook ->
 // mark ready -> launch -> finalize) and the public Reducer; join_shadow.cpp is
-// a joined rank's side of a step. Private to src/parallel/reducer/.
+// a joined rank's side of a step; missing_gradients.cpp the error when some
+// parameter got no gradient. Private to src/parallel/reducer/.
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
@@ -57,6 +58,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<detail::AccumulatorPtr> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   CommHook comm_hook;        // empty: the built-in all-reduce
+  NoGradientAdvice no_gradient_advice;  // empty: the generic advice (missing_gradients.cpp)
 
   ReducerStats stats;  // before the observers, which write it
 
@@ -107,7 +109,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void reduce_after_first_static_backward();
   void finalize_backward();
   int64_t mark_unused_ready();
-  void check_every_bucket_launched();
+  void check_every_bucket_launched();  // missing_gradients.cpp
   detail::Clock::time_point wait_for_buckets();  // returns when the last wait ended
   void take_hook_result(size_t index, const at::Tensor& result);
   void copy_results_to_grads();
