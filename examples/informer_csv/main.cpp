@@ -15,20 +15,33 @@
 
 int main(int argc, char** argv) {
   return ddp::guarded_main([&] {
-    // 1. Options and the process group.
-    namespace po = boost::program_options;
-    std::string csv;
+    // 1. Options and the process group. The model's shape is fixed across a
+    // resume (a changed --d-model is refused, naming both values); the CSV may move.
     informer::InformerOptions model_opts;
-    po::options_description extra("Informer");
-    extra.add_options()
-        ("csv", po::value(&csv), "the series (default: the synthetic one, in the run folder)")
-        ("seq-len", po::value(&model_opts.seq_len())->default_value(model_opts.seq_len()), "encoder input length")
-        ("label-len", po::value(&model_opts.label_len())->default_value(model_opts.label_len()), "decoder start token")
-        ("pred-len", po::value(&model_opts.pred_len())->default_value(model_opts.pred_len()), "forecast horizon")
-        ("d-model", po::value(&model_opts.d_model())->default_value(model_opts.d_model()), "model width")
-        ("heads", po::value(&model_opts.heads())->default_value(model_opts.heads()), "attention heads (divide --d-model)");
     const auto opts = ddp::parse_train_options(
-        argc, argv, ddp::TrainOptions().epochs(6).global_batch_size(64).lr(1e-3).run_dir("runs/informer_csv"), &extra);
+        argc, argv,
+        ddp::TrainOptions()
+            .epochs(6)
+            .global_batch_size(64)
+            .lr(1e-3)
+            .run_dir("runs/informer_csv")
+            .add_option("csv", "", "the series (default: the synthetic one, in the run folder)",
+                        ddp::OnResume::may_change)
+            .add_option("seq-len", model_opts.seq_len(), "encoder input length")
+            .add_option("label-len", model_opts.label_len(), "decoder start token")
+            .add_option("pred-len", model_opts.pred_len(), "forecast horizon")
+            .add_option("d-model", model_opts.d_model(), "model width")
+            .add_option("heads", model_opts.heads(), "attention heads (divide --d-model)")
+            // No --data-dir (--csv instead) and no --amp: the kit refuses them as unknown.
+            .supports({"epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb",
+                       "timeout", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
+                       "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "log-samples"}));
+    std::string csv = opts.get<std::string>("csv");
+    model_opts.seq_len(opts.get<int64_t>("seq-len"))
+        .label_len(opts.get<int64_t>("label-len"))
+        .pred_len(opts.get<int64_t>("pred-len"))
+        .d_model(opts.get<int64_t>("d-model"))
+        .heads(opts.get<int64_t>("heads"));
     if (const auto problem = informer::options_problem(model_opts); !problem.empty()) throw ddp::UsageError(problem);
     auto pg = ddp::init_process_group(opts.process_group_options());
     const int rank = pg->rank(), world = pg->size();

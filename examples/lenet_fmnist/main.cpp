@@ -46,7 +46,14 @@ int main(int argc, char** argv) {
                                                    .global_batch_size(256)
                                                    .lr(0.2)
                                                    .data_dir(ddp::default_fashion_mnist_dir())
-                                                   .run_dir("runs/lenet_fmnist"));
+                                                   .run_dir("runs/lenet_fmnist")
+                                                   // Every kit option: this example implements them all.
+                                                   .supports({"epochs", "batch-size", "global-batch-size", "lr",
+                                                              "seed", "backend", "bucket-cap-mb", "timeout",
+                                                              "data-dir", "run-dir", "checkpoint-every", "resume",
+                                                              "workers", "limit-batches", "timeline",
+                                                              "timeline-skew-every", "preemption-check-every",
+                                                              "nonfinite-loss", "amp", "log-samples"}));
     auto pg = ddp::init_process_group(opts.process_group_options());
     const int world = pg->size();
     const torch::Device device = pg->device();

@@ -28,7 +28,16 @@ int main(int argc, char** argv) {
   return ddp::guarded_main([&] {
     const int64_t input_size = 5, output_size = 2, data_size = 100;
     const auto opts = ddp::parse_train_options(
-        argc, argv, ddp::TrainOptions().epochs(1).global_batch_size(30).lr(0.01).run_dir("runs/random_linear"));
+        argc, argv,
+        ddp::TrainOptions()
+            .epochs(1)
+            .global_batch_size(30)
+            .lr(0.01)
+            .run_dir("runs/random_linear")
+            // No data files, checkpoints, data loader threads, mixed precision or epoch loop of the kit's here;
+            // --run-dir is where --timeline writes.
+            .supports({"epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb",
+                       "timeout", "run-dir", "limit-batches", "timeline", "timeline-skew-every"}));
     auto pg = ddp::init_process_group(opts.process_group_options());
     const int rank = pg->rank(), world = pg->size();
     if (rank == 0) std::cout << ddp::environment_summary(*pg) << "Let's use " << world << " processes!" << std::endl;

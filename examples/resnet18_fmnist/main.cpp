@@ -15,21 +15,24 @@ using resnet18_fmnist::ResNet18;
 int main(int argc, char** argv) {
   return ddp::guarded_main([&] {
     // 1. Options: the seed's two-GPU run (batch 512, lr 0.2, 10 epochs, images resized to 96).
-    int64_t image_size = 96;
-    bool sync_bn = false;
-    boost::program_options::options_description extra("ResNet-18");
-    extra.add_options()("image-size", boost::program_options::value(&image_size)->default_value(image_size),
-                        "images are resized to this many pixels a side")(
-        "sync-bn", boost::program_options::bool_switch(&sync_bn),
-        "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), not each rank's own");
-    const auto opts = ddp::parse_train_options(argc, argv,
-                                               ddp::TrainOptions()
-                                                   .epochs(10)
-                                                   .global_batch_size(512)
-                                                   .lr(0.2)
-                                                   .data_dir(ddp::default_fashion_mnist_dir())
-                                                   .run_dir("runs/resnet18_fmnist"),
-                                               &extra);
+    // Both of its own may change on a resume: the parameters' shapes and names stay the same.
+    const auto opts = ddp::parse_train_options(
+        argc, argv,
+        ddp::TrainOptions()
+            .epochs(10)
+            .global_batch_size(512)
+            .lr(0.2)
+            .data_dir(ddp::default_fashion_mnist_dir())
+            .run_dir("runs/resnet18_fmnist")
+            .add_option("image-size", 96, "images are resized to this many pixels a side", ddp::OnResume::may_change)
+            .add_option("sync-bn", false, "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), not "
+                        "each rank's own", ddp::OnResume::may_change)
+            .supports({"epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb",
+                       "timeout", "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches",
+                       "timeline", "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp",
+                       "log-samples"}));
+    const int64_t image_size = opts.get<int64_t>("image-size");
+    const bool sync_bn = opts.get<bool>("sync-bn");
     auto pg = ddp::init_process_group(opts.process_group_options());
     const int world = pg->size();
     const torch::Device device = pg->device();

@@ -1,6 +1,7 @@
 #include "ddp/train/checkpoint.h"
 
 #include "atomic_file.h"
+#include "checkpoint_extra.h"
 #include "ddp/comm/object_collectives.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
@@ -276,6 +277,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     c10::Dict<std::string, std::string> config;
     for (auto& [k, v] : state.config) config.insert(k, v);
     d.insert("config", config);
+    d.insert("extra", detail::extra_to_ivalue(state.extra));
     if (const auto scaler = state.scaler ? state.scaler->state_dict() : std::nullopt) {
       // PyTorch's GradScaler.state_dict(), key for key.
       c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
@@ -298,6 +300,13 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                            ProcessGroup& pg, GradScaler* scaler) {
+  return load_checkpoint(path, model, optimizer, pg, scaler, nullptr);
+}
+
+TrainState load_checkpoint(
+    const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
+    GradScaler* scaler,
+    const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config) {
   // Rank 0 reads (and checks) the file, then everyone gets its bytes.
   std::vector<char> bytes;
   std::string used = path;
@@ -343,6 +352,11 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
   state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
   state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
   if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
+  if (auto config = root->get("config"); config && config->is_dict())
+    for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
+  // Before the model: a changed option names itself, not a shape mismatch.
+  if (check_config) check_config(state.config, used);
+  state.extra = detail::extra_from_pickle(root->get("extra"), used);
   StateDict model_state;
   if (!detail::to_state_dict(root->get("model"), model_state))
     throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
@@ -371,8 +385,6 @@ TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, to
 
   if (scaler && scaler->is_enabled()) load_scaler(root, used, *scaler, pg);
 
-  if (auto config = root->get("config"); config && config->is_dict())
-    for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
   if (!root->get("epoch_samples") && state.epoch_step > 0) state.epoch_samples = old_epoch_samples(state, used);
 
   // This rank's generator; with another world size, the old ranks' round-robin.
@@ -463,7 +475,11 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
     }
   }
   if (!from.empty()) {
-    state = load_checkpoint(from, model, &optimizer, pg, scaler);  // sets last_checkpoint: the file used
+    // Sets last_checkpoint: the file used. Every rank checks the same config, so all refuse alike.
+    state = load_checkpoint(from, model, &optimizer, pg, scaler,
+                            [&](const std::map<std::string, std::string>& config, const std::string& file) {
+                              opts.check_resume(config, file, pg.rank() == 0);
+                            });
     state.last_checkpoint_epoch = state.epoch;
     if (state.epoch > opts.epochs())
       throw CheckpointError(rank_tag(pg) + ": " + state.last_checkpoint + " is after " + std::to_string(state.epoch) +

@@ -2,6 +2,7 @@
 
 #include "ddp/runtime/launch_env.h"
 #include "ddp/train/checkpoint.h"
+#include "program_options.h"
 #include "runtime/parse_number.h"
 
 #include <cmath>
@@ -78,13 +79,17 @@ DDPOptions TrainOptions::ddp_options() const {
   return bucket_cap_auto() ? DDPOptions().bucket_cap_mb(std::string("auto")) : DDPOptions().bucket_cap_mb(bucket_cap_mb());
 }
 
+const std::vector<std::string>& TrainOptions::kit_options() {
+  static const std::vector<std::string> names{
+      "help", "epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb", "timeout",
+      "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
+      "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp", "log-samples"};
+  return names;
+}
+
 std::map<std::string, std::string> TrainOptions::to_config() const {
-  auto str = [](double v) {
-    std::ostringstream s;
-    s << v;
-    return s.str();
-  };
-  return {{"epochs", std::to_string(epochs())},
+  const auto str = detail::shortest_text;
+  std::map<std::string, std::string> config{{"epochs", std::to_string(epochs())},
           {"batch_size", std::to_string(batch_size())},
           {"global_batch_size", std::to_string(global_batch_size())},
           {"lr", str(lr())},
@@ -104,23 +109,23 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"nonfinite_loss", nonfinite_loss()},
           {"amp", amp() ? "1" : "0"},
           {"log_samples", log_samples() ? "1" : "0"}};
+  for (const auto& o : program_) config[o.config_key()] = o.text();
+  return config;
 }
 
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
                                  const po::options_description* extra) {
-  po::options_description common("Training options");
-  std::ostringstream default_cap;
-  default_cap << o.bucket_cap_mb();
-  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : default_cap.str();
+  po::options_description kit("Training options");
+  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
   // clang-format off
-  common.add_options()
+  kit.add_options()
     ("help,h", "print this help and exit")
     ("epochs", po::value(&o.epochs())->default_value(o.epochs()), "epochs to train (in all, counting resumed ones)")
     ("batch-size", po::value(&o.batch_size())->default_value(o.batch_size()),
        "samples per process and step (0: --global-batch-size / processes)")
     ("global-batch-size", po::value(&o.global_batch_size())->default_value(o.global_batch_size()),
        "samples per step over all processes")
-    ("lr", po::value(&o.lr())->default_value(o.lr()), "learning rate")
+    ("lr", po::value(&o.lr())->default_value(o.lr(), detail::shortest_text(o.lr())), "learning rate")
     ("seed", po::value(&o.seed())->default_value(o.seed()), "seed of the model's initialisation and the data order")
     ("backend", po::value(&o.backend())->default_value(o.backend()), "auto, gloo, nccl or mpi (mpi: started by mpirun, in builds with MPI)")
     ("bucket-cap-mb", po::value(&bucket_cap)->default_value(bucket_cap),
@@ -155,8 +160,16 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("log-samples", po::bool_switch(&o.log_samples()),
        "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt");
   // clang-format on
+  // The kit's options the program implements; the others stay unknown.
+  po::options_description common("Training options");
+  for (const auto& option : kit.options())
+    if (!o.supported() || o.supported()->count(option->long_name())) common.add(option);
+  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "example";
+  po::options_description own(program + " options");
+  detail::bind_program_options(o.program_options(), own);
   po::options_description all;
   all.add(common);
+  if (!o.program_options().empty()) all.add(own);
   if (extra) all.add(*extra);
   po::variables_map vm;
   try {
@@ -168,8 +181,7 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     throw UsageError(std::string(e.what()) + " (see --help)");
   }
   if (vm.count("help")) {
-    std::cout << "usage: " << (argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "example")
-              << " [options]\n  start it with: ddprun --nproc-per-node N " << (argc > 0 ? argv[0] : "example")
+    std::cout << "usage: " << program << " [options]\n  start it with: ddprun --nproc-per-node N " << (argc > 0 ? argv[0] : "example")
               << " [options]\n\n"
               << all << std::endl;
     std::exit(0);
@@ -180,11 +192,12 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   if (global_given && !batch_given) o.batch_size(0);
   if (batch_given && global_given)
     throw UsageError("give --batch-size (per process) or --global-batch-size, not both");
+  detail::check_program_options(o.program_options());
   if (o.epochs() < 0) throw UsageError("--epochs must be >= 0");
   if (o.batch_size() < 0 || o.global_batch_size() < 0) throw UsageError("batch sizes must be positive");
   // Boost reads "inf" and "nan" as numbers: a run would train on NaN.
   if (!std::isfinite(o.lr()) || o.lr() <= 0)
-    throw UsageError("--lr must be a finite number > 0, got " + std::to_string(o.lr()));
+    throw UsageError("--lr must be a finite number > 0, got " + detail::shortest_text(o.lr()));
   if (o.nonfinite_loss() != "stop" && o.nonfinite_loss() != "continue")
     throw UsageError("--nonfinite-loss must be stop or continue, got '" + o.nonfinite_loss() + "'");
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");

@@ -1,6 +1,10 @@
 // The shared command line.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 
 #include "ddp/train/checkpoint.h"
@@ -133,4 +137,116 @@ TEST(TrainOptions, AmpIsASwitchRecordedInTheConfig) {
   EXPECT_TRUE(o.amp());
   EXPECT_EQ(o.to_config().at("amp"), "1");
   EXPECT_THROW(parse({"--amp", "yes"}), ddp::UsageError) << "a switch takes no value";
+}
+
+namespace {
+
+// What --help prints (parse exits 0 there): run in a child, its stdout read back.
+std::string help_text(const ddp::TrainOptions& defaults) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    try {
+      parse({"--help"}, defaults);
+    } catch (...) {
+    }
+    ::_exit(3);  // parse returned: --help did not exit
+  }
+  ::close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = ::read(fds[0], buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(k));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) out = "EXIT " + std::to_string(status) + ": " + out;
+  return out;
+}
+
+ddp::TrainOptions charlm() {
+  return ddp::TrainOptions()
+      .lr(0.003)
+      .add_option("dim", 256, "embedding width")
+      .add_option("dropout", 0.1, "dropout probability")
+      .add_option("corpus", "tiny.txt", "the text to learn")
+      .add_option("sample", false, "print a sample after each epoch", ddp::OnResume::may_change);
+}
+
+}  // namespace
+
+TEST(TrainOptions, ProgramOptionsAreParsedTypedAndRecorded) {
+  auto o = parse({}, charlm());
+  EXPECT_EQ(o.get<int64_t>("dim"), 256);
+  EXPECT_EQ(o.get<double>("dropout"), 0.1);
+  EXPECT_EQ(o.get<std::string>("corpus"), "tiny.txt");
+  EXPECT_FALSE(o.get<bool>("sample"));
+  o = parse({"--dim", "512", "--dropout", "0.25", "--corpus=shakespeare.txt", "--sample"}, charlm());
+  EXPECT_EQ(o.get<int64_t>("dim"), 512);
+  EXPECT_EQ(o.get<double>("dropout"), 0.25);
+  EXPECT_EQ(o.get<std::string>("corpus"), "shakespeare.txt");
+  EXPECT_TRUE(o.get<bool>("sample"));
+  const auto config = o.to_config();
+  EXPECT_EQ(config.at("dim"), "512");
+  EXPECT_EQ(config.at("dropout"), "0.25");
+  EXPECT_EQ(config.at("corpus"), "shakespeare.txt");
+  EXPECT_EQ(config.at("sample"), "1");
+  EXPECT_EQ(config.at("lr"), "0.003");
+  EXPECT_EQ(parse({"--lr", "0.0001234567891"}).to_config().at("lr"), "0.0001234567891") << "recorded exactly";
+
+  EXPECT_THROW(o.get<double>("dim"), ddp::UsageError) << "an int read as a float";
+  EXPECT_THROW(o.get<int64_t>("heads"), ddp::UsageError) << "not registered";
+  EXPECT_THROW(parse({"--dim", "wide"}, charlm()), ddp::UsageError);
+  EXPECT_THROW(parse({"--dropout", "nan"}, charlm()), ddp::UsageError);
+  EXPECT_THROW(parse({"--sample", "yes"}, charlm()), ddp::UsageError) << "a switch takes no value";
+}
+
+TEST(TrainOptions, ProgramOptionNamesAreCheckedWhereTheyAreMade) {
+  EXPECT_THROW(ddp::TrainOptions().add_option("lr", 0.1, "mine"), ddp::UsageError) << "the kit's option";
+  EXPECT_THROW(ddp::TrainOptions().add_option("timeout-s", 1, "mine"), ddp::UsageError) << "the kit's config key";
+  EXPECT_THROW(ddp::TrainOptions().add_option("Dim", 1, "x"), ddp::UsageError);
+  EXPECT_THROW(ddp::TrainOptions().add_option("", 1, "x"), ddp::UsageError);
+  EXPECT_THROW(ddp::TrainOptions().add_option("dim", 1, "x").add_option("dim", 2, "y"), ddp::UsageError);
+  EXPECT_THROW(ddp::TrainOptions().add_option("sync", true, "x"), ddp::UsageError) << "a switch is off by default";
+  EXPECT_EQ(parse({"--seq-len", "64"}, ddp::TrainOptions().add_option("--seq-len", 128, "x")).get<int64_t>("seq-len"),
+            64) << "argparse's spelling";
+  EXPECT_THROW(ddp::TrainOptions().supports({"epochs", "ampp"}), ddp::UsageError);
+}
+
+TEST(TrainOptions, KitOptionsAProgramDoesNotDeclareAreUnknown) {
+  const auto defaults = charlm().supports({"epochs", "batch-size", "lr", "run-dir", "resume"});
+  EXPECT_EQ(parse({"--epochs", "3", "--lr", "0.01", "--dim", "8"}, defaults).epochs(), 3);
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--amp"}, {"--data-dir", "/d"}, {"--workers", "2"}}) {
+    try {
+      parse(args, defaults);
+      ADD_FAILURE() << args[0] << " accepted";
+    } catch (const ddp::UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("unrecognised option '" + args[0] + "'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(parse({"--amp", "--data-dir", "/d"}, charlm()).amp()) << "no declaration: every kit option, as before";
+}
+
+TEST(TrainOptions, HelpListsWhatTheProgramTakesWithShortestDefaults) {
+  const auto all = help_text(charlm().bucket_cap_mb(2.5));
+  EXPECT_NE(all.find("--lr arg (=0.003)"), std::string::npos) << all;
+  EXPECT_EQ(all.find("0.0030000000000000001"), std::string::npos) << all;
+  EXPECT_NE(all.find("--bucket-cap-mb arg (=2.5)"), std::string::npos) << all;
+  EXPECT_NE(all.find("example options"), std::string::npos) << all;  // argv[0] names the group
+  EXPECT_NE(all.find("--dim arg (=256)"), std::string::npos) << all;
+  EXPECT_NE(all.find("embedding width"), std::string::npos) << all;
+  EXPECT_NE(all.find("--dropout arg (=0.1)"), std::string::npos) << all;
+  EXPECT_NE(all.find("--corpus arg (=tiny.txt)"), std::string::npos) << all;
+  EXPECT_NE(all.find("--sample "), std::string::npos) << all;
+  EXPECT_NE(all.find("--amp"), std::string::npos) << all;
+
+  const auto some = help_text(charlm().supports({"epochs", "lr"}));
+  EXPECT_NE(some.find("--epochs"), std::string::npos) << some;
+  EXPECT_NE(some.find("--lr arg (=0.003)"), std::string::npos) << some;
+  EXPECT_NE(some.find("--dim arg (=256)"), std::string::npos) << some;
+  for (const char* gone : {"--amp", "--data-dir", "--workers", "--bucket-cap-mb"})
+    EXPECT_EQ(some.find(gone), std::string::npos) << gone << " is not the program's:\n" << some;
 }

@@ -10,7 +10,9 @@
 // "optimizer" (LibTorch's optimizer archive, as bytes in a uint8 tensor),
 // "scaler" (an enabled ddp::GradScaler's state_dict(), as PyTorch's dict),
 // "epoch", "step", "sampler_epoch", "epoch_step", "epoch_samples", "world_size", "rng_states" (every rank's
-// CPU generator), "config" (name -> string), "format" and "version".
+// CPU generator), "config" (name -> string: the kit's options and the
+// program's, TrainOptions::add_option), "extra" (the program's own entries,
+// TrainState::extra), "format" and "version".
 //
 //   ddp::save_checkpoint(run.checkpoint_path(), *net, optimizer, state, *pg);
 //   auto state = ddp::load_checkpoint(path, *net, &optimizer, *pg);  // collective
@@ -53,6 +55,19 @@ struct TrainState {
   int64_t epoch_samples = 0;
   int world_size = 1;         // of the run that wrote it
   std::map<std::string, std::string> config;
+  // The program's own state, saved under "extra" and given back on resume
+  // (Python: torch.load(path)["extra"]): a scheduler's state, the best loss,
+  // anything made of tensors, numbers, strings, bools, None, lists, tuples
+  // and dicts with str or int keys (nested at most pickle::kMaxNesting deep):
+  //   state.extra["best_loss"] = best_loss;
+  //   best_loss = state.extra.count("best_loss") ? state.extra.at("best_loss").toDouble() : INFINITY;
+  // Lists come back typed where every item has one type (List[int],
+  // List[float], List[bool], List[str], List[Tensor]), else List[Any]; dicts
+  // as Dict[str, Any] (or Dict[int, Any]); tensors on the CPU. Anything else
+  // (a custom class, a Python object in a file) is a CheckpointError naming
+  // the entry. Keep it current: a preemption checkpoint inside an epoch
+  // saves what it holds at that step.
+  std::map<std::string, c10::IValue> extra;
   // Not saved. Set by resume_or_start() when the run watches for preemption
   // (ddp/train/preemption.h): writes the checkpoint for this state and throws
   // ddp::Preempted. train_epoch() calls it at the step all ranks agreed on.
@@ -68,6 +83,13 @@ struct TrainState {
   // train_epoch() logs there where a resumed epoch goes on.
   RunDir* run = nullptr;
 };
+
+// An empty str -> any dict for TrainState::extra's nested entries (LibTorch
+// cannot make an empty c10::Dict<std::string, c10::IValue>):
+//   auto scheduler = ddp::extra_dict();
+//   scheduler.insert("last_epoch", epoch);
+//   state.extra["scheduler"] = scheduler;
+c10::impl::GenericDict extra_dict();
 
 // Collective. Rank 0 writes `path`; every rank returns once it is on disk,
 // or throws CheckpointError (rank 0: why; others: that rank 0 failed). The
@@ -95,6 +117,13 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 // with a notice); the returned state points to it.
 TrainState load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                            ProcessGroup& pg, GradScaler* scaler = nullptr);
+// The same, calling check_config(config, file) with the checkpoint's
+// "config" before anything is restored (resume_or_start refuses a changed
+// must_match option there, before the model reports a shape mismatch).
+TrainState load_checkpoint(
+    const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
+    GradScaler* scaler,
+    const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config);
 
 // The previous checkpoint kept next to `path`: dir/checkpoint.pt -> dir/checkpoint.prev.pt.
 std::string previous_checkpoint_path(const std::string& path);
@@ -108,7 +137,10 @@ std::string previous_checkpoint_path(const std::string& path);
 // as after a node joined or left) continues from the run folder's newest
 // readable checkpoint when there is one, whatever --resume says (that names
 // where the first attempt started). Either way the configuration is
-// recorded and metrics.csv keeps only the epochs already done. Unless
+// recorded and metrics.csv keeps only the epochs already done. A resume
+// whose program option registered as OnResume::must_match differs from the
+// checkpoint's is a UsageError (TrainOptions::check_resume); the
+// checkpoint's "extra" comes back in state.extra. Unless
 // --preemption-check-every is 0, SIGUSR1 and SIGTERM are watched and
 // state.checkpoint_and_stop set (ddp/train/preemption.h). A `scaler` is
 // restored with the rest and saved with every checkpoint (state.scaler).
