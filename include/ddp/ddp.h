@@ -7,6 +7,7 @@
 #include "ddp/errors.h"
 
 // comm/: process groups and collectives
+#include "ddp/comm/dist.h"
 #include "ddp/comm/object_collectives.h"
 #include "ddp/comm/process_group.h"
 
@@ -28,8 +29,8 @@
 #include "ddp/amp/autocast.h"
 #include "ddp/amp/grad_scaler.h"
 #include "ddp/nn/sync_batch_norm.h"
-#include "ddp/optim/zero_redundancy_optimizer.h"
 #include "ddp/nn/unique_parameters.h"
+#include "ddp/optim/zero_redundancy_optimizer.h"
 
 // runtime/: the process's start
 #include "ddp/runtime/hostlist.h"

@@ -66,8 +66,9 @@ std::vector<at::Tensor> C10dProcessGroup::allgather(const at::Tensor& tensor) {
 void C10dProcessGroup::barrier() { wrap(backend_->barrier(), "barrier").wait(); }
 
 // c10d's call of the same name. Its argument checks throw here, at the
-// start; Gloo's refusal of AVG would come only from wait(), and leave the
-// group unusable, so it is refused before anything starts.
+// start; Gloo's refusals of AVG and of bitwise ops on floating tensors would
+// come only from wait(), and leave the group unusable, so collective()
+// refuses them before anything starts.
 c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& call) {
   using Kind = CollectiveCall::Kind;
   auto in = call.inputs;
@@ -138,6 +139,14 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
        call.kind == CollectiveCall::Kind::ReduceScatter || call.kind == CollectiveCall::Kind::ReduceScatterTensor))
     throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch (\"Cannot use ReduceOp.AVG with Gloo\"): "
                      "reduce with ReduceOp::SUM and divide by dist::get_world_size(group)");
+  const bool bitwise = call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR;
+  if (name_ == "gloo" && bitwise)
+    for (const auto* list : {&call.inputs, &call.outputs})
+      for (const auto& t : *list)
+        if (t.defined() && !c10::isIntegralType(t.scalar_type(), true))
+          throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs integer tensors, not " +
+                           c10::toString(t.scalar_type()) + " (\"Cannot use ReduceOp." + reduce_op_name(call.op) +
+                           " with non-integral dtype\")");
   c10::intrusive_ptr<c10d::Work> work;
   try {
     work = start(call);

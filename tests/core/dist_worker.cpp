@@ -1,0 +1,255 @@
+// One rank of dist_test.cpp: every case of pytorch_dist_parity.py through
+// ddp::dist, written to $DDP_TEST_DIR/cpp_r<rank>.txt in that script's line
+// format (a case the backend lacks: "<case> unsupported"). `dist_worker
+// parity` runs them; `dist_worker errors` prints "ERR <case>: <message>" for
+// each refusal that must come before anything starts, then checks the group
+// still works. DDP_TEST_BACKEND picks the backend (gloo by default).
+#include <ddp/ddp.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+namespace dist = ddp::dist;
+using ddp::ReduceOp;
+
+namespace {
+
+const std::map<std::string, at::ScalarType> kDtypes = {{"f32", at::kFloat}, {"f64", at::kDouble}, {"f16", at::kHalf},
+                                                       {"i64", at::kLong},  {"i32", at::kInt},    {"u8", at::kByte}};
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& [k, v] : kDtypes)
+    if (v == t) return k;
+  return "?";
+}
+
+// pytorch_dist_parity.py's val(): exact in every order of reduction.
+at::Tensor val(std::vector<int64_t> shape, at::ScalarType dtype, int seed, int rank, bool bits = false) {
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  auto k = torch::arange(n, torch::kLong) * 3 + seed * 7 + rank * 5;
+  auto v = (bits || dtype == at::kByte) ? k.remainder(16) : k.remainder(11) - 5;
+  v = v.reshape(shape);
+  if (at::isFloatingType(dtype)) return (v.to(at::kDouble) / 4).to(dtype);
+  return v.to(dtype);
+}
+
+struct Out {
+  std::vector<std::string> lines;
+
+  void add(const std::string& name, const at::Tensor& t_in) {
+    const auto t = t_in.detach().to(at::kCPU).contiguous();
+    std::ostringstream s;
+    s << name << " " << dtype_name(t.scalar_type()) << " ";
+    std::string shape;
+    for (auto d : t.sizes()) shape += (shape.empty() ? "" : "x") + std::to_string(d);
+    s << (shape.empty() ? "scalar" : shape) << " :";
+    const auto v = at::isFloatingType(t.scalar_type()) ? t.to(at::kDouble).view(at::kLong).reshape({-1})
+                                                        : t.to(at::kLong).reshape({-1});
+    for (int64_t i = 0; i < v.numel(); ++i) s << " " << v[i].item<int64_t>();
+    lines.push_back(s.str());
+  }
+  void text(const std::string& name, const std::string& s) { lines.push_back(name + " " + s); }
+  void write(const std::string& path) {
+    std::ofstream f(path);
+    for (const auto& l : lines) f << l << "\n";
+  }
+};
+
+// Runs `fn`; a UsageError (the backend lacks the op) is the line "unsupported".
+template <typename Fn>
+void maybe(Out& out, const std::string& name, Fn&& fn) {
+  try {
+    fn();
+  } catch (const ddp::UsageError& e) {
+    std::cerr << name << ": " << e.what() << "\n";
+    out.text(name, "unsupported");
+  }
+}
+
+ReduceOp op_of(const std::string& s) {
+  static const std::map<std::string, ReduceOp> ops = {{"SUM", ReduceOp::SUM},   {"PRODUCT", ReduceOp::PRODUCT},
+                                                      {"MIN", ReduceOp::MIN},   {"MAX", ReduceOp::MAX},
+                                                      {"BAND", ReduceOp::BAND}, {"BOR", ReduceOp::BOR},
+                                                      {"BXOR", ReduceOp::BXOR}};
+  return ops.at(s);
+}
+
+void parity(const std::string& dir) {
+  const int rank = dist::get_rank(), world = dist::get_world_size(), last = world - 1;
+  Out out;
+  for (std::string op : {"SUM", "PRODUCT", "MIN", "MAX"})
+    for (std::string d : {"f32", "f64", "i64", "i32"}) {
+      auto t = val({3, 5}, kDtypes.at(d), 1, rank);
+      dist::all_reduce(t, op_of(op));
+      out.add("all_reduce_" + op + "_" + d, t);
+    }
+  for (std::string op : {"BAND", "BOR", "BXOR"})
+    for (std::string d : {"i64", "i32"}) {
+      auto t = val({3, 5}, kDtypes.at(d), 2, rank, true);
+      dist::all_reduce(t, op_of(op));
+      out.add("all_reduce_" + op + "_" + d, t);
+    }
+  auto h = val({7}, at::kHalf, 3, rank);
+  dist::all_reduce(h);
+  out.add("all_reduce_SUM_f16", h);
+  auto base = val({5, 3}, at::kFloat, 4, rank);
+  dist::all_reduce(base.t());
+  out.add("all_reduce_view", base);
+  auto a = val({4}, at::kFloat, 5, rank);
+  dist::all_reduce(a, ReduceOp::MAX, dist::async_op).wait();
+  out.add("all_reduce_async", a);
+
+  for (std::string op : {"SUM", "MAX"}) {
+    auto t = val({2, 3}, at::kFloat, 6, rank);
+    dist::reduce(t, last, op_of(op));
+    if (rank == last) out.add("reduce_" + op, t);
+  }
+  for (std::string d : {"f32", "i64", "f16", "u8"}) {
+    auto t = val({2, 4}, kDtypes.at(d), 7, rank);
+    dist::broadcast(t, 1);
+    out.add("broadcast_" + d, t);
+  }
+  for (std::string d : {"f32", "i64"}) {
+    std::vector<at::Tensor> list;
+    for (int r = 0; r < world; ++r) list.push_back(torch::zeros({2, 3}, kDtypes.at(d)));
+    dist::all_gather(list, val({2, 3}, kDtypes.at(d), 8, rank));
+    for (int r = 0; r < world; ++r) out.add("all_gather_" + d + "_" + std::to_string(r), list[r]);
+  }
+  maybe(out, "all_gather_uneven", [&] {
+    std::vector<at::Tensor> list;
+    for (int r = 0; r < world; ++r) list.push_back(torch::zeros({r + 1}));
+    dist::all_gather(list, val({rank + 1}, at::kFloat, 9, rank), dist::async_op).wait();
+    out.add("all_gather_uneven", torch::cat(list));
+  });
+  maybe(out, "all_gather_into_tensor", [&] {
+    auto o = torch::zeros({2 * world, 2});
+    dist::all_gather_into_tensor(o, val({2, 2}, at::kFloat, 10, rank));
+    out.add("all_gather_into_tensor", o);
+  });
+  {
+    std::vector<at::Tensor> list;
+    if (rank == 0)
+      for (int r = 0; r < world; ++r) list.push_back(torch::zeros({3}));
+    dist::gather(val({3}, at::kFloat, 11, rank), list, 0);
+    if (rank == 0) out.add("gather", torch::cat(list));
+    auto t = torch::zeros({4}, torch::kLong);
+    std::vector<at::Tensor> sl;
+    if (rank == last)
+      for (int r = 0; r < world; ++r) sl.push_back(val({4}, at::kLong, 12, r) * (r + 1));
+    dist::scatter(t, sl, last);
+    out.add("scatter", t);
+  }
+  maybe(out, "reduce_scatter", [&] {
+    std::vector<at::Tensor> ins;
+    for (int d = 0; d < world; ++d) ins.push_back(val({3}, at::kFloat, 13 + d, rank));
+    auto o = torch::zeros({3});
+    dist::reduce_scatter(o, ins);
+    out.add("reduce_scatter", o);
+  });
+  maybe(out, "reduce_scatter_tensor", [&] {
+    auto o = torch::zeros({2});
+    dist::reduce_scatter_tensor(o, val({world * 2}, at::kFloat, 20, rank), ReduceOp::MAX);
+    out.add("reduce_scatter_tensor", o);
+  });
+  maybe(out, "all_to_all", [&] {
+    std::vector<at::Tensor> ins, outs;
+    for (int d = 0; d < world; ++d) ins.push_back(val({rank + d + 1}, at::kFloat, 21 + d, rank));
+    for (int s = 0; s < world; ++s) outs.push_back(torch::zeros({s + rank + 1}));
+    dist::all_to_all(outs, ins);
+    out.add("all_to_all", torch::cat(outs));
+  });
+  {
+    auto o = torch::zeros({2 * world, 3});
+    dist::all_to_all_single(o, val({2 * world, 3}, at::kFloat, 30, rank));
+    out.add("all_to_all_single", o);
+    std::vector<int64_t> in_splits, out_splits;
+    int64_t in_rows = 0, out_rows = 0;
+    for (int d = 0; d < world; ++d) in_rows += rank + d + 1, in_splits.push_back(rank + d + 1);
+    for (int s = 0; s < world; ++s) out_rows += s + rank + 1, out_splits.push_back(s + rank + 1);
+    auto o2 = torch::zeros({out_rows, 2}, torch::kDouble);
+    dist::all_to_all_single(o2, val({in_rows, 2}, at::kDouble, 31, rank), out_splits, in_splits);
+    out.add("all_to_all_single_uneven", o2);
+  }
+  std::vector<int> all_but_0;
+  for (int r = 1; r < world; ++r) all_but_0.push_back(r);
+  auto g1 = dist::new_group(all_but_0);
+  auto g2 = dist::new_group({last, 0});
+  out.text("rank_in_g1", std::to_string(dist::get_rank(g1)) + " " + std::to_string(dist::get_world_size(g1)));
+  out.text("rank_in_g2", std::to_string(dist::get_rank(g2)) + " " + std::to_string(dist::get_world_size(g2)));
+  if (g2.is_member()) {
+    auto t = val({5}, at::kFloat, 40, rank);
+    dist::all_reduce(t, ReduceOp::SUM, g2);
+    out.add("g2_all_reduce", t);
+  }
+  if (g1.is_member()) {
+    auto t = val({3}, at::kLong, 41, rank);
+    dist::broadcast(t, last, g1);
+    out.add("g1_broadcast", t);
+    std::vector<at::Tensor> list;
+    for (int r = 0; r < world - 1; ++r) list.push_back(torch::zeros({2}));
+    dist::all_gather(list, val({2}, at::kFloat, 42, rank), g1, dist::async_op).wait();
+    out.add("g1_all_gather", torch::cat(list));
+    if (world > 2) {
+      auto m = val({2}, at::kFloat, 43, rank);
+      dist::reduce(m, 1, ReduceOp::MIN, g1);
+      if (rank == 1) out.add("g1_reduce", m);
+    }
+  } else {
+    auto t = val({3}, at::kLong, 41, rank);
+    const auto before = t.clone();
+    dist::broadcast(t, last, g1);  // not a member: nothing happens (PyTorch warns)
+    if (!t.equal(before)) throw std::runtime_error("a collective on a group this rank is not in changed its tensor");
+  }
+  dist::barrier();
+  out.text("get", std::to_string(dist::get_rank()) + " " + std::to_string(dist::get_world_size()) + " " +
+                      dist::get_backend());
+  out.write(dir + "/cpp_r" + std::to_string(rank) + ".txt");
+  dist::barrier(dist::async_op).wait();
+}
+
+// Refusals that come before anything starts; the group works after them.
+void errors() {
+  const int rank = dist::get_rank(), world = dist::get_world_size();
+  auto expect = [&](const std::string& name, auto&& fn) {
+    try {
+      fn();
+      std::cout << "NOERR " << name << std::endl;
+    } catch (const ddp::UsageError& e) {
+      std::string m = e.what();
+      std::cout << "ERR " << name << ": " << m.substr(0, m.find('\n')) << std::endl;
+    }
+  };
+  expect("avg", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::AVG); });
+  expect("band_float", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::BAND); });
+  expect("src_outside", [&] { dist::broadcast(torch::ones({2}), world); });
+  expect("gather_list_elsewhere", [&] {
+    std::vector<at::Tensor> l(static_cast<size_t>(world), torch::zeros({2}));
+    dist::gather(torch::ones({2}), rank == 0 ? std::vector<at::Tensor>{} : l, 0);
+  });
+  expect("scatter_list_missing", [&] { dist::scatter(torch::zeros({2}), {}, rank); });
+  expect("undefined", [&] { dist::all_reduce(at::Tensor()); });
+  expect("new_group_twice", [&] { dist::new_group({0, 0}); });
+  expect("new_group_outside", [&] { dist::new_group({0, world}); });
+  expect("group_rank_outside", [&] { dist::get_group_rank(dist::Group{}, world + 3); });
+  auto t = torch::ones({3});
+  dist::all_reduce(t);
+  std::cout << "after " << t.sum().item<double>() << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ddp::guarded_main([&] {
+    const std::string mode = argc > 1 ? argv[1] : "parity";
+    const char* backend = std::getenv("DDP_TEST_BACKEND");
+    ddp::init_process_group(ddp::ProcessGroupOptions().backend(backend ? backend : "gloo"));
+    if (mode == "parity") parity(std::getenv("DDP_TEST_DIR"));
+    else errors();
+    ddp::destroy_process_group();
+    return 0;
+  });
+}
