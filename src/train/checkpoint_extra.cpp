@@ -12,8 +12,18 @@ namespace {
 
 using Kind = pickle::Value::Kind;
 
+// A key as an error names it: cut short, so that a path through deeply
+// nested long keys (one memoised string, reused) stays small.
 std::string key_text(const c10::IValue& key) {
-  return key.isString() ? "\"" + key.toStringRef() + "\"" : std::to_string(key.toInt());
+  if (!key.isString()) return std::to_string(key.toInt());
+  const std::string& k = key.toStringRef();
+  return "\"" + (k.size() <= 40 ? k : k.substr(0, 40) + "...") + "\"";
+}
+
+// `where` one level down; past 200 characters the path stops growing.
+std::string child(const std::string& where, const std::string& step) {
+  if (where.size() > 200) return where.compare(where.size() - 3, 3, "...") == 0 ? where : where + "...";
+  return where + "[" + step + "]";
 }
 
 c10::IValue to_plain(const c10::IValue& v, const std::string& where, uint32_t depth) {
@@ -35,14 +45,14 @@ c10::IValue to_plain(const c10::IValue& v, const std::string& where, uint32_t de
     const auto list = v.toList();
     c10::impl::GenericList out(list.elementType());
     for (size_t i = 0; i < list.size(); ++i)
-      out.push_back(to_plain(list.get(i), where + "[" + std::to_string(i) + "]", depth + 1));
+      out.push_back(to_plain(list.get(i), child(where, std::to_string(i)), depth + 1));
     return out;
   }
   if (v.isTuple()) {
     std::vector<c10::IValue> items;
     const auto& elements = v.toTupleRef().elements();
     for (size_t i = 0; i < elements.size(); ++i)
-      items.push_back(to_plain(elements[i], where + "[" + std::to_string(i) + "]", depth + 1));
+      items.push_back(to_plain(elements[i], child(where, std::to_string(i)), depth + 1));
     return c10::ivalue::Tuple::create(std::move(items));
   }
   if (v.isGenericDict()) {
@@ -52,7 +62,7 @@ c10::IValue to_plain(const c10::IValue& v, const std::string& where, uint32_t de
       refuse("a dict with " + key_type->str() + " keys");
     c10::impl::GenericDict out(key_type, dict.valueType());
     for (const auto& kv : dict)
-      out.insert(kv.key(), to_plain(kv.value(), where + "[" + key_text(kv.key()) + "]", depth + 1));
+      out.insert(kv.key(), to_plain(kv.value(), child(where, key_text(kv.key())), depth + 1));
     return out;
   }
   refuse("a " + v.tagKind() + " is not plain data");
@@ -105,7 +115,7 @@ c10::IValue from_pickle(const pickle::ValuePtr& v, const std::string& where, con
       std::vector<c10::IValue> items;
       items.reserve(v->items.size());
       for (size_t i = 0; i < v->items.size(); ++i)
-        items.push_back(from_pickle(v->items[i], where + "[" + std::to_string(i) + "]", path));
+        items.push_back(from_pickle(v->items[i], child(where, std::to_string(i)), path));
       if (v->kind == Kind::Tuple) return c10::ivalue::Tuple::create(std::move(items));
       c10::TypePtr item = common_type(items);
       if (const auto tagged = tagged_item_type(v->type_tag); tagged && (items.empty() || (item && *item == *tagged)))
@@ -127,7 +137,7 @@ c10::IValue from_pickle(const pickle::ValuePtr& v, const std::string& where, con
       c10::impl::GenericDict out(key_type ? key_type : c10::StringType::get(), c10::AnyType::get());
       for (const auto& [k, x] : v->dict) {
         const c10::IValue key = k->kind == Kind::String ? c10::IValue(k->s) : c10::IValue(k->i);
-        out.insert_or_assign(key, from_pickle(x, where + "[" + key_text(key) + "]", path));
+        out.insert_or_assign(key, from_pickle(x, child(where, key_text(key)), path));
       }
       return out;
     }
@@ -152,7 +162,7 @@ namespace ddp::detail {
 
 c10::impl::GenericDict extra_to_ivalue(const std::map<std::string, c10::IValue>& extra) {
   c10::impl::GenericDict out(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [k, v] : extra) out.insert(k, to_plain(v, "extra[\"" + k + "\"]", 1));
+  for (const auto& [k, v] : extra) out.insert(k, to_plain(v, "extra[" + key_text(k) + "]", 1));
   return out;
 }
 
@@ -162,7 +172,7 @@ std::map<std::string, c10::IValue> extra_from_pickle(const pickle::ValuePtr& ent
   if (!entry->is_dict()) throw CheckpointError(path + ": checkpoint entry \"extra\" is not a dict; corrupt file?");
   for (const auto& [k, v] : entry->dict) {
     if (k->kind != Kind::String) throw CheckpointError(path + ": checkpoint entry \"extra\" has a key that is not a str");
-    extra[k->s] = from_pickle(v, "extra[\"" + k->s + "\"]", path);
+    extra[k->s] = from_pickle(v, "extra[" + key_text(k->s) + "]", path);
   }
   return extra;
 }
