@@ -238,34 +238,34 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
   return Group::of_ranks(std::move(pg), std::move(ranks));
 }
 
-void barrier(const Group& group) { run(make(Kind::Barrier, {}), group, false); }
+void barrier(const Group& group) { (void)run(make(Kind::Barrier, {}), group, false); }
 Work barrier(const Group& group, AsyncOp) { return run(make(Kind::Barrier, {}), group, true); }
 Work barrier(AsyncOp) { return barrier(Group{}, async_op); }
 
 // ---- collectives -------------------------------------------------------------------
 
-void all_reduce(const at::Tensor& t, ReduceOp op, const Group& g) { do_all_reduce(t, op, g, false); }
+void all_reduce(const at::Tensor& t, ReduceOp op, const Group& g) { (void)do_all_reduce(t, op, g, false); }
 Work all_reduce(const at::Tensor& t, ReduceOp op, const Group& g, AsyncOp) { return do_all_reduce(t, op, g, true); }
 Work all_reduce(const at::Tensor& t, ReduceOp op, AsyncOp) { return do_all_reduce(t, op, {}, true); }
 Work all_reduce(const at::Tensor& t, AsyncOp) { return do_all_reduce(t, ReduceOp::SUM, {}, true); }
 
-void reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g) { do_reduce(t, dst, op, g, false); }
+void reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g) { (void)do_reduce(t, dst, op, g, false); }
 Work reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g, AsyncOp) { return do_reduce(t, dst, op, g, true); }
 Work reduce(const at::Tensor& t, int dst, ReduceOp op, AsyncOp) { return do_reduce(t, dst, op, {}, true); }
 Work reduce(const at::Tensor& t, int dst, AsyncOp) { return do_reduce(t, dst, ReduceOp::SUM, {}, true); }
 
-void broadcast(const at::Tensor& t, int src, const Group& g) { do_broadcast(t, src, g, false); }
+void broadcast(const at::Tensor& t, int src, const Group& g) { (void)do_broadcast(t, src, g, false); }
 Work broadcast(const at::Tensor& t, int src, const Group& g, AsyncOp) { return do_broadcast(t, src, g, true); }
 Work broadcast(const at::Tensor& t, int src, AsyncOp) { return do_broadcast(t, src, {}, true); }
 
-void all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g) { do_all_gather(l, t, g, false); }
+void all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g) { (void)do_all_gather(l, t, g, false); }
 Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g, AsyncOp) {
   return do_all_gather(l, t, g, true);
 }
 Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, AsyncOp) { return do_all_gather(l, t, {}, true); }
 
 void all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g) {
-  do_all_gather_into_tensor(o, i, g, false);
+  (void)do_all_gather_into_tensor(o, i, g, false);
 }
 Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g, AsyncOp) {
   return do_all_gather_into_tensor(o, i, g, true);
@@ -275,7 +275,7 @@ Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
 }
 
 void gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g) {
-  do_gather(t, l, dst, g, false);
+  (void)do_gather(t, l, dst, g, false);
 }
 Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g, AsyncOp) {
   return do_gather(t, l, dst, g, true);
@@ -285,7 +285,7 @@ Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, Asyn
 }
 
 void scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g) {
-  do_scatter(t, l, src, g, false);
+  (void)do_scatter(t, l, src, g, false);
 }
 Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g, AsyncOp) {
   return do_scatter(t, l, src, g, true);
@@ -295,7 +295,7 @@ Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, Asy
 }
 
 void reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g) {
-  do_reduce_scatter(o, l, op, g, false);
+  (void)do_reduce_scatter(o, l, op, g, false);
 }
 Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g, AsyncOp) {
   return do_reduce_scatter(o, l, op, g, true);
@@ -305,7 +305,7 @@ Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, Async
 }
 
 void reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g) {
-  do_reduce_scatter_tensor(o, i, op, g, false);
+  (void)do_reduce_scatter_tensor(o, i, op, g, false);
 }
 Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g, AsyncOp) {
   return do_reduce_scatter_tensor(o, i, op, g, true);
@@ -315,7 +315,7 @@ Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
 }
 
 void all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g) {
-  do_all_to_all(o, i, g, false);
+  (void)do_all_to_all(o, i, g, false);
 }
 Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g, AsyncOp) {
   return do_all_to_all(o, i, g, true);
@@ -326,7 +326,7 @@ Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>&
 
 void all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
                        const std::vector<int64_t>& is, const Group& g) {
-  do_all_to_all_single(o, i, os, is, g, false);
+  (void)do_all_to_all_single(o, i, os, is, g, false);
 }
 Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
                        const std::vector<int64_t>& is, const Group& g, AsyncOp) {
