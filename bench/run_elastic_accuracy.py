@@ -31,10 +31,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def final_accuracy(run_dir):
+    """The last epoch's test accuracy ("epoch N: ... test acc A"), not the
+    best one that the log's last line gives."""
     acc = None
     with open(os.path.join(run_dir, "log.txt")) as f:
         for line in f:
-            m = re.search(r"test acc ([0-9.]+)", line)
+            m = re.search(r"^epoch [0-9]+:.* test acc ([0-9.]+)", line)
             if m:
                 acc = float(m.group(1))
     return acc
