@@ -3,7 +3,8 @@
 // format (a case the backend lacks: "<case> unsupported"). `dist_worker
 // parity` runs them; `dist_worker errors` prints "ERR <case>: <message>" for
 // each refusal that must come before anything starts, then checks the group
-// still works. DDP_TEST_BACKEND picks the backend (gloo by default).
+// still works. DDP_TEST_BACKEND picks the backend (gloo by default; nccl
+// puts every tensor on the rank's GPU).
 #include <ddp/ddp.h>
 
 #include <cstdlib>
@@ -26,6 +27,12 @@ std::string dtype_name(at::ScalarType t) {
   return "?";
 }
 
+torch::Device g_device = torch::kCPU;  // the group's
+
+at::Tensor zeros(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat) {
+  return torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(g_device));
+}
+
 // pytorch_dist_parity.py's val(): exact in every order of reduction.
 at::Tensor val(std::vector<int64_t> shape, at::ScalarType dtype, int seed, int rank, bool bits = false) {
   int64_t n = 1;
@@ -33,8 +40,8 @@ at::Tensor val(std::vector<int64_t> shape, at::ScalarType dtype, int seed, int r
   auto k = torch::arange(n, torch::kLong) * 3 + seed * 7 + rank * 5;
   auto v = (bits || dtype == at::kByte) ? k.remainder(16) : k.remainder(11) - 5;
   v = v.reshape(shape);
-  if (at::isFloatingType(dtype)) return (v.to(at::kDouble) / 4).to(dtype);
-  return v.to(dtype);
+  if (at::isFloatingType(dtype)) return (v.to(at::kDouble) / 4).to(dtype).to(g_device);
+  return v.to(dtype).to(g_device);
 }
 
 struct Out {
@@ -78,8 +85,11 @@ ReduceOp op_of(const std::string& s) {
   return ops.at(s);
 }
 
+void subgroups(Out& out, int rank, int world, int last);
+
 void parity(const std::string& dir) {
   const int rank = dist::get_rank(), world = dist::get_world_size(), last = world - 1;
+  const int src1 = world > 1 ? 1 : 0;
   Out out;
   for (std::string op : {"SUM", "PRODUCT", "MIN", "MAX"})
     for (std::string d : {"f32", "f64", "i64", "i32"}) {
@@ -89,9 +99,11 @@ void parity(const std::string& dir) {
     }
   for (std::string op : {"BAND", "BOR", "BXOR"})
     for (std::string d : {"i64", "i32"}) {
-      auto t = val({3, 5}, kDtypes.at(d), 2, rank, true);
-      dist::all_reduce(t, op_of(op));
-      out.add("all_reduce_" + op + "_" + d, t);
+      maybe(out, "all_reduce_" + op + "_" + d, [&] {  // not in NCCL
+        auto t = val({3, 5}, kDtypes.at(d), 2, rank, true);
+        dist::all_reduce(t, op_of(op));
+        out.add("all_reduce_" + op + "_" + d, t);
+      });
     }
   auto h = val({7}, at::kHalf, 3, rank);
   dist::all_reduce(h);
@@ -110,33 +122,33 @@ void parity(const std::string& dir) {
   }
   for (std::string d : {"f32", "i64", "f16", "u8"}) {
     auto t = val({2, 4}, kDtypes.at(d), 7, rank);
-    dist::broadcast(t, 1);
+    dist::broadcast(t, src1);
     out.add("broadcast_" + d, t);
   }
   for (std::string d : {"f32", "i64"}) {
     std::vector<at::Tensor> list;
-    for (int r = 0; r < world; ++r) list.push_back(torch::zeros({2, 3}, kDtypes.at(d)));
+    for (int r = 0; r < world; ++r) list.push_back(zeros({2, 3}, kDtypes.at(d)));
     dist::all_gather(list, val({2, 3}, kDtypes.at(d), 8, rank));
     for (int r = 0; r < world; ++r) out.add("all_gather_" + d + "_" + std::to_string(r), list[r]);
   }
   maybe(out, "all_gather_uneven", [&] {
     std::vector<at::Tensor> list;
-    for (int r = 0; r < world; ++r) list.push_back(torch::zeros({r + 1}));
+    for (int r = 0; r < world; ++r) list.push_back(zeros({r + 1}));
     dist::all_gather(list, val({rank + 1}, at::kFloat, 9, rank), dist::async_op).wait();
     out.add("all_gather_uneven", torch::cat(list));
   });
   maybe(out, "all_gather_into_tensor", [&] {
-    auto o = torch::zeros({2 * world, 2});
+    auto o = zeros({2 * world, 2});
     dist::all_gather_into_tensor(o, val({2, 2}, at::kFloat, 10, rank));
     out.add("all_gather_into_tensor", o);
   });
   {
     std::vector<at::Tensor> list;
     if (rank == 0)
-      for (int r = 0; r < world; ++r) list.push_back(torch::zeros({3}));
+      for (int r = 0; r < world; ++r) list.push_back(zeros({3}));
     dist::gather(val({3}, at::kFloat, 11, rank), list, 0);
     if (rank == 0) out.add("gather", torch::cat(list));
-    auto t = torch::zeros({4}, torch::kLong);
+    auto t = zeros({4}, at::kLong);
     std::vector<at::Tensor> sl;
     if (rank == last)
       for (int r = 0; r < world; ++r) sl.push_back(val({4}, at::kLong, 12, r) * (r + 1));
@@ -146,34 +158,44 @@ void parity(const std::string& dir) {
   maybe(out, "reduce_scatter", [&] {
     std::vector<at::Tensor> ins;
     for (int d = 0; d < world; ++d) ins.push_back(val({3}, at::kFloat, 13 + d, rank));
-    auto o = torch::zeros({3});
+    auto o = zeros({3});
     dist::reduce_scatter(o, ins);
     out.add("reduce_scatter", o);
   });
   maybe(out, "reduce_scatter_tensor", [&] {
-    auto o = torch::zeros({2});
+    auto o = zeros({2});
     dist::reduce_scatter_tensor(o, val({world * 2}, at::kFloat, 20, rank), ReduceOp::MAX);
     out.add("reduce_scatter_tensor", o);
   });
   maybe(out, "all_to_all", [&] {
     std::vector<at::Tensor> ins, outs;
     for (int d = 0; d < world; ++d) ins.push_back(val({rank + d + 1}, at::kFloat, 21 + d, rank));
-    for (int s = 0; s < world; ++s) outs.push_back(torch::zeros({s + rank + 1}));
+    for (int s = 0; s < world; ++s) outs.push_back(zeros({s + rank + 1}));
     dist::all_to_all(outs, ins);
     out.add("all_to_all", torch::cat(outs));
   });
   {
-    auto o = torch::zeros({2 * world, 3});
+    auto o = zeros({2 * world, 3});
     dist::all_to_all_single(o, val({2 * world, 3}, at::kFloat, 30, rank));
     out.add("all_to_all_single", o);
     std::vector<int64_t> in_splits, out_splits;
     int64_t in_rows = 0, out_rows = 0;
     for (int d = 0; d < world; ++d) in_rows += rank + d + 1, in_splits.push_back(rank + d + 1);
     for (int s = 0; s < world; ++s) out_rows += s + rank + 1, out_splits.push_back(s + rank + 1);
-    auto o2 = torch::zeros({out_rows, 2}, torch::kDouble);
+    auto o2 = zeros({out_rows, 2}, at::kDouble);
     dist::all_to_all_single(o2, val({in_rows, 2}, at::kDouble, 31, rank), out_splits, in_splits);
     out.add("all_to_all_single_uneven", o2);
   }
+  if (world > 1) subgroups(out, rank, world, last);
+  dist::barrier();
+  out.text("get", std::to_string(dist::get_rank()) + " " + std::to_string(dist::get_world_size()) + " " +
+                      dist::get_backend());
+  out.write(dir + "/cpp_r" + std::to_string(rank) + ".txt");
+  dist::barrier(dist::async_op).wait();
+}
+
+// Subgroups: every rank but 0, and the first and last ranks.
+void subgroups(Out& out, int rank, int world, int last) {
   std::vector<int> all_but_0;
   for (int r = 1; r < world; ++r) all_but_0.push_back(r);
   auto g1 = dist::new_group(all_but_0);
@@ -190,7 +212,7 @@ void parity(const std::string& dir) {
     dist::broadcast(t, last, g1);
     out.add("g1_broadcast", t);
     std::vector<at::Tensor> list;
-    for (int r = 0; r < world - 1; ++r) list.push_back(torch::zeros({2}));
+    for (int r = 0; r < world - 1; ++r) list.push_back(zeros({2}));
     dist::all_gather(list, val({2}, at::kFloat, 42, rank), g1, dist::async_op).wait();
     out.add("g1_all_gather", torch::cat(list));
     if (world > 2) {
@@ -204,11 +226,6 @@ void parity(const std::string& dir) {
     dist::broadcast(t, last, g1);  // not a member: nothing happens (PyTorch warns)
     if (!t.equal(before)) throw std::runtime_error("a collective on a group this rank is not in changed its tensor");
   }
-  dist::barrier();
-  out.text("get", std::to_string(dist::get_rank()) + " " + std::to_string(dist::get_world_size()) + " " +
-                      dist::get_backend());
-  out.write(dir + "/cpp_r" + std::to_string(rank) + ".txt");
-  dist::barrier(dist::async_op).wait();
 }
 
 // Refusals that come before anything starts; the group works after them.
@@ -227,10 +244,10 @@ void errors() {
   expect("band_float", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::BAND); });
   expect("src_outside", [&] { dist::broadcast(torch::ones({2}), world); });
   expect("gather_list_elsewhere", [&] {
-    std::vector<at::Tensor> l(static_cast<size_t>(world), torch::zeros({2}));
+    std::vector<at::Tensor> l(static_cast<size_t>(world), zeros({2}));
     dist::gather(torch::ones({2}), rank == 0 ? std::vector<at::Tensor>{} : l, 0);
   });
-  expect("scatter_list_missing", [&] { dist::scatter(torch::zeros({2}), {}, rank); });
+  expect("scatter_list_missing", [&] { dist::scatter(zeros({2}), {}, rank); });
   expect("undefined", [&] { dist::all_reduce(at::Tensor()); });
   expect("new_group_twice", [&] { dist::new_group({0, 0}); });
   expect("new_group_outside", [&] { dist::new_group({0, world}); });
@@ -246,7 +263,7 @@ int main(int argc, char** argv) {
   return ddp::guarded_main([&] {
     const std::string mode = argc > 1 ? argv[1] : "parity";
     const char* backend = std::getenv("DDP_TEST_BACKEND");
-    ddp::init_process_group(ddp::ProcessGroupOptions().backend(backend ? backend : "gloo"));
+    g_device = ddp::init_process_group(ddp::ProcessGroupOptions().backend(backend ? backend : "gloo"))->device();
     if (mode == "parity") parity(std::getenv("DDP_TEST_DIR"));
     else errors();
     ddp::destroy_process_group();

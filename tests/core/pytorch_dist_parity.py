@@ -4,8 +4,8 @@ writing <dir>/torch_r<rank>.txt in the same line format. Where the backend
 lacks an op (PyTorch 1.13's Gloo: all_gather_into_tensor, reduce_scatter,
 all_to_all, uneven lists), the line says "unsupported", and an "expect"
 line gives the result computed here from every rank's inputs, for the
-backends that have it (our MPI). Usage: pytorch_dist_parity.py DIR (rank and
-world from torchrun's variables)."""
+backends that have it (our MPI). Usage: pytorch_dist_parity.py DIR [BACKEND]
+(gloo, or nccl with CUDA tensors; rank and world from torchrun's variables)."""
 import os
 import sys
 
@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 
 import parity_common
+
+DEVICE = torch.device("cpu")
 
 DTYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "i64": torch.int64,
           "i32": torch.int32, "u8": torch.uint8}
@@ -33,12 +35,16 @@ def val(shape, dtype, seed, rank, bits=False):
         v = k % 11 - 5
     v = v.reshape(shape)
     if dtype.is_floating_point:
-        return (v.double() / 4).to(dtype)
-    return v.to(dtype)
+        return (v.double() / 4).to(dtype).to(DEVICE)
+    return v.to(dtype).to(DEVICE)
+
+
+def zeros(shape, dtype=torch.float32):
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
 
 
 def line(name, t):
-    t = t.detach().contiguous()
+    t = t.detach().cpu().contiguous()
     if t.dtype.is_floating_point:
         vals = t.double().view(torch.int64).reshape(-1).tolist()
     else:
@@ -83,9 +89,15 @@ def reduce_all(ts, op):
 
 
 def main():
+    global DEVICE
     out_dir = sys.argv[1]
-    dist.init_process_group("gloo")
+    backend = sys.argv[2] if len(sys.argv) > 2 else "gloo"
+    if backend == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    src1 = 1 if world > 1 else 0
     out = Out(os.path.join(out_dir, "torch_r%d.txt" % rank))
     last = world - 1
 
@@ -98,8 +110,11 @@ def main():
     for op in ["BAND", "BOR", "BXOR"]:
         for d in ["i64", "i32"]:
             t = val((3, 5), DTYPES[d], 2, rank, bits=True)
-            dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
-            out.add("all_reduce_%s_%s" % (op, d), t)
+            try:  # not in NCCL
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                out.add("all_reduce_%s_%s" % (op, d), t)
+            except (RuntimeError, ValueError):
+                out.unsupported("all_reduce_%s_%s" % (op, d))
     t = val((7,), torch.float16, 3, rank)
     dist.all_reduce(t)
     out.add("all_reduce_SUM_f16", t)
@@ -120,23 +135,28 @@ def main():
     # broadcast from rank 1
     for d in ["f32", "i64", "f16", "u8"]:
         t = val((2, 4), DTYPES[d], 7, rank)
-        dist.broadcast(t, src=1)
+        dist.broadcast(t, src=src1)
         out.add("broadcast_%s" % d, t)
 
     # all_gather into a list
     for d in ["f32", "i64"]:
-        lst = [torch.zeros((2, 3), dtype=DTYPES[d]) for _ in range(world)]
+        lst = [zeros((2, 3), DTYPES[d]) for _ in range(world)]
         dist.all_gather(lst, val((2, 3), DTYPES[d], 8, rank))
         for r, t in enumerate(lst):
             out.add("all_gather_%s_%d" % (d, r), t)
-    # uneven sizes: 1.13's Gloo refuses them (rank r gives r + 1 values)
+    # uneven sizes: Gloo refuses them (rank r gives r + 1 values)
     everyone = [val((r + 1,), torch.float32, 9, r) for r in range(world)]
-    out.unsupported("all_gather_uneven", torch.cat(everyone))
+    try:
+        lst = [zeros(r + 1) for r in range(world)]
+        dist.all_gather(lst, everyone[rank])
+        out.add("all_gather_uneven", torch.cat(lst))
+    except RuntimeError:
+        out.unsupported("all_gather_uneven", torch.cat(everyone))
 
     # all_gather_into_tensor: not in 1.13's Gloo
     ins = [val((2, 2), torch.float32, 10, r) for r in range(world)]
     try:
-        o = torch.zeros((2 * world, 2))
+        o = zeros((2 * world, 2))
         dist.all_gather_into_tensor(o, ins[rank])
         out.add("all_gather_into_tensor", o)
     except (RuntimeError, AttributeError):
@@ -144,11 +164,11 @@ def main():
 
     # gather to 0, scatter from the last rank
     t = val((3,), torch.float32, 11, rank)
-    lst = [torch.zeros(3) for _ in range(world)] if rank == 0 else None
+    lst = [zeros(3) for _ in range(world)] if rank == 0 else None
     dist.gather(t, lst, dst=0)
     if rank == 0:
         out.add("gather", torch.cat(lst))
-    t = torch.zeros(4, dtype=torch.int64)
+    t = zeros(4, torch.int64)
     lst = [val((4,), torch.int64, 12, r) * (r + 1) for r in range(world)] if rank == last else None
     dist.scatter(t, lst, src=last)
     out.add("scatter", t)
@@ -156,14 +176,14 @@ def main():
     # reduce_scatter (a list, and one tensor): not in 1.13's Gloo
     ins = [[val((3,), torch.float32, 13 + d, r) for d in range(world)] for r in range(world)]
     try:
-        o = torch.zeros(3)
+        o = zeros(3)
         dist.reduce_scatter(o, ins[rank])
         out.add("reduce_scatter", o)
     except RuntimeError:
         out.unsupported("reduce_scatter", reduce_all([ins[r][rank] for r in range(world)], "SUM"))
     ins = [val((world * 2,), torch.float32, 20, r) for r in range(world)]
     try:
-        o = torch.zeros(2)
+        o = zeros(2)
         dist.reduce_scatter_tensor(o, ins[rank], op=dist.ReduceOp.MAX)
         out.add("reduce_scatter_tensor", o)
     except (RuntimeError, AttributeError):
@@ -172,7 +192,7 @@ def main():
     # all_to_all with lists (uneven: rank r sends r + d + 1 values to rank d): not in 1.13's Gloo
     ins = [[val((r + d + 1,), torch.float32, 21 + d, r) for d in range(world)] for r in range(world)]
     try:
-        outs = [torch.zeros(s + rank + 1) for s in range(world)]
+        outs = [zeros(s + rank + 1) for s in range(world)]
         dist.all_to_all(outs, ins[rank])
         out.add("all_to_all", torch.cat(outs))
     except RuntimeError:
@@ -180,16 +200,25 @@ def main():
 
     # all_to_all_single, even and uneven
     t = val((2 * world, 3), torch.float32, 30, rank)
-    o = torch.zeros((2 * world, 3))
+    o = zeros((2 * world, 3))
     dist.all_to_all_single(o, t)
     out.add("all_to_all_single", o)
     ins = [val((sum(r + d + 1 for d in range(world)), 2), torch.float64, 31, r) for r in range(world)]
-    o = torch.zeros((sum(s + rank + 1 for s in range(world)), 2), dtype=torch.float64)
+    o = zeros((sum(s + rank + 1 for s in range(world)), 2), torch.float64)
     dist.all_to_all_single(o, ins[rank], output_split_sizes=[s + rank + 1 for s in range(world)],
                            input_split_sizes=[rank + d + 1 for d in range(world)])
     out.add("all_to_all_single_uneven", o)
 
-    # subgroups: every rank but 0, and the first and last ranks
+    # subgroups: every rank but 0, and the first and last ranks (from 2 ranks on)
+    if world > 1:
+        subgroups(out, rank, world, last)
+    dist.barrier()
+    out.text("get", "%d %d %s" % (dist.get_rank(), dist.get_world_size(), dist.get_backend()))
+    out.write()
+    parity_common.finish()
+
+
+def subgroups(out, rank, world, last):
     g1 = dist.new_group(list(range(1, world)))
     g2 = dist.new_group([last, 0])
     for name, g in [("g1", g1), ("g2", g2)]:
@@ -203,7 +232,7 @@ def main():
         t = val((3,), torch.int64, 41, rank)
         dist.broadcast(t, src=last, group=g1)
         out.add("g1_broadcast", t)
-        lst = [torch.zeros(2) for _ in range(world - 1)]
+        lst = [zeros(2) for _ in range(world - 1)]
         dist.all_gather(lst, val((2,), torch.float32, 42, rank), group=g1)
         out.add("g1_all_gather", torch.cat(lst))
         if world > 2:
@@ -211,10 +240,6 @@ def main():
             dist.reduce(t, dst=1, op=dist.ReduceOp.MIN, group=g1)
             if rank == 1:
                 out.add("g1_reduce", t)
-    dist.barrier()
-    out.text("get", "%d %d %s" % (dist.get_rank(), dist.get_world_size(), dist.get_backend()))
-    out.write()
-    parity_common.finish()
 
 
 if __name__ == "__main__":

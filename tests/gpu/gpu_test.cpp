@@ -1,7 +1,8 @@
 // GPU tests: NCCL groups, CUDA tensors through the reducer (over NCCL and
 // over Gloo, on a stream of the user's, from pinned memory), SyncBatchNorm
 // on CUDA against torch.nn.SyncBatchNorm, float16 autocast with the
-// GradScaler's CUDA kernels against PyTorch's. They build in every build and
+// GradScaler's CUDA kernels against PyTorch's, ddp::dist over NCCL against
+// torch.distributed's. They build in every build and
 // skip, saying why, where this build's LibTorch has no CUDA or no GPU is
 // visible; where one is, each runs real ranks (ddp_gpu_worker) and checks
 // what its comment says. The PyTorch oracle is DDP_ORACLE_PYTHON (the
@@ -182,6 +183,35 @@ TEST(GpuAmp, Float16AutocastAndScalerMatchPyTorch) {
   const std::string why = no_cuda_oracle_reason();
   if (!why.empty()) GTEST_SKIP() << why;
   compare_with_pytorch("amp_parity", "nccl", 1, {"amp.bin", "amp_scales.txt"});
+}
+
+// ddp::dist over NCCL, one rank per visible GPU: every case of
+// tests/core/pytorch_dist_parity.py on CUDA tensors, line for line equal to
+// torch.distributed's over NCCL (what NCCL lacks, the bitwise ops, is
+// "unsupported" on both sides). More than one rank needs as many GPUs: NCCL
+// refuses two ranks on one device.
+TEST(GpuDist, EveryCollectiveOverNcclAsTorchDistributed) {
+  SKIP_WITHOUT_GPU();
+  const std::string why = no_cuda_oracle_reason();
+  if (!why.empty()) GTEST_SKIP() << why;
+  const int world = gpu_count();
+  char tmpl[] = "/tmp/ddp_gpu_dist_XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  expect_all_ok(run_ranks(world, DIST_WORKER, {"parity"}, {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "nccl"}},
+                          std::chrono::seconds(300)));
+  expect_all_ok(run_ranks(world, oracle_python(), {DIST_PARITY_SCRIPT, dir, "nccl"}, {{"DDP_TEST_DIR", dir}},
+                          std::chrono::seconds(300)));
+  for (int r = 0; r < world; ++r) {
+    std::istringstream ours(slurp(dir + "/cpp_r" + std::to_string(r) + ".txt"));
+    std::istringstream theirs(slurp(dir + "/torch_r" + std::to_string(r) + ".txt"));
+    std::vector<std::string> a, b;
+    for (std::string l; std::getline(ours, l);) a.push_back(l);
+    for (std::string l; std::getline(theirs, l);)
+      if (l.rfind("expect ", 0) != 0) b.push_back(l);
+    ASSERT_FALSE(b.empty()) << "rank " << r << ": PyTorch wrote nothing";
+    EXPECT_EQ(a, b) << "rank " << r;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
