@@ -16,6 +16,15 @@ TEST(Evaluation, ShardedAndReducedEqualsSingleProcess) {
   }
 }
 
+// Per-token sums of a sequence model over 37 sequences (uneven shards):
+// every rank's global means equal one process's (ddp::evaluate, MetricSums).
+TEST(Evaluation, MetricSumsOverUnevenShardsGiveTheSingleProcessMeans) {
+  for (int world : {2, 3}) {
+    auto results = run_ranks(world, DDP_DATA_WORKER, {"metric_sums"});
+    for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << world << " ranks: " << describe(results);
+  }
+}
+
 TEST(Checkpoint, RankZeroWritesEveryRankRestoresAndFailuresReachEveryRank) {
   const auto dir = ddp::testing::temp_dir("ckpt_mp");
   auto results = run_ranks(2, DDP_DATA_WORKER, {"checkpoint"}, {{"DDP_TEST_DIR", dir}});

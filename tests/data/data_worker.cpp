@@ -48,6 +48,68 @@ void scenario_eval(ddp::ProcessGroup& pg) {
   CHECK_OR_FAIL(padded.total_size() > static_cast<size_t>(n) || n % pg.size() == 0, "padding repeats samples");
 }
 
+// ddp::evaluate with ddp::MetricSums for a sequence model: per-token sums
+// over uneven shards (37 sequences over 2 or 3 ranks), reduced in one
+// all-reduce, give every rank the single-process means; a rank that adds
+// nothing still takes part; the module's mode comes back, also after a throw.
+void scenario_metric_sums(ddp::ProcessGroup& pg) {
+  const int64_t n = 37, len = 5, vocab = 11;
+  torch::manual_seed(13);
+  auto tokens = torch::randint(0, vocab, {n, len + 1}, torch::kLong);
+  auto x = tokens.narrow(1, 0, len).contiguous(), y = tokens.narrow(1, 1, len).contiguous();
+  torch::nn::Sequential net(torch::nn::Embedding(vocab, 8), torch::nn::Linear(8, vocab));
+  ddp::TensorDataset data(x, y);
+  ddp::DistributedSampler sampler(n, pg, ddp::DistributedSamplerOptions().shuffle(false).pad(false));
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(4));
+  namespace F = torch::nn::functional;
+  const auto sum = F::CrossEntropyFuncOptions().reduction(torch::kSum);
+  auto measure = [&](torch::data::Example<>& b, ddp::MetricSums& sums) {
+    CHECK_OR_FAIL(!net->is_training() && !torch::GradMode::is_enabled(), "eval mode, no gradients");
+    auto logits = net->forward(b.data);
+    sums.add("loss", F::cross_entropy(logits.flatten(0, 1), b.target.flatten(), sum).item<double>());
+    sums.add("correct", logits.argmax(-1).eq(b.target).sum().item<double>());
+    sums.add_count(b.target.numel());
+  };
+  const auto total = ddp::evaluate(net, *loader, pg, {"loss", "correct"}, measure);
+
+  torch::NoGradGuard g;
+  auto logits = net->forward(x);
+  const double loss = F::cross_entropy(logits.flatten(0, 1), y.flatten()).item<double>();
+  const double acc = logits.argmax(-1).eq(y).sum().item<double>() / static_cast<double>(n * len);
+  std::cout << "rank " << pg.rank() << ": " << sampler.num_samples() << " of " << n << " sequences; global mean loss "
+            << total.mean("loss") << " (single process " << loss << "), tokens " << total.count() << std::endl;
+  CHECK_OR_FAIL(total.count() == n * len, "every token counted once");
+  CHECK_OR_FAIL(std::abs(total.mean("loss") - loss) < 1e-6 * loss, "the mean loss equals single-process");
+  CHECK_OR_FAIL(std::abs(total.mean("correct") - acc) < 1e-12, "the accuracy equals single-process");
+  CHECK_OR_FAIL(net->is_training(), "the module is back in training mode");
+
+  // max_batches: one batch of 4 sequences a rank.
+  const auto one = ddp::evaluate(net, *loader, pg, {"loss", "correct"}, measure, 1);
+  CHECK_OR_FAIL(one.count() == 4 * len * pg.size(), "max_batches caps every rank's batches");
+
+  // Only rank 0 measured anything: every rank still gets its sums.
+  ddp::MetricSums mine({"a", "b"});
+  if (pg.rank() == 0) {
+    mine.add("b", 2.5);
+    mine.add_count(2);
+  }
+  const auto reduced = mine.all_reduced(pg);
+  CHECK_OR_FAIL(reduced.sum("a") == 0 && reduced.sum("b") == 2.5 && reduced.mean("b") == 1.25, "rank 0's sums");
+  CHECK_OR_FAIL(ddp::MetricSums({"a"}).mean("a") == 0, "a mean over nothing is 0");
+  bool threw = false;
+  try {
+    mine.add("c", 1);
+  } catch (const ddp::UsageError& e) {
+    threw = std::string(e.what()).find("'c' was not declared") != std::string::npos;
+  }
+  CHECK_OR_FAIL(threw, "an undeclared name is a UsageError naming it");
+  try {
+    ddp::evaluate(net, *loader, pg, {"loss"}, [](auto&, ddp::MetricSums& s) { s.add("oops", 1); });
+  } catch (const ddp::UsageError&) {
+  }
+  CHECK_OR_FAIL(net->is_training(), "the module is back in training mode after a throw");
+}
+
 // Rank 0 writes, every rank restores the same state; a failed write on rank 0
 // is an error on every rank, not a hang.
 void scenario_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr, const std::string& dir) {
@@ -192,6 +254,7 @@ int main(int argc, char** argv) {
     auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(60)));
     const char* dir = std::getenv("DDP_TEST_DIR");
     if (scenario == "eval") scenario_eval(*pg);
+    else if (scenario == "metric_sums") scenario_metric_sums(*pg);
     else if (scenario == "checkpoint") scenario_checkpoint(*pg, pg, dir ? dir : "/tmp");
     else if (scenario == "zero_checkpoint") scenario_zero_checkpoint(*pg, pg, dir ? dir : "/tmp");
     else if (scenario == "nonfinite" && argc == 6)

@@ -10,6 +10,16 @@
 //   auto result = ddp::evaluate_classifier(net, *test_loader, *pg);
 //   result.loss();      // mean cross-entropy over the whole test set
 //   result.accuracy();
+//
+// Any other model (a language model, a regression) names its own sums and
+// says what one batch adds to them; ddp::evaluate runs the loop:
+//
+//   auto val = ddp::evaluate(net, *val_loader, *pg, {"loss"}, [&](torch::data::Example<>& b, ddp::MetricSums& sums) {
+//     auto logits = net->forward(b.data);                    // [N, T, vocab]
+//     sums.add("loss", cross_entropy(logits.flatten(0, 1), b.target.flatten(), sum).item<double>());
+//     sums.add_count(b.target.numel());                      // characters, not sequences
+//   });
+//   double bits_per_char = val.mean("loss") / std::log(2.0);  // the whole set's, on every rank
 #pragma once
 
 #include <torch/torch.h>
@@ -48,6 +58,45 @@ class MetricSums {
   int64_t count_ = 0;
 };
 
+// Puts `net` (a module holder, a shared_ptr, or anything with ->is_training(),
+// ->eval() and ->train(bool)) in eval mode under NoGradGuard, and back in
+// its previous mode when it goes (also when an exception leaves the loop).
+template <typename Net>
+class EvalModeGuard {
+ public:
+  explicit EvalModeGuard(Net& net) : net_(net), was_training_(net->is_training()) { net_->eval(); }
+  ~EvalModeGuard() { net_->train(was_training_); }
+  EvalModeGuard(const EvalModeGuard&) = delete;
+  EvalModeGuard& operator=(const EvalModeGuard&) = delete;
+
+ private:
+  torch::NoGradGuard no_grad_;
+  Net& net_;
+  bool was_training_;
+};
+
+// The evaluation loop for any model: `net` (as EvalModeGuard takes it) in
+// eval mode under NoGradGuard, measure(batch, sums) for each batch of
+// `loader` (at most max_batches; < 0: all), then the sums of every rank in
+// one all-reduce (float64, SUM). Every rank gets the whole set's sums, count
+// and means, as one process evaluating all of it would; with a pad(false)
+// sampler no sample is counted twice. Collective: every rank calls it with
+// the same names, whatever the size of its shard (an empty one too).
+template <typename Net, typename Loader, typename Measure>
+MetricSums evaluate(Net& net, Loader& loader, ProcessGroup& pg, std::vector<std::string> names, Measure&& measure,
+                    int64_t max_batches = -1) {
+  MetricSums sums(std::move(names));
+  {
+    EvalModeGuard<Net> eval(net);
+    int64_t batches = 0;
+    for (auto& batch : loader) {
+      if (max_batches >= 0 && batches++ >= max_batches) break;
+      measure(batch, sums);
+    }
+  }
+  return sums.all_reduced(pg);
+}
+
 struct ClassifierResult {
   double loss_sum = 0;   // summed cross-entropy
   int64_t correct = 0;
@@ -62,14 +111,8 @@ struct ClassifierResult {
 // max_batches < 0: all of them. Collective: every rank must call it.
 template <typename Net, typename Loader>
 ClassifierResult evaluate_classifier(Net& net, Loader& loader, ProcessGroup& pg, int64_t max_batches = -1) {
-  torch::NoGradGuard no_grad;
-  const bool was_training = net->is_training();
-  net->eval();
-  MetricSums sums({"loss", "correct"});
   const auto device = pg.device();
-  int64_t batches = 0;
-  for (auto& batch : loader) {
-    if (max_batches >= 0 && batches++ >= max_batches) break;
+  auto total = evaluate(net, loader, pg, {"loss", "correct"}, [&](auto& batch, MetricSums& sums) {
     auto x = batch.data.to(device), y = batch.target.to(device);
     auto logits = net->forward(x);
     sums.add("loss", torch::nn::functional::cross_entropy(
@@ -77,9 +120,7 @@ ClassifierResult evaluate_classifier(Net& net, Loader& loader, ProcessGroup& pg,
                          .template item<double>());
     sums.add("correct", logits.argmax(1).eq(y).sum().template item<double>());
     sums.add_count(x.size(0));
-  }
-  net->train(was_training);
-  auto total = sums.all_reduced(pg);
+  }, max_batches);
   ClassifierResult r;
   r.loss_sum = total.sum("loss");
   r.correct = static_cast<int64_t>(total.sum("correct") + 0.5);
