@@ -16,4 +16,5 @@ if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
 fi
 targets=()
 for t in ${DDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
-cmake --build "$build" -j "$jobs" "${targets[@]}"
+# ${a[@]+"${a[@]}"}: an empty array under set -u is an unbound variable in bash < 4.4.
+cmake --build "$build" -j "$jobs" ${targets[@]+"${targets[@]}"}
