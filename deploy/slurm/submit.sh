@@ -14,7 +14,10 @@
 # 1, with Slurm's reason and the partition's nodes on stderr, when Slurm
 # would not start the job on the nodes that are up now, and nothing is
 # submitted. Nodes that are down or drained count as missing: to queue a job
-# for them anyway, run sbatch itself. SBATCH names another sbatch.
+# for them anyway, run sbatch itself. Any other refusal of --test-only (the
+# controller unreachable, a timeout, an account or QOS limit, a mistyped
+# option) is printed as Slurm gave it, with sbatch's exit status, and nothing
+# is submitted either. SBATCH names another sbatch.
 set -uo pipefail
 sbatch=${SBATCH:-sbatch}
 if (($# == 0)); then
@@ -22,21 +25,27 @@ if (($# == 0)); then
   exit 2
 fi
 
-if answer=$("$sbatch" --test-only "$@" 2>&1); then
+answer=$("$sbatch" --test-only "$@" 2>&1)
+code=$?
+if ((code == 0)); then
   exec "$sbatch" "$@"
 fi
 reason=$(printf '%s\n' "$answer" | sed -n 's/^allocation failure: //p; s/^sbatch: error: //p' | head -n 1)
-echo "submit: Slurm would never start this job: ${reason:-$answer}" >&2
-case "$reason" in
-  *"node configuration is not available"* | *"processors requested than permitted"* | *"Node count specification invalid"* | \
-    *"memory"* | *"Memory"*)
+# Only these answers say that no node that is up could ever run the job.
+case "$answer" in
+  *"node configuration is not available"* | *"processors requested than permitted"* | \
+    *"Node count specification invalid"* | *"Memory required by task is not available"* | \
+    *"Memory specification can not be satisfied"*)
+    echo "submit: Slurm would never start this job: ${reason:-$answer}" >&2
     echo "submit: no node that is up has what one node of the job asks for, or there are fewer such nodes than" \
       "--nodes. One node's share: ddprun-per-node.sbatch asks for --cpus-per-task CPUs (its workers share them)," \
       "srun-per-task.sbatch for --ntasks-per-node x --cpus-per-task; plus --mem and GPUs. The partitions' nodes:" >&2
     sinfo -o '  %10P %6D %5c %10m %16G %t' >&2
     echo "submit: lower the request to what a node has (CPUS, MEMORY in MB, GRES; sbatch options override the" \
       "template's #SBATCH lines), see docs/clusters.md, \"Sizing a job\". Nothing was submitted." >&2
+    exit 1
     ;;
-  *) echo "submit: nothing was submitted" >&2 ;;
 esac
-exit 1
+echo "submit: sbatch --test-only failed (exit status $code); nothing was submitted. Slurm's answer:" >&2
+printf '%s\n' "$answer" >&2
+exit "$code"
