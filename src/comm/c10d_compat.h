@@ -100,6 +100,19 @@ inline void set_autocast_dtype(c10::DeviceType type, at::ScalarType dtype) {
 // cap; torch/nn/parallel/distributed.py); 1.13's always the 1 MiB default.
 constexpr bool kFirstBucketFollowsGivenCap = TORCH_VERSION_MAJOR >= 2;
 
+// Whether an exception a c10d call threw is the backend failing (NCCL's
+// communicator made lazily inside the first collective, its store, its
+// network), not a refusal of the call's arguments. 2.x throws those as
+// c10::DistBackendError; 1.13 (CPU: Gloo only, which starts nothing at the
+// call) has no such type and no such failure at the call.
+#if TORCH_VERSION_MAJOR >= 2
+inline bool is_backend_failure(const std::exception& e) {
+  return dynamic_cast<const c10::DistBackendError*>(&e) != nullptr;
+}
+#else
+inline bool is_backend_failure(const std::exception&) { return false; }
+#endif
+
 // 2.x's Gloo worker threads name themselves ("pt_gloo_runloop") once they
 // run, which can land after our rename (comm_threads.cpp waits for it).
 constexpr bool kGlooWorkersNameThemselves = TORCH_VERSION_MAJOR >= 2;

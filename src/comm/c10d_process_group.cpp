@@ -26,6 +26,12 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// c10::Error's text without LibTorch's backtrace.
+std::string message_of(const std::exception& e) {
+  if (const auto* c10_error = dynamic_cast<const c10::Error*>(&e)) return c10_error->what_without_backtrace();
+  return e.what();
+}
+
 }  // namespace
 
 C10dProcessGroup::C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
@@ -143,7 +149,7 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
   if (name_ == "gloo" && bitwise)
     for (const auto* list : {&call.inputs, &call.outputs})
       for (const auto& t : *list)
-        if (t.defined() && !c10::isIntegralType(t.scalar_type(), true))
+        if (t.defined() && !c10::isIntegralType(t.scalar_type(), /*includeBool=*/false))
           throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs integer tensors, not " +
                            c10::toString(t.scalar_type()) + " (\"Cannot use ReduceOp." + reduce_op_name(call.op) +
                            " with non-integral dtype\")");
@@ -153,7 +159,8 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
-    throw UsageError(who + first_line(e.what()) +
+    if (compat::is_backend_failure(e)) throw CommError(who + "the backend failed to start it: " + message_of(e));
+    throw UsageError(who + first_line(message_of(e)) +
                      "\n  (c10d refused it before it started; where PyTorch's backend lacks an operation, "
                      "docs/api.md's table of ddp::dist says which backend has it)");
   }
@@ -192,7 +199,18 @@ std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<i
     if (!backend) throw UsageError("rank " + std::to_string(rank()) + ": dist.new_group: no " + name_ + " in this build");
     group = std::make_shared<C10dProcessGroup>(store_, backend, name_, device_, timeout, prefix, gloo_devices_);
   }
-  barrier();  // as PyTorch's new_group: every rank of the parent leaves it together
+  // As PyTorch's new_group: every rank of the parent leaves it together, met
+  // in the store rather than by a collective (which under NCCL would make a
+  // communicator on a device of NCCL's guessing).
+  try {
+    const std::string arrived = prefix + "_arrived", all = prefix + "_all";
+    if (store_->add(arrived, 1) == size()) store_->set(all, std::vector<uint8_t>{1});
+    store_->wait({all}, timeout);
+  } catch (const std::exception& e) {
+    throw CommError("rank " + std::to_string(rank()) + ": dist.new_group: not every rank of the job called it within " +
+                    std::to_string(timeout.count()) + " ms (" + first_line(message_of(e)) +
+                    ")\n  (every rank must call new_group with the same ranks, in the same order)");
+  }
   return group;
 }
 

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -159,11 +160,32 @@ Work do_all_to_all_single(const at::Tensor& out, const at::Tensor& in, const std
   return run(std::move(call), g, async);
 }
 
+// The global ranks of every group new_group made in this process, so that
+// its ProcessGroup, passed where a Group goes, still translates src and dst.
+struct Subgroups {
+  std::mutex mutex;
+  std::map<const ProcessGroup*, std::pair<std::weak_ptr<ProcessGroup>, std::vector<int>>> ranks;
+};
+
+Subgroups& subgroups() {
+  static Subgroups* s = new Subgroups;  // leaked: groups may outlive static destruction
+  return *s;
+}
+
 }  // namespace
 
 // ---- Group ---------------------------------------------------------------------
 
-Group::Group(std::shared_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {}
+Group::Group(std::shared_ptr<ProcessGroup> pg) : pg_(std::move(pg)) {
+  if (!pg_) return;
+  auto& known = subgroups();
+  std::lock_guard<std::mutex> lock(known.mutex);
+  const auto it = known.ranks.find(pg_.get());
+  if (it != known.ranks.end() && it->second.first.lock() == pg_) {
+    subgroup_ = true;
+    ranks_ = it->second.second;
+  }
+}
 
 Group Group::of_ranks(std::shared_ptr<ProcessGroup> pg, std::vector<int> ranks) {
   Group g;
@@ -235,6 +257,13 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
     throw UsageError(who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
                      " ms");
   auto pg = world->new_subgroup(ranks, timeout.value_or(world->timeout()));
+  if (pg) {
+    auto& known = subgroups();
+    std::lock_guard<std::mutex> lock(known.mutex);
+    for (auto it = known.ranks.begin(); it != known.ranks.end();)
+      it = it->second.first.expired() ? known.ranks.erase(it) : std::next(it);
+    known.ranks[pg.get()] = {pg, ranks};
+  }
   return Group::of_ranks(std::move(pg), std::move(ranks));
 }
 

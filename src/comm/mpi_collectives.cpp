@@ -66,19 +66,27 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
   using Kind = CollectiveCall::Kind;
   const char* name = collective_name(call.kind);
   const std::string op_name = std::string("mpi ") + name;
+  // MPI's count and displacement arrays, read until the collective ends: int
+  // tensors that the work keeps.
   auto ints = [&](const std::vector<int64_t>& v) {
-    std::vector<int> out;
-    for (auto x : v) out.push_back(count_of(x, name));
+    auto out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kInt));
+    for (size_t i = 0; i < v.size(); ++i) out.data_ptr<int>()[i] = count_of(v[i], name);
     return out;
   };
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw UsageError(who + what);
   };
+  auto same_dtype = [&](const std::vector<at::Tensor>& list, const at::Tensor& as, const char* what) {
+    for (const auto& t : list)
+      need(t.scalar_type() == as.scalar_type(), std::string("every tensor of ") + what + " must be " +
+                                                    c10::toString(as.scalar_type()) + ", as the other side; got " +
+                                                    c10::toString(t.scalar_type()));
+  };
   auto reduction = [&](const at::Tensor& t) {
     if (call.op == ReduceOp::AVG)
       throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch: reduce with ReduceOp::SUM and divide by "
                        "dist::get_world_size(group)");
-    const bool integral = c10::isIntegralType(t.scalar_type(), false);
+    const bool integral = c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
     if ((call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR) && !integral)
       throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs an integer tensor, not " +
                        c10::toString(t.scalar_type()));
@@ -151,8 +159,8 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
              "the output list has " + std::to_string(call.outputs.size()) + " tensors, not one per rank (" +
                  std::to_string(size_) + ")");
         for (const auto& t : call.outputs) counts.push_back(nbytes(t));
-        need(call.outputs[rank_].scalar_type() == in.scalar_type() && counts[rank_] == nbytes(in),
-             "this rank's tensor does not match its place in the output list (dtype and size)");
+        same_dtype(call.outputs, in, "the output list");
+        need(counts[rank_] == nbytes(in), "this rank's tensor does not match its place in the output list (size)");
       }
       const auto displs = offsets_of(counts);
       auto flat = at::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})},
@@ -163,11 +171,12 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
       work = start(all ? c10d::OpType::ALLGATHER : c10d::OpType::GATHER, name, flat,
                    [&](void* data, MPI_Request* r) {
                      if (all)
-                       return MPI_Iallgatherv(in.data_ptr(), mine, MPI_BYTE, data, c.data(), d.data(), MPI_BYTE, comm_, r);
-                     return MPI_Igatherv(in.data_ptr(), mine, MPI_BYTE, data, is_root ? c.data() : nullptr,
-                                         is_root ? d.data() : nullptr, MPI_BYTE, call.root, comm_, r);
+                       return MPI_Iallgatherv(in.data_ptr(), mine, MPI_BYTE, data, c.data_ptr<int>(),
+                                              d.data_ptr<int>(), MPI_BYTE, comm_, r);
+                     return MPI_Igatherv(in.data_ptr(), mine, MPI_BYTE, data, is_root ? c.data_ptr<int>() : nullptr,
+                                         is_root ? d.data_ptr<int>() : nullptr, MPI_BYTE, call.root, comm_, r);
                    },
-                   {in}, [flat, outputs, displs] { unflatten_into(flat, outputs, displs); });
+                   {in, c, d}, [flat, outputs, displs] { unflatten_into(flat, outputs, displs); });
       break;
     }
     case Kind::AllGatherIntoTensor: {
@@ -190,14 +199,17 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
              "the scatter list has " + std::to_string(call.inputs.size()) + " tensors, not one per rank (" +
                  std::to_string(size_) + ")");
         for (const auto& t : call.inputs) counts.push_back(nbytes(t));
+        same_dtype(call.inputs, out, "the scatter list");
+        need(counts[rank_] == nbytes(out), "this rank's tensor does not match its place in the scatter list (size)");
         flat = flat_bytes(call.inputs);
       }
       const auto c = ints(counts), d = ints(offsets_of(counts));
       const int mine = count_of(nbytes(out), name);
       work = start(c10d::OpType::SCATTER, name, out, [&](void* data, MPI_Request* r) {
-        return MPI_Iscatterv(flat.data_ptr(), is_root ? c.data() : nullptr, is_root ? d.data() : nullptr, MPI_BYTE,
-                             data, mine, MPI_BYTE, call.root, comm_, r);
-      }, {flat});
+        return MPI_Iscatterv(flat.data_ptr(), is_root ? c.data_ptr<int>() : nullptr,
+                             is_root ? d.data_ptr<int>() : nullptr, MPI_BYTE, data, mine, MPI_BYTE, call.root, comm_,
+                             r);
+      }, {flat, c, d});
       break;
     }
     case Kind::ReduceScatter:
@@ -239,12 +251,15 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
              "the input and output lists need one tensor per rank (" + std::to_string(size_) + ")");
         for (const auto& t : call.inputs) send.push_back(nbytes(t));
         for (const auto& t : call.outputs) recv.push_back(nbytes(t));
+        same_dtype(call.inputs, call.outputs.at(0), "the input list");
+        same_dtype(call.outputs, call.outputs.at(0), "the output list");
         in = flat_bytes(call.inputs);
         out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, at::TensorOptions().dtype(at::kByte));
         outputs = call.outputs;
       } else {
         in = host(call.inputs.at(0));
         out = call.outputs.at(0);
+        same_dtype({in}, out, "the input");
         auto rows = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
           const int64_t n = t.dim() == 0 ? 1 : t.size(0);
           const int64_t row = n == 0 ? 0 : nbytes(t) / n;
@@ -269,9 +284,9 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
       if (!outputs.empty()) after = [out, outputs, recv] { unflatten_into(out, outputs, offsets_of(recv)); };
       work = start(call.kind == Kind::AllToAll ? c10d::OpType::ALLTOALL : c10d::OpType::ALLTOALL_BASE, name, out,
                    [&](void* data, MPI_Request* r) {
-                     return MPI_Ialltoallv(in.data_ptr(), sc.data(), sd.data(), MPI_BYTE, data, rc.data(), rd.data(),
-                                           MPI_BYTE, comm_, r);
-                   }, {in}, std::move(after));
+                     return MPI_Ialltoallv(in.data_ptr(), sc.data_ptr<int>(), sd.data_ptr<int>(), MPI_BYTE, data,
+                                           rc.data_ptr<int>(), rd.data_ptr<int>(), MPI_BYTE, comm_, r);
+                   }, {in, sc, sd, rc, rd}, std::move(after));
       break;
     }
     case Kind::Barrier: {
@@ -290,7 +305,8 @@ std::shared_ptr<ProcessGroup> MpiProcessGroup::new_subgroup(const std::vector<in
   MPI_Request request = MPI_REQUEST_NULL;
   {
     std::lock_guard<std::mutex> lock(runtime().mutex);
-    MPI_Ibarrier(comm_, &request);
+    const int rc = MPI_Ibarrier(comm_, &request);
+    if (rc != MPI_SUCCESS) throw CommError(who + "MPI_Ibarrier failed: " + error_string(rc));
   }
   wait_request(request, Clock::now() + timeout, timeout, who + "waiting for every rank to call new_group: ");
   const auto it = std::find(ranks.begin(), ranks.end(), rank_);

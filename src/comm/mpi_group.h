@@ -39,6 +39,9 @@ struct Runtime {
   std::atomic<bool> abandoned{false};
   MPI_Datatype two_bytes = MPI_DATATYPE_NULL;
   MPI_Op half_sum = MPI_OP_NULL, bfloat16_sum = MPI_OP_NULL;
+  // Collectives still pending when their group went away (a Work dropped
+  // unwaited): kept, with the buffers MPI may still write, until exit.
+  std::vector<c10::intrusive_ptr<compat::Work>> orphans;
 };
 
 Runtime& runtime();
@@ -139,7 +142,15 @@ class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, int rank, int size, torch::Device device, std::chrono::milliseconds timeout)
       : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
-  ~MpiProcessGroup() override { free_comm(comm_); }
+  ~MpiProcessGroup() override {
+    {
+      std::lock_guard<std::mutex> lock(runtime().mutex);
+      progress_locked();
+      for (auto& w : outstanding_) runtime().orphans.push_back(w);
+      outstanding_.clear();
+    }
+    free_comm(comm_);  // MPI frees the communicator once what is pending on it ends
+  }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -175,8 +186,9 @@ class MpiProcessGroup final : public ProcessGroup {
 
   int count_of(int64_t n, const char* op) const {
     if (n > INT_MAX)
-      throw UsageError("rank " + std::to_string(rank_) + ": mpi " + op + ": " + std::to_string(n) +
-                       " elements exceed MPI's int count; split the tensor (e.g. a smaller bucket_cap_mb)");
+      throw UsageError("rank " + std::to_string(rank_) + ": mpi " + op + ": a count of " + std::to_string(n) +
+                       " (elements, or bytes for what travels as bytes) exceeds MPI's int; split the tensor "
+                       "(under DDP: a smaller bucket_cap_mb)");
     return static_cast<int>(n);
   }
 

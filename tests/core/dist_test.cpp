@@ -116,9 +116,7 @@ TEST_P(DistOverMpi, EveryCollectiveEqualToTorchDistributedAndTheOnesGlooLacksToT
   std::filesystem::remove_all(dir);
 }
 
-TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {
-  auto ranks = run_ranks(2, DIST_WORKER, {"errors"});
-  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+void expect_refusals(const std::vector<std::string>& outputs, const std::string& backend) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"avg", "AVG is NCCL's only"},
       {"band_float", "BAND"},
@@ -128,7 +126,7 @@ TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {
       {"group_rank_outside", "is not in the group"},
       {"undefined", "undefined"}};
   for (int r = 0; r < 2; ++r) {
-    const auto& out = ranks[r].output;
+    const auto& out = outputs[r];
     for (const auto& [name, words] : cases) {
       const auto at = out.find("ERR " + name + ": rank " + std::to_string(r));
       ASSERT_NE(at, std::string::npos) << "rank " << r << " case " << name << ":\n" << out;
@@ -141,7 +139,22 @@ TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {
               std::string::npos)
         << out;
     EXPECT_NE(out.find("after 6"), std::string::npos) << out;
+    if (backend == "mpi") EXPECT_NE(out.find("ERR dtype_mismatch: rank " + std::to_string(r)), std::string::npos) << out;
   }
+}
+
+TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"errors"});
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+  expect_refusals({ranks[0].output, ranks[1].output}, "gloo");
+}
+
+TEST(DistErrors, RefusedOnEveryRankOverMpiToo) {
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  auto ours = run_mpirun(2, DIST_WORKER, {"errors"}, {{"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  expect_refusals(ours.ranks, "mpi");
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DistParity, ::testing::Values(2, 3, 4),

@@ -209,7 +209,7 @@ void subgroups(Out& out, int rank, int world, int last) {
   }
   if (g1.is_member()) {
     auto t = val({3}, at::kLong, 41, rank);
-    dist::broadcast(t, last, g1);
+    dist::broadcast(t, last, g1.process_group());  // its ProcessGroup still knows the global ranks
     out.add("g1_broadcast", t);
     std::vector<at::Tensor> list;
     for (int r = 0; r < world - 1; ++r) list.push_back(zeros({2}));
@@ -252,6 +252,10 @@ void errors() {
   expect("new_group_twice", [&] { dist::new_group({0, 0}); });
   expect("new_group_outside", [&] { dist::new_group({0, world}); });
   expect("group_rank_outside", [&] { dist::get_group_rank(dist::Group{}, world + 3); });
+  if (dist::get_backend() == "mpi")
+    expect("dtype_mismatch", [&] {
+      dist::all_to_all_single(zeros({2 * world}, at::kDouble), zeros({2 * world}, at::kFloat));
+    });
   auto t = torch::ones({3});
   dist::all_reduce(t);
   std::cout << "after " << t.sum().item<double>() << std::endl;

@@ -52,8 +52,10 @@ inline constexpr AsyncOp async_op{};
 class Group {
  public:
   Group() = default;  // the default group
-  // A whole group; its ranks are the global ranks (the default group, or
-  // one made by ddp::init_process_group). Null is the default group.
+  // A whole group, whose ranks are the global ranks (one made by
+  // ddp::init_process_group), or the process group of a group new_group
+  // made (which is known by its members' global ranks). Null is the default
+  // group.
   Group(std::shared_ptr<ProcessGroup> pg);  // NOLINT(google-explicit-constructor): as `group=pg`
 
   // new_group's result: `ranks` are the members' global ranks, ascending;
