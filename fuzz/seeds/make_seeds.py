@@ -137,6 +137,16 @@ for name, data in archives.items():
     with open(os.path.join(corpus, 'module_archive_fuzz', name), 'wb') as f:
         f.write(data)
 
+# A libddp checkpoint whose "extra" refers to one list from two places, 60
+# levels down: 61 lists in the file, 2^60 read as a tree (a hostile file;
+# load_checkpoint refuses it in bounded memory).
+shared = ['x']
+for _ in range(60):
+    shared = [shared, shared]
+ckpt['extra'] = {'shared': shared}
+with open(os.path.join(corpus, 'checkpoint_fuzz', 'crash-shared-extra'), 'wb') as f:
+    f.write(saved(ckpt))
+
 deflated = io.BytesIO()
 with zipfile.ZipFile(io.BytesIO(valid)) as zin, zipfile.ZipFile(deflated, 'w') as zout:
     for info in zin.infolist():

@@ -157,6 +157,49 @@ void load_scaler(const pickle::ValuePtr& root, const std::string& path, GradScal
   }
 }
 
+// "an int", "a list": what a crafted value is, for errors.
+std::string kind_text(const pickle::Value& v) {
+  using Kind = pickle::Value::Kind;
+  switch (v.kind) {
+    case Kind::None: return "None";
+    case Kind::Bool: return "a bool";
+    case Kind::Int: return "an int";
+    case Kind::Float: return "a float";
+    case Kind::String: return "a str";
+    case Kind::Tuple: return "a tuple";
+    case Kind::List: return "a list";
+    case Kind::Dict: return "a dict";
+    case Kind::Tensor: return "a tensor";
+    case Kind::Global: return "a Python name";
+    case Kind::Object: return "a Python object";
+  }
+  return "a value of an unknown kind";
+}
+
+// The "config" entry: each option's name to its text, as save_checkpoint
+// writes it (none in older checkpoints). It feeds the must_match checks on
+// resume: a key or value that is not a str is refused, never read as "".
+std::map<std::string, std::string> read_config(const pickle::ValuePtr& root, const std::string& path) {
+  using Kind = pickle::Value::Kind;
+  std::map<std::string, std::string> config;
+  const auto entry = root->get("config");
+  if (!entry) return config;
+  const std::string bad = "; a corrupt or crafted file?";
+  if (!entry->is_dict())
+    throw CheckpointError(path + ": checkpoint entry \"config\" is " + kind_text(*entry) + ", not a dict of str" + bad);
+  for (const auto& [k, v] : entry->dict) {
+    if (k->kind != Kind::String)
+      throw CheckpointError(path + ": checkpoint entry \"config\" has a key that is " + kind_text(*k) + ", not a str" +
+                            (k->kind == Kind::Int ? " (" + std::to_string(k->i) + ")" : std::string()) + bad);
+    const std::string key = k->s.size() <= 40 ? k->s : k->s.substr(0, 40) + "...";
+    if (v->kind != Kind::String)
+      throw CheckpointError(path + ": checkpoint entry \"config\"[\"" + key + "\"] is " + kind_text(*v) + ", not a str" +
+                            bad);
+    config[k->s] = v->s;
+  }
+  return config;
+}
+
 // Parses and checks a checkpoint; throws CheckpointError saying what is wrong.
 pickle::ValuePtr parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
   auto root = pickle::load(bytes, path);
@@ -352,8 +395,7 @@ TrainState load_checkpoint(
   state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
   state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
   if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
-  if (auto config = root->get("config"); config && config->is_dict())
-    for (auto& [k, v] : config->dict) state.config[k->s] = v->s;
+  state.config = read_config(root, used);
   // Before the model: a changed option names itself, not a shape mismatch.
   if (check_config) check_config(state.config, used);
   state.extra = detail::extra_from_pickle(root->get("extra"), used);

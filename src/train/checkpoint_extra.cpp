@@ -3,6 +3,8 @@
 #include <ATen/core/List.h>
 #include <ATen/core/jit_type.h>
 
+#include <unordered_set>
+
 #include "ddp/errors.h"
 #include "ddp/train/checkpoint.h"
 
@@ -98,55 +100,108 @@ c10::TypePtr tagged_item_type(const std::string& tag) {
   return nullptr;
 }
 
-c10::IValue from_pickle(const pickle::ValuePtr& v, const std::string& where, const std::string& path) {
-  auto refuse = [&](const std::string& why) {
-    throw CheckpointError(path + ": checkpoint entry " + where + " is " + why + ", not plain data; a crafted file?");
-  };
-  switch (v->kind) {
-    case Kind::None: return c10::IValue();
-    case Kind::Bool: return v->b;
-    case Kind::Int: return v->i;
-    case Kind::Float: return v->f;
-    case Kind::String: return v->s;
-    case Kind::Tensor:
-      if (v->is_storage) refuse("a bare storage");
-      return v->tensor;
-    case Kind::Tuple: case Kind::List: {
-      std::vector<c10::IValue> items;
-      items.reserve(v->items.size());
-      for (size_t i = 0; i < v->items.size(); ++i)
-        items.push_back(from_pickle(v->items[i], child(where, std::to_string(i)), path));
-      if (v->kind == Kind::Tuple) return c10::ivalue::Tuple::create(std::move(items));
-      c10::TypePtr item = common_type(items);
-      if (const auto tagged = tagged_item_type(v->type_tag); tagged && (items.empty() || (item && *item == *tagged)))
-        item = tagged;
-      c10::impl::GenericList out(item ? item : c10::AnyType::get());
-      for (auto& i : items) out.push_back(std::move(i));
-      return out;
-    }
-    case Kind::Dict: {
-      c10::TypePtr key_type;
-      for (const auto& kv : v->dict) {
-        const auto& k = kv.first;
-        if (k->kind != Kind::String && k->kind != Kind::Int)
-          refuse("a dict whose keys are not all str or all int");
-        c10::TypePtr t = k->kind == Kind::String ? c10::TypePtr(c10::StringType::get()) : c10::IntType::get();
-        if (key_type && *key_type != *t) refuse("a dict whose keys are not all str or all int");
-        key_type = t;
-      }
-      c10::impl::GenericDict out(key_type ? key_type : c10::StringType::get(), c10::AnyType::get());
-      for (const auto& [k, x] : v->dict) {
-        const c10::IValue key = k->kind == Kind::String ? c10::IValue(k->s) : c10::IValue(k->i);
-        out.insert_or_assign(key, from_pickle(x, child(where, key_text(key)), path));
-      }
-      return out;
-    }
-    case Kind::Global: refuse("the Python name " + v->s); break;
-    case Kind::Object: refuse("a Python object (" + v->s + ")"); break;
+// Reading an entry back: the values the unpickler built, as c10 values.
+// A value the pickle memoised may sit in many containers at the cost of a
+// reference each (L0 = ["x"], Lk = [Lk-1, Lk-1]: 61 lists in 2 KB), but the
+// c10 values are a tree, one copy a path: 2^60 lists. So every value copied
+// (and every string's bytes, each time) is paid from a budget of a few times
+// what the entry holds, each value counted once.
+class FromPickle {
+ public:
+  FromPickle(const pickle::ValuePtr& entry, std::string path) : path_(std::move(path)) {
+    held_ = held_bytes(entry);
+    budget_ = kFloor + kExpansion * held_;
   }
-  refuse("of an unknown kind");
-  return {};
-}
+
+  c10::IValue convert(const pickle::ValuePtr& v, const std::string& where) {
+    auto refuse = [&](const std::string& why) {
+      throw CheckpointError(path_ + ": checkpoint entry " + where + " is " + why + ", not plain data; a crafted file?");
+    };
+    charge(kValueCost + (v->kind == Kind::String ? v->s.size() : 0), where);
+    switch (v->kind) {
+      case Kind::None: return c10::IValue();
+      case Kind::Bool: return v->b;
+      case Kind::Int: return v->i;
+      case Kind::Float: return v->f;
+      case Kind::String: return v->s;
+      case Kind::Tensor:
+        if (v->is_storage) refuse("a bare storage");
+        return v->tensor;  // a view of the storage read once: no copy
+      case Kind::Tuple: case Kind::List: {
+        std::vector<c10::IValue> items;
+        items.reserve(v->items.size());
+        for (size_t i = 0; i < v->items.size(); ++i) items.push_back(convert(v->items[i], child(where, std::to_string(i))));
+        if (v->kind == Kind::Tuple) return c10::ivalue::Tuple::create(std::move(items));
+        c10::TypePtr item = common_type(items);
+        if (const auto tagged = tagged_item_type(v->type_tag); tagged && (items.empty() || (item && *item == *tagged)))
+          item = tagged;
+        c10::impl::GenericList out(item ? item : c10::AnyType::get());
+        for (auto& i : items) out.push_back(std::move(i));
+        return out;
+      }
+      case Kind::Dict: {
+        c10::TypePtr key_type;
+        for (const auto& kv : v->dict) {
+          const auto& k = kv.first;
+          if (k->kind != Kind::String && k->kind != Kind::Int) refuse("a dict whose keys are not all str or all int");
+          c10::TypePtr t = k->kind == Kind::String ? c10::TypePtr(c10::StringType::get()) : c10::IntType::get();
+          if (key_type && *key_type != *t) refuse("a dict whose keys are not all str or all int");
+          key_type = t;
+        }
+        c10::impl::GenericDict out(key_type ? key_type : c10::StringType::get(), c10::AnyType::get());
+        for (const auto& [k, x] : v->dict) {
+          charge(kValueCost + k->s.size(), where);
+          const c10::IValue key = k->kind == Kind::String ? c10::IValue(k->s) : c10::IValue(k->i);
+          out.insert_or_assign(key, convert(x, child(where, key_text(key))));
+        }
+        return out;
+      }
+      case Kind::Global: refuse("the Python name " + v->s); break;
+      case Kind::Object: refuse("a Python object (" + v->s + ")"); break;
+    }
+    refuse("of an unknown kind");
+    return {};
+  }
+
+ private:
+  // What a value costs once converted (an IValue, its container's share),
+  // besides a string's bytes; what a reference to it costs in the file.
+  static constexpr uint64_t kValueCost = 64, kReferenceCost = 16;
+  // A tree of shared strings a program wrote (Python memoises a str object
+  // used twice) stays within a few times its file; anything reads within the floor.
+  static constexpr uint64_t kExpansion = 8, kFloor = uint64_t(64) << 20;
+
+  // The entry's values as the file holds them: each once, whatever refers to it.
+  static uint64_t held_bytes(const pickle::ValuePtr& entry) {
+    std::unordered_set<const pickle::Value*> seen;
+    std::vector<const pickle::Value*> pending{entry.get()};
+    uint64_t held = 0;
+    while (!pending.empty()) {
+      const pickle::Value* v = pending.back();
+      pending.pop_back();
+      if (!seen.insert(v).second) continue;
+      held += kValueCost + v->s.size() + kReferenceCost * (v->items.size() + 2 * v->dict.size());
+      for (const auto& x : v->items) pending.push_back(x.get());
+      for (const auto& [k, x] : v->dict) {
+        pending.push_back(k.get());
+        pending.push_back(x.get());
+      }
+    }
+    return held;
+  }
+
+  void charge(uint64_t n, const std::string& where) {
+    if (n > budget_ - spent_)
+      throw CheckpointError(path_ + ": checkpoint entry " + where + " refers to the same values over and over: read " +
+                            "as plain data it would take more than " + std::to_string(budget_ >> 20) + " MiB, from " +
+                            std::to_string(held_) + " bytes of values in the file. A malformed or hostile file: "
+                            "delete it, or resume from another checkpoint");
+    spent_ += n;
+  }
+
+  std::string path_;
+  uint64_t held_ = 0, budget_ = 0, spent_ = 0;
+};
 
 }  // namespace
 
@@ -170,9 +225,10 @@ std::map<std::string, c10::IValue> extra_from_pickle(const pickle::ValuePtr& ent
   std::map<std::string, c10::IValue> extra;
   if (!entry) return extra;
   if (!entry->is_dict()) throw CheckpointError(path + ": checkpoint entry \"extra\" is not a dict; corrupt file?");
+  FromPickle reader(entry, path);
   for (const auto& [k, v] : entry->dict) {
     if (k->kind != Kind::String) throw CheckpointError(path + ": checkpoint entry \"extra\" has a key that is not a str");
-    extra[k->s] = from_pickle(v, "extra[" + key_text(k->s) + "]", path);
+    extra[k->s] = reader.convert(v, "extra[" + key_text(k->s) + "]");
   }
   return extra;
 }

@@ -20,7 +20,9 @@ c10::impl::GenericDict extra_to_ivalue(const std::map<std::string, c10::IValue>&
 
 // The entry read back (nullptr: a checkpoint without one, empty). Only plain
 // data: a Python object or global in it is a CheckpointError naming the
-// entry and `path`.
+// entry and `path`. Bounded by what the file holds: a value the pickle
+// refers to from many places is copied into each, and copies beyond a few
+// times the entry's own values (each counted once) are a CheckpointError.
 std::map<std::string, c10::IValue> extra_from_pickle(const pickle::ValuePtr& entry, const std::string& path);
 
 }  // namespace ddp::detail

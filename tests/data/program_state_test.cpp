@@ -4,10 +4,16 @@
 // the config and checked on resume.
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <tuple>
 
 #include "../core/multiprocess.h"
+#include "crafted_files.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/run_dir.h"
@@ -93,6 +99,39 @@ std::string checkpoint_error(const std::function<void()>& f) {
   return "";
 }
 
+// A checkpoint's data.pkl, written by hand: the counts load_checkpoint reads
+// first, then `entries` (pickled keys and values), and no model: whatever
+// `entries` holds is read before the model is missed.
+std::string checkpoint_pkl(const std::string& entries) {
+  using namespace ddp::crafted;
+  return "\x80\x02}(" + str("format") + str("libddp-checkpoint") + str("version") + i64(1) + str("epoch") + i64(0) +
+         str("step") + i64(0) + str("sampler_epoch") + i64(0) + str("world_size") + i64(1) + entries + "u.";
+}
+
+std::string write_checkpoint(const std::string& path, const std::string& entries) {
+  std::ofstream(path, std::ios::binary) << ddp::crafted::make_zip({{"archive/data.pkl", checkpoint_pkl(entries)}}).bytes;
+  return path;
+}
+
+// Pickle memo opcodes: BINPUT and BINGET of slot k.
+std::string put(int k) { return {'q', static_cast<char>(k)}; }
+std::string get(int k) { return {'h', static_cast<char>(k)}; }
+
+// L0 = ["x"], Lk = [Lk-1, Lk-1]: n + 1 lists in the file, 2^n strings in the tree they make.
+std::string doubling_lists(int n) {
+  std::string out = "]" + ddp::crafted::str("x") + "a" + put(0);
+  for (int k = 1; k <= n; ++k) out += "0](" + get(k - 1) + get(k - 1) + "e" + put(k);
+  return out;
+}
+
+size_t depth_of(const c10::IValue& v) { return v.isList() ? 1 + depth_of(v.toListRef()[0]) : 0; }
+
+int64_t max_rss_mib() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
 }  // namespace
 
 TEST(ProgramState, ExtraEntriesRoundTripThroughSaveLoadAndPythonsTorchLoad) {
@@ -153,6 +192,13 @@ TEST(ProgramState, ExtraEntriesRoundTripThroughSaveLoadAndPythonsTorchLoad) {
     EXPECT_TRUE(from_python.at("mixed").toListRef()[2].isNone());
     EXPECT_EQ(from_python.at("empty").toListRef().size(), 0u);
     EXPECT_EQ(edited.extra.at("milestones").toIntVector(), (std::vector<int64_t>{10, 20}));
+    const auto shared = edited.extra.at("shared").toGenericDict();
+    const auto tags = shared.at("tags").toListRef();
+    ASSERT_EQ(tags.size(), 1000u) << "one string in a thousand places reads back";
+    std::string tag;
+    for (int k = 0; k < 100; ++k) tag += "edited";
+    EXPECT_EQ(tags[999].toStringRef(), tag);
+    EXPECT_EQ(shared.at("rows").toListRef()[1].toIntVector(), (std::vector<int64_t>{1, 2}));
   }
   ddp::destroy_process_group();
   fs::remove_all(dir);
@@ -224,6 +270,68 @@ TEST(ProgramState, ResumeRefusesAChangedModelOptionAndTakesAChangedFreeOne) {
                        run, *net, opt, *pg);
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("does not record --heads"), std::string::npos) << out;
+  ddp::destroy_process_group();
+  fs::remove_all(dir);
+}
+
+// One value the pickle memoised, referred to from many places: read as a
+// tree, a 2 KB file would make 2^60 lists, a 1 MiB string referred to 100,000
+// times 100 GB, on every rank. Conversion is bounded by what the entry holds.
+TEST(ProgramState, ExtraEntriesSharingOneValueManyTimesCannotOutgrowTheirFile) {
+  using namespace ddp::crafted;
+  auto pg = single_group();
+  const auto dir = ddp::testing::temp_dir("extra_shared");
+  auto net = small_net();
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  // Sharing that Python's pickler writes for real programs still reads, as a tree.
+  auto msg = checkpoint_error([&] {
+    ddp::load_checkpoint(write_checkpoint(dir + "/fine.pt", str("extra") + "}(" + str("ok") + doubling_lists(10) + "u"),
+                         *net, &opt, *pg);
+  });
+  EXPECT_NE(msg.find("checkpoint entry \"model\""), std::string::npos) << "read past extra: " << msg;
+
+  const std::string big(1 << 20, 'x');
+  std::string strings = "](" + str(big) + put(0);
+  for (int k = 1; k < 100000; ++k) strings += get(0);
+  strings += "e";
+  // The lists again as Python's torch.save writes them, in a whole checkpoint
+  // (fuzz/seeds/make_seeds.py).
+  const std::string from_python = std::string(FUZZ_CORPUS) + "/checkpoint_fuzz/crash-shared-extra";
+  const std::tuple<std::string, std::string, std::string> bombs[] = {
+      {"lists", doubling_lists(60), ""}, {"strings", strings, ""}, {"shared", "", from_python}};
+  for (const auto& [name, value, file] : bombs) {
+    const auto path =
+        file.empty() ? write_checkpoint(dir + "/" + name + ".pt", str("extra") + "}(" + str(name) + value + "u") : file;
+    const auto rss = max_rss_mib();
+    const auto start = std::chrono::steady_clock::now();
+    msg = checkpoint_error([&] { ddp::load_checkpoint(path, *net, &opt, *pg); });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(msg.find(path + ": checkpoint entry extra[\"" + name + "\"]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("malformed or hostile"), std::string::npos) << msg;
+    EXPECT_LT(seconds, 20.0) << name;
+    EXPECT_LT(max_rss_mib() - rss, 1024) << name << ": MiB more at the peak";
+  }
+  ddp::destroy_process_group();
+  fs::remove_all(dir);
+}
+
+// "config" feeds the must_match check on resume: a value that is not a str
+// is no option's text.
+TEST(ProgramState, AConfigKeyOrValueThatIsNotAStrIsRefusedNamingIt) {
+  using namespace ddp::crafted;
+  auto pg = single_group();
+  const auto dir = ddp::testing::temp_dir("config_types");
+  auto net = small_net();
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  const std::pair<std::string, std::string> cases[] = {
+      {"}(" + str("lr") + str("0.1") + str("dim") + i64(64) + "u", "\"config\"[\"dim\"] is an int, not a str"},
+      {"}(" + i64(7) + str("64") + "u", "\"config\" has a key that is an int, not a str (7)"},
+      {"]", "\"config\" is a list, not a dict"}};
+  for (const auto& [config, needle] : cases) {
+    const auto path = write_checkpoint(dir + "/checkpoint.pt", str("config") + config);
+    const auto msg = checkpoint_error([&] { ddp::load_checkpoint(path, *net, &opt, *pg); });
+    EXPECT_NE(msg.find(path + ": checkpoint entry " + needle), std::string::npos) << msg;
+  }
   ddp::destroy_process_group();
   fs::remove_all(dir);
 }

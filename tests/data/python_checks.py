@@ -49,6 +49,9 @@ elif sys.argv[1] == 'extra':
 elif sys.argv[1] == 'extra-edit':
     ck = torch.load(sys.argv[2])
     ck['extra']['from_python'] = {'note': 'edited', 'ids': [3, 1, 2], 'mixed': [1, 'a', None], 'empty': []}
+    # One object in many places: pickle writes it once and refers back to it (a memo).
+    tag, row = 'edited' * 100, [1, 2]
+    ck['extra']['shared'] = {'tags': [tag] * 1000, 'rows': [row, row]}
     ck['extra']['best_loss'] = 0.25
     torch.save(ck, sys.argv[2])
     print('saved')
