@@ -2,7 +2,7 @@
 // naming the root cause (this node's first failing worker, a stopped worker,
 // or another node's record) and the other failures. A deliberate stop for
 // preemption (exit 75 after a checkpoint) is summarized as that, not as a
-// failure.
+// failure, unless another worker failed otherwise meanwhile.
 #include "agent.h"
 
 #include <sys/wait.h>
@@ -33,8 +33,6 @@ void Agent::print_summary() const {
   // on a warning (SIGUSR1, SIGTERM) and stopped so that the job is requeued.
   const bool preempted = failure_ && !failure_->membership && !stalled_ &&
                          failure_->exit_code == ddp::kPreemptedExitCode;
-  std::string out = bar + "\n" + program + (preempted ? " STOPPED FOR PREEMPTION (not a failure)" : " FAILED") + "\n" +
-                    std::string(60, '-') + "\n";
   // torchrun's layout; the traceback lines are indented under their field.
   auto indented = [](const std::string& text) {
     std::string out;
@@ -79,6 +77,21 @@ void Agent::print_summary() const {
     root_here = failure_ && failure_->text == failure_text(first);
     stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
   }
+  // The other failures first: under a preemption, a worker that failed
+  // otherwise (a crash, an error) makes the stop no longer "not a failure".
+  size_t shown = 0;
+  std::string others;
+  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i) {
+    const Worker& w = workers_[local_failures_[i]];
+    // Under a preemption, the other workers that checkpointed and stopped too are no failures.
+    if (preempted && exit_code_of(*w.process->exit_status()) == ddp::kPreemptedExitCode) continue;
+    others += block(w);
+    ++shown;
+  }
+  const std::string header = !preempted ? " FAILED"
+                             : shown    ? " STOPPED FOR PREEMPTION, WITH FAILURES (listed under Failures)"
+                                        : " STOPPED FOR PREEMPTION (not a failure)";
+  std::string out = bar + "\n" + program + header + "\n" + std::string(60, '-') + "\n";
   if (preempted) {
     const std::string code = std::to_string(ddp::kPreemptedExitCode);
     out += "Stopped For Preemption (first worker to stop):\n";
@@ -105,15 +118,6 @@ void Agent::print_summary() const {
       out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
       if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
     }
-  }
-  size_t shown = 0;
-  std::string others;
-  for (size_t i = root_here ? 1 : 0; i < local_failures_.size(); ++i) {
-    const Worker& w = workers_[local_failures_[i]];
-    // Under a preemption, the other workers that checkpointed and stopped too are no failures.
-    if (preempted && exit_code_of(*w.process->exit_status()) == ddp::kPreemptedExitCode) continue;
-    others += block(w);
-    ++shown;
   }
   const std::string none = preempted ? "  <NO_FAILURES>\n" : "  <NO_OTHER_FAILURES>\n";
   out += std::string(60, '-') + (preempted ? "\nFailures:\n" : "\nOther Failures:\n") + (shown ? others : none) + bar +

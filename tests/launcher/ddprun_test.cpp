@@ -318,6 +318,38 @@ TEST_F(LauncherTest, APreemptionIsSummarizedAsAStopWithACheckpointNotAFailure) {
     EXPECT_EQ(r.err.find(failure), std::string::npos) << "'" << failure << "' in:\n" << r.err;
 }
 
+// Rank 0 stops for preemption and, seen in the same poll, rank 1 crashes:
+// the header must not call that "not a failure". ddprun is held with
+// SIGSTOP while both exit, so that it sees them together, in rank order.
+TEST_F(LauncherTest, APreemptionWithACrashedWorkerIsSummarizedWithItsFailures) {
+  std::string pids = sub("pids"), traps = sub("traps");
+  auto p = start({"--nproc-per-node", "2", "--master-port", std::to_string(free_port())},
+                 {"--pid-dir", pids, "--trap-dir", traps, "--on-warning", "75", "--fail-rank", "1", "--signal-self",
+                  std::to_string(SIGSEGV), "--fail-when-file", traps + "/warn.0", "--sleep", "-1"});
+  ASSERT_TRUE(wait_for([&] { return count_files(pids, "pid.") == 2; })) << p->current_err();
+  std::vector<pid_t> ranks;
+  for (const char* rank : {"/pid.0.0", "/pid.1.0"}) {
+    std::ifstream f(pids + rank);
+    pid_t pid = 0;
+    f >> pid;
+    ranks.push_back(pid);
+  }
+  p->signal(SIGSTOP);
+  ASSERT_EQ(::kill(ranks[0], SIGUSR1), 0);
+  const bool both_exited = wait_for([&] { return !alive(ranks[0]) && !alive(ranks[1]); }, 60);
+  p->signal(SIGCONT);
+  ASSERT_TRUE(both_exited);
+  Result r = p->wait();
+  EXPECT_NE(r.err.find("STOPPED FOR PREEMPTION, WITH FAILURES"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("(not a failure)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Stopped For Preemption (first worker to stop)"), std::string::npos) << r.err;
+  const size_t failures = r.err.find("\nFailures:\n");
+  ASSERT_NE(failures, std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank      : 1", failures), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(SIGSEGV)", failures), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("<NO_FAILURES>"), std::string::npos) << r.err;
+}
+
 // SIGUSR1/SIGUSR2 as torchrun's --signals-to-handle: Slurm's preemption
 // warning (scancel --signal=USR1, sbatch --signal) must reach the workers so
 // that they can checkpoint, not kill ddprun and with it the workers.
