@@ -19,6 +19,7 @@
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
 #include "idx_fixture.h"
+#include "python_run.h"
 
 namespace fs = std::filesystem;
 
@@ -26,20 +27,8 @@ namespace {
 
 torch::nn::Sequential small_net() { return torch::nn::Sequential(torch::nn::Linear(3, 2)); }
 
-bool python_torch() {
-  FILE* p = ::popen("/usr/bin/python3 -c 'import torch' 2>/dev/null", "r");
-  return p && ::pclose(p) == 0;
-}
-
-std::string run(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
-  const int rc = ::pclose(p);
-  if (rc != 0) out = "FAILED(" + std::to_string(rc) + "): " + out;
-  return out;
-}
+using ddp::testing::python_torch;
+using ddp::testing::run;
 
 std::string python(const std::string& args) { return run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " " + args); }
 
