@@ -8,8 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${DDP_SAN_BUILD_DIR:-build-san}
 jobs=${DDP_JOBS:-$(nproc)}
-export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+source deploy/ccache-env.sh
 # This build has debug info (-g, for the sanitizers' reports), and ccache
 # then hashes the working directory too: without this, another checkout or
 # build directory would miss every entry (measured: 414 s instead of a warm

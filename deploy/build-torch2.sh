@@ -10,8 +10,7 @@ deploy/install-torch2.sh
 build=${DDP_TORCH2_BUILD_DIR:-build-torch2}
 venv=${DDP_TORCH2_VENV:-.deps/torch2}
 jobs=${DDP_JOBS:-$(nproc)}
-export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+source deploy/ccache-env.sh
 if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
   # The torch package folder, found without importing torch (fast, quiet).
   prefix=$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')

@@ -26,11 +26,13 @@ cmd=${1:-}; dir=${2:-}
 [[ "$cmd" == sweep ]] && dir=/nonexistent
 [[ -n "$cmd" && -n "$dir" ]] || { echo "usage: $0 up|down|exec DIR [CMD...]" >&2; exit 2; }
 dir=$(realpath -m "$dir")
-# Namespace and interface names from DIR, short enough for IFNAMSIZ.
-tag=$(printf '%s' "$dir" | cksum | cut -c1-6)
+# Namespace and interface names from DIR (40 bits of its SHA-256: clusters
+# in distinct folders get distinct names; `up` refuses a name another live
+# cluster holds), short enough for IFNAMSIZ.
+tag=$(printf '%s' "$dir" | sha256sum | cut -c1-10)
 ns1=ddpslurm${tag}a ns2=ddpslurm${tag}b
 veth_host1=ds${tag}a veth_host2=ds${tag}b
-net_b=$((100 + 10#$tag % 100)) net_c=$((10#${tag: -3} % 250))
+net_b=$((100 + 16#${tag:0:4} % 100)) net_c=$((16#${tag:4:4} % 250))
 addr1=10.$net_b.$net_c.1 addr2=10.$net_b.$net_c.2
 
 skip() { echo "slurm_cluster: cannot run here: $*" >&2; exit 77; }
@@ -76,6 +78,12 @@ up() {
     command -v "$tool" >/dev/null || skip "'$tool' is missing (deploy/install-deps.sh installs slurm-wlm, munge, iproute2)"
   done
   mkdir -p "$dir" && chmod 700 "$dir"
+  local owner where
+  if [[ -f "$registry/$tag" ]] && read -r owner where <"$registry/$tag" && [[ "$where" != "$dir" ]] &&
+    kill -0 "$owner" 2>/dev/null; then
+    log "the names of a cluster in $dir ($ns1, $ns2) are those of the live cluster in $where"
+    exit 1
+  fi
   down
   mkdir -p "$dir/run" "$dir/state" "$dir/log" "$registry"
   chmod 700 "$dir/run"
@@ -115,7 +123,7 @@ up() {
   cpus=$(nproc)
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=ddptest
-FirstJobId=$((1000 + 10#$tag % 90000))
+FirstJobId=$((1000 + 16#${tag:0:8} % 90000))
 SlurmctldHost=node1($addr1)
 SlurmctldPort=6817
 SlurmdPort=6818

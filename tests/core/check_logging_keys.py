@@ -15,11 +15,25 @@ import torch
 import torch.distributed as dist
 
 
+_held = []  # the holders of reserved_port(), open until the process exits
+
+
+def reserved_port():
+    """A port for this process's store, reserved until the process exits (as
+    tests/support/reserved_port.h does): bound on every address without
+    SO_REUSEADDR, so the kernel hands out a port no socket holds, then given
+    SO_REUSEADDR and kept open, bound and not listening. No bind() to port 0
+    and no outgoing connection of any process draws it meanwhile, and the
+    store's own bind (TCPStore sets SO_REUSEADDR) succeeds."""
+    holder = socket.socket()
+    holder.bind(("", 0))
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    _held.append(holder)
+    return holder.getsockname()[1]
+
+
 def pytorch_logging_data():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(reserved_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     net = torch.nn.ModuleDict({"l1": torch.nn.Linear(8, 32), "l2": torch.nn.Linear(32, 4),
                                "extra": torch.nn.Linear(8, 4)}).double()

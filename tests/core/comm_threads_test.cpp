@@ -4,9 +4,7 @@
 // default leaves it as Gloo starts it. A one-rank group over a real TCP store
 // is enough to see the threads.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <sched.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,21 +14,10 @@
 #include <vector>
 #include <string>
 
+#include "../support/reserved_port.h"
 #include "ddp/comm/process_group.h"
 
 namespace {
-
-uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Scheduling policy of every thread of this process with the given name.
 std::vector<int> policies_of(const std::string& name) {
@@ -45,7 +32,7 @@ std::vector<int> policies_of(const std::string& name) {
 
 std::shared_ptr<ddp::ProcessGroup> one_rank_gloo_group() {
   ddp::LaunchEnv env;
-  env.master_port = free_port();
+  env.master_port = ddp::testing::reserved_port();
   return ddp::init_process_group(env, ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(30)));
 }
 

@@ -83,9 +83,13 @@ TEST(MpiTimeout, ACollectiveOneRankNeverJoinsFailsWithinTheTimeout) {
 }
 
 // Under mpirun on one node, Gloo needs no MASTER_ADDR either (loopback).
+// MASTER_PORT is a reserved one (multiprocess.h): the port a job id gives,
+// one of 15000 (launch_env.h), may be another job's, such as this test's in
+// the other build running at once; mpi_netns_test.cpp runs without
+// MASTER_PORT, in network namespaces of its own.
 TEST(MpiLaunch, GlooUnderMpirunOnOneNode) {
   SKIP_WITHOUT_MPI();
-  auto r = run_mpirun(2, DDP_TRAIN_CHECK, {"--backend", "gloo"});
+  auto r = run_mpirun(2, DDP_TRAIN_CHECK, {"--backend", "gloo"}, {{"MASTER_PORT", std::to_string(free_port())}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.ranks[1].find("rank 1/2: openmpi ok"), std::string::npos) << describe(r);
 }

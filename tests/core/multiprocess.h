@@ -24,22 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "../support/reserved_port.h"
+
 namespace ddp::testing {
 
-// A port the kernel just handed out, so concurrent tests do not collide.
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  int port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
-}
+// A port for a child to listen on, reserved by this process until it exits
+// (tests/support/reserved_port.h): tests running at once never share one.
+inline int free_port() { return reserved_port(); }
 
 struct RankResult {
   int exit_code = -1;  // 128+signal when killed

@@ -15,22 +15,11 @@
 #include <sstream>
 #include <string>
 
+#include "../support/reserved_port.h"
 #include "ddp/errors.h"
 #include "ddp/comm/process_group.h"
 
 namespace {
-
-uint16_t free_loopback_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
 
 // The local addresses (hex, as /proc/net/tcp{,6} write them) with a listening
 // socket on `port`.
@@ -75,7 +64,7 @@ std::string rank0_error(const std::string& addr, uint16_t port) {
 }
 
 TEST(StoreBind, RankZeroServesTheStoreOnMasterAddrOnly) {
-  const uint16_t port = free_loopback_port();
+  const uint16_t port = ddp::testing::reserved_port();
   auto group = ddp::init_process_group(rank0("127.0.0.1", port, 1),
                                        ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::seconds(30)));
   const auto listening = listening_addresses(port);
@@ -86,7 +75,7 @@ TEST(StoreBind, RankZeroServesTheStoreOnMasterAddrOnly) {
 
 TEST(StoreBind, AMasterAddrOfAnotherHostIsReportedAsAnAddressProblem) {
   // 10.255.255.1: not this machine's (a test-net address nothing answers).
-  const std::string what = rank0_error("10.255.255.1", free_loopback_port());
+  const std::string what = rank0_error("10.255.255.1", ddp::testing::reserved_port());
   EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
   EXPECT_NE(what.find("MASTER_ADDR"), std::string::npos) << what;
   EXPECT_NE(what.find("not an address of this host"), std::string::npos) << what;
@@ -94,21 +83,23 @@ TEST(StoreBind, AMasterAddrOfAnotherHostIsReportedAsAnAddressProblem) {
 }
 
 TEST(StoreBind, AMasterAddrThatDoesNotResolveIsReportedAsSuch) {
-  const std::string what = rank0_error("ddp-no-such-host.invalid", free_loopback_port());
+  const std::string what = rank0_error("ddp-no-such-host.invalid", ddp::testing::reserved_port());
   EXPECT_NE(what.find("rank 0"), std::string::npos) << what;
   EXPECT_NE(what.find("does not resolve"), std::string::npos) << what;
   EXPECT_EQ(what.find("already in use"), std::string::npos) << what;
 }
 
 TEST(StoreBind, APortInUseIsReportedAsSuch) {
-  const uint16_t port = free_loopback_port();
+  // A listener of this test's own on a port the kernel picks: in use, by us alone.
   int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
+  socklen_t len = sizeof a;
   ASSERT_EQ(::bind(holder, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
   ASSERT_EQ(::listen(holder, 1), 0);
+  ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const uint16_t port = ntohs(a.sin_port);
   const std::string what = rank0_error("127.0.0.1", port);
   ::close(holder);
   EXPECT_NE(what.find("rank 0"), std::string::npos) << what;

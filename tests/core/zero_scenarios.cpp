@@ -15,7 +15,7 @@
 namespace ddp::testing {
 namespace {
 
-constexpr int kRows = 8, kIn = 10, kOut = 3, kSteps = 30;
+constexpr int kZeroRows = 8, kIn = 10, kOut = 3, kSteps = 30;
 // l2's weight, 24 x kWide floats, is over 1 MiB: ZeRO broadcasts it in place,
 // the others coalesced.
 constexpr int kWide = 11000;
@@ -38,7 +38,7 @@ struct ZeroNetImpl : torch::nn::Module {
 TORCH_MODULE(ZeroNet);
 
 std::pair<torch::Tensor, torch::Tensor> zero_batch(int step, int rank) {
-  auto n = torch::arange(kRows, torch::kDouble).unsqueeze(1);
+  auto n = torch::arange(kZeroRows, torch::kDouble).unsqueeze(1);
   auto x = torch::sin(0.1 * (step * 1000 + rank * 100 + n * 7 + torch::arange(kIn, torch::kDouble).unsqueeze(0) * 3))
                .to(torch::kFloat);
   auto y = torch::cos(0.05 * (step * 500 + rank * 50 + n * 5 + torch::arange(kOut, torch::kDouble).unsqueeze(0)))

@@ -57,9 +57,28 @@ test -s "$work/readme_snippet.cpp" || { echo "no \`\`\`cpp snippet in README.md"
 configure readme -DREADME_SNIPPET="$work/readme_snippet.cpp"
 
 # One process each: world size 1 still goes through the store, Gloo and the reducer.
+# Its store's port: below the kernel's ephemeral range, where other tests'
+# reserved ports (tests/support/reserved_port.h) and every outgoing
+# connection's port lie, and above the ports libddp derives from job ids
+# (15000-29999). Another process may still hold it (this test of the other
+# build, run at the same moment), so a run that finds its port in use is
+# run again on another.
+read -r ephemeral_low _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || ephemeral_low=32768
+((ephemeral_low > 31000)) || ephemeral_low=40000  # a machine with a wider range: retries must do
 run() {
-  local port=$(( 20000 + RANDOM % 20000 ))
-  RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@"
+  local attempt port out
+  for attempt in 1 2 3 4 5; do
+    port=$((30000 + RANDOM % (ephemeral_low - 30000)))
+    if out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" 2>&1); then
+      printf '%s\n' "$out"
+      return 0
+    fi
+    [[ "$out" == *"already in use"* ]] || break
+    echo "$(basename "$1"): port $port was in use (attempt $attempt); trying another" >&2
+  done
+  printf '%s\n' "$out"
+  echo "$(basename "$1") failed"
+  return 1
 }
 run "$work/build-consumer/consumer"
 run "$work/build-train_consumer/train_consumer"

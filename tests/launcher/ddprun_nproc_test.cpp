@@ -16,15 +16,29 @@ TEST_F(Launcher, NprocFarBeyondTheMachineIsRefused) {
   EXPECT_NE(r.err.find("DDPRUN_MAX_NPROC=10000"), std::string::npos) << r.err;
 }
 
-// RLIMIT_NPROC as user nobody (root's own limit is not enforced): the
-// workers' forks fail with EAGAIN part-way through.
+// A user id of this test process's own (1000000 + its pid), for the limit
+// below: RLIMIT_NPROC counts every process of the real user id, so another
+// test as the same user (this one in the other build, run at the same
+// moment) would count against it. nobody's (65534) where this user
+// namespace does not map that id.
+std::string own_user_id() {
+  const unsigned long id = 1000000ul + static_cast<unsigned long>(::getpid());
+  std::ifstream map("/proc/self/uid_map");
+  unsigned long inside = 0, outside = 0, count = 0;
+  while (map >> inside >> outside >> count)
+    if (id >= inside && id - inside < count) return std::to_string(id);
+  return "65534";
+}
+
+// RLIMIT_NPROC as an unprivileged user (root's own limit is not enforced):
+// the workers' forks fail with EAGAIN part-way through.
 TEST_F(Launcher, AForkFailingAtTheProcessLimitStopsTheStartedWorkers) {
-  if (::getuid() != 0) GTEST_SKIP() << "needs root, to run ddprun as nobody under a process limit";
+  if (::getuid() != 0) GTEST_SKIP() << "needs root, to run ddprun as another user under a process limit";
   if (!fs::exists("/usr/bin/prlimit") || !fs::exists("/usr/bin/setpriv"))
     GTEST_SKIP() << "needs prlimit and setpriv (util-linux)";
   // ddprun, its watchdog and the first workers fit; the twelfth does not.
-  const std::string limit = "--nproc=6";
-  std::vector<std::string> argv{"/usr/bin/prlimit", limit, "/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+  const std::string limit = "--nproc=6", user = own_user_id();
+  std::vector<std::string> argv{"/usr/bin/prlimit", limit, "/usr/bin/setpriv", "--reuid=" + user, "--regid=" + user,
                                 "--clear-groups", DDPRUN_BIN, "--standalone", "--nproc-per-node", "12",
                                 TEST_WORKER_BIN, "--sleep", "120"};
   Process p(argv, {{"TMPDIR", "/tmp"}}, dir_);

@@ -455,6 +455,7 @@ TEST_F(Launcher, PortInUseAndUnreachableMasterExitWithOne) {
                         "port " + busy);
   ::close(s);
 
+  // Reserved by this process and never listened on: every connection to it is refused.
   std::string closed = std::to_string(free_port());
   expect_one_error_line(run({"--nnodes", "2", "--node-rank", "1", "--master-port", closed, "--rdzv-conf",
                              "join_timeout=2"},

@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+#include "../support/reserved_port.h"
+
 extern char** environ;
 
 namespace ddprun_test {
@@ -126,17 +128,10 @@ inline int kill_all_children() {
   return killed;
 }
 
-inline uint16_t free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof a;
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+// A port for ddprun (or a worker) to listen on, reserved by this process
+// until it exits (tests/support/reserved_port.h): tests running at once never
+// share one, and until something listens there a connection to it is refused.
+inline uint16_t free_port() { return ddp::testing::reserved_port(); }
 
 inline bool port_listening(uint16_t port) {
   int s = ::socket(AF_INET, SOCK_STREAM, 0);

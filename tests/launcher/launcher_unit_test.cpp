@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 
+#include "../support/reserved_port.h"
 #include "cli.h"
 #include "comm/store_client.h"
 #include "comm/store_deadline.h"
@@ -210,7 +211,7 @@ TEST(WaitUntil, HugeSecondsSaturateAtACentury) {
 // Another program wrote under ddprun's keys: a one-line LaunchError that says
 // which key and value, not an exception from deep inside number parsing.
 TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
-  uint16_t port = free_port();
+  uint16_t port = ::ddp::testing::reserved_port();
   c10d::TCPStoreOptions so;
   so.port = port;
   so.isServer = true;

@@ -1,0 +1,89 @@
+# What a build spends compiling, and how it spends less (docs/testing.md,
+# "Tests and their cost"):
+#
+# - The LibTorch headers are parsed once per build, not once per file: a
+#   precompiled <torch/torch.h> (about 12 of the 21 seconds a file took
+#   before) made once for the libraries and programs (the core's PCH) and once
+#   for the tests (the same with <gtest/gtest.h>), and shared by every target
+#   of that kind. GCC uses a shared PCH only where the position-independence
+#   flags agree, so every target that shares one is compiled with -fPIC (the
+#   libraries are anyway; an executable's own code pays nothing measurable).
+#   Clang refuses a PCH whose command-line macros differ from the file's, and
+#   each test names its own programs in macros: there each target makes its
+#   own PCH from the same header list.
+# - Unity builds: each target's files are compiled eight at a time as one
+#   (CMake's UNITY_BUILD), so what they share (LibTorch's inline functions
+#   and templates, generated at -O3 once per file before) is generated once
+#   per batch. A file whose file-local names clash with another's in its
+#   batch is compiled alone (SKIP_UNITY_BUILD_INCLUSION, in its folder's
+#   CMakeLists.txt).
+# - Code that only tests compile (test files, test workers) is optimized at
+#   DDP_TEST_OPTIMIZE (-O1): the arithmetic under test is the library's and
+#   LibTorch's, compiled as users get them, while -O3 on test code costs a
+#   third of its compile time and no test runs faster for it.
+# - ccache keeps working: deploy/ scripts set the sloppiness a PCH needs.
+#
+# DDP_PCH=OFF DDP_UNITY=OFF compiles every file on its own includes (to
+# check that each file includes what it uses and clashes with no other).
+
+option(DDP_PCH "Precompile the LibTorch headers once per build" ON)
+option(DDP_UNITY "Compile each target's files in batches (unity builds)" ON)
+set(DDP_TEST_OPTIMIZE -O1 CACHE STRING "Optimization of code that only tests compile")
+set(CMAKE_UNITY_BUILD ${DDP_UNITY})
+set(CMAKE_UNITY_BUILD_BATCH_SIZE 8)
+
+set(DDP_PCH_CORE_HEADERS <torch/torch.h>)
+set(DDP_PCH_TEST_HEADERS <torch/torch.h> <gtest/gtest.h>)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  set(DDP_PCH_SHARED ON)
+else()
+  set(DDP_PCH_SHARED OFF)
+endif()
+
+# ddp_precompile(<target> OWN|CORE|TEST): <target>'s files start from
+# precompiled headers: OWN, its own PCH of the core's headers (the ddp library:
+# its private macros, such as DDP_WITH_MPI, would make a PCH no other target
+# can use); CORE, the one ddp_core_pch makes (src/CMakeLists.txt) with the
+# usage requirements of ddp::ddp alone; TEST, the one ddp_test_pch makes
+# (tests/CMakeLists.txt). GCC takes a shared PCH only where every macro it
+# was made with is defined alike, so an anchor carries no macro of its own.
+function(ddp_precompile target kind)
+  if(NOT DDP_PCH)
+    return()
+  endif()
+  if(kind STREQUAL "TEST")
+    set(anchor ddp_test_pch)
+    set(headers ${DDP_PCH_TEST_HEADERS})
+    # GoogleTest's macros (GTEST_HAS_PTHREAD) as the PCH was made with them,
+    # also in the test programs that use none of it (a static library: it
+    # adds nothing to a program that calls nothing of it).
+    target_link_libraries(${target} PRIVATE GTest::gtest)
+  else()
+    set(anchor ddp_core_pch)
+    set(headers ${DDP_PCH_CORE_HEADERS})
+  endif()
+  if(DDP_PCH_SHARED)
+    target_compile_options(${target} PRIVATE -fPIC -Winvalid-pch)
+  endif()
+  if(kind STREQUAL "OWN" OR target STREQUAL anchor OR NOT DDP_PCH_SHARED)
+    target_precompile_headers(${target} PRIVATE ${headers})
+  else()
+    target_precompile_headers(${target} REUSE_FROM ${anchor})
+  endif()
+endfunction()
+
+# ddp_test_program(<target>): a test, or a program only tests run (a rank,
+# a worker, a fuzz harness), after its target_link_libraries: its own code at
+# DDP_TEST_OPTIMIZE, with the tests' PCH where it uses Torch.
+function(ddp_test_program target)
+  target_compile_options(${target} PRIVATE ${DDP_TEST_OPTIMIZE})
+  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    # A test fixture in an anonymous namespace, seen from another file of
+    # its unity batch: GCC warns, though nothing is shared across files.
+    target_compile_options(${target} PRIVATE -Wno-subobject-linkage)
+  endif()
+  get_target_property(libs ${target} LINK_LIBRARIES)
+  if(libs MATCHES "ddp::(ddp|train)")
+    ddp_precompile(${target} TEST)
+  endif()
+endfunction()
