@@ -13,14 +13,21 @@ deploy/build.sh
 ctest --test-dir "${DDP_BUILD_DIR:-build}" --output-on-failure -j 2 --timeout 600
 
 # LibTorch 2.x: the pinned PyTorch wheel's (CUDA and NCCL on; no GPU needed,
-# the GPU tests skip with their reason), the whole suite again with PyTorch
-# 2.x's Python as the parity oracle (docs/gpu.md). Not the Slurm cluster
-# tests: they check the job templates and Slurm's environment, which do not
-# depend on LibTorch, and take minutes to set up. DDP_SKIP_TORCH2=1 skips
-# this part, for a quick local run only.
+# the GPU tests skip with their reason), with PyTorch 2.x's Python as the
+# parity oracle (docs/gpu.md). Which tests run where (docs/testing.md):
+# - both builds: everything that touches Torch, c10d or the reducer (DDP,
+#   hooks, Join, ZeRO, AMP, the data kit, the examples, mpirun, the namespace
+#   hosts), ddprun's rendezvous and store (ddprun links c10d's TCPStore), and
+#   the installed package (its CMake config finds either LibTorch);
+# - the first build only, label torch_free: what no LibTorch version changes
+#   (ddprun starting, watching, stopping and restarting workers, its command
+#   line, Slurm host lists, the launch environment, the layout check);
+# - the first build only, label cluster: the Slurm job templates on a real
+#   Slurm, which check the templates and Slurm's environment, not LibTorch.
+# DDP_SKIP_TORCH2=1 skips this part, for a quick local run only.
 if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
   deploy/build-torch2.sh
-  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" --output-on-failure -j 2 --timeout 600 -LE cluster
+  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" --output-on-failure -j 2 --timeout 600 -LE 'cluster|torch_free'
 else
   echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does)"
 fi

@@ -9,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <vector>
 #include "errors.h"
 #include "fd.h"
 #include "wait.h"
@@ -42,9 +44,16 @@ uint16_t free_port() {
   a.sin_addr.s_addr = htonl(INADDR_ANY);
   a.sin_port = 0;
   socklen_t len = sizeof a;
+  const int one = 1;
   if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
     throw LaunchError(std::string("cannot find a free port: ") + std::strerror(errno));
+  // The reservations, held until ddprun exits (one per rendezvous round).
+  static std::mutex mutex;
+  static std::vector<UniqueFd> held;
+  std::lock_guard<std::mutex> lock(mutex);
+  held.push_back(std::move(s));
   return ntohs(a.sin_port);
 }
 

@@ -37,6 +37,9 @@ fi
 if [[ -f "$build/launcher/ddprun" ]]; then test -x "$prefix/bin/ddprun"; "$prefix/bin/ddprun" --version; fi
 
 launcher=$(command -v ccache || true)
+# ccache sees the paths under $work (a new folder each run) as relative ones,
+# so a second run of this test finds the consumers compiled already.
+export CCACHE_BASEDIR=$work
 # The consumer finds the LibTorch this build used, as a user names theirs
 # (docs/gpu.md): Torch_ROOT when the build had one (a pip wheel, a zip).
 torch_root=$(sed -n 's/^Torch_ROOT:[A-Z]*=//p' "$build/CMakeCache.txt")
