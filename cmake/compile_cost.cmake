@@ -51,19 +51,33 @@ function(ddp_precompile target kind)
   if(NOT DDP_PCH)
     return()
   endif()
+  if(NOT DDP_PCH_SHARED)
+    # A PCH of its own pays only where several files (unity batches) use it.
+    get_target_property(sources ${target} SOURCES)
+    list(LENGTH sources count)
+    if(count LESS 3)
+      return()
+    endif()
+  endif()
   if(kind STREQUAL "TEST")
     set(anchor ddp_test_pch)
     set(headers ${DDP_PCH_TEST_HEADERS})
-    # GoogleTest's macros (GTEST_HAS_PTHREAD) as the PCH was made with them,
-    # also in the test programs that use none of it (a static library: it
-    # adds nothing to a program that calls nothing of it).
-    target_link_libraries(${target} PRIVATE GTest::gtest)
+    if(DDP_PCH_SHARED)
+      # GoogleTest's macros (GTEST_HAS_PTHREAD) as the shared PCH was made
+      # with them, also in the test programs that use none of it (a static
+      # library: it adds nothing to a program that calls nothing of it).
+      target_link_libraries(${target} PRIVATE GTest::gtest)
+    endif()
   else()
     set(anchor ddp_core_pch)
     set(headers ${DDP_PCH_CORE_HEADERS})
   endif()
   if(DDP_PCH_SHARED)
     target_compile_options(${target} PRIVATE -fPIC -Winvalid-pch)
+  elseif(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    # No modification times in the PCH: one that ccache hands to another
+    # checkout (another cmake_pch.hxx of the same content) stays valid.
+    target_compile_options(${target} PRIVATE "SHELL:-Xclang -fno-pch-timestamp")
   endif()
   if(kind STREQUAL "OWN" OR target STREQUAL anchor OR NOT DDP_PCH_SHARED)
     target_precompile_headers(${target} PRIVATE ${headers})

@@ -11,7 +11,7 @@
 namespace ddprun_test {
 namespace {
 
-constexpr int kGroupTimeout = 15;  // seconds: lenet --timeout
+constexpr int kGroupTimeout = 8;  // seconds: lenet --timeout
 
 class NetnsFaults : public NetnsHostsTest {
  protected:
