@@ -9,9 +9,9 @@
 
 #include <cerrno>
 #include <cstring>
-#include <mutex>
-#include <vector>
+#include <system_error>
 #include "errors.h"
+#include "runtime/reserved_port.h"
 #include "fd.h"
 #include "wait.h"
 
@@ -37,24 +37,11 @@ int resolve(const std::string& host, uint16_t port, int socktype, AddrInfo& out)
 }  // namespace
 
 uint16_t free_port() {
-  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!s) throw LaunchError(std::string("cannot create a socket: ") + std::strerror(errno));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_ANY);
-  a.sin_port = 0;
-  socklen_t len = sizeof a;
-  const int one = 1;
-  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
-      ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
-    throw LaunchError(std::string("cannot find a free port: ") + std::strerror(errno));
-  // The reservations, held until ddprun exits (one per rendezvous round).
-  static std::mutex mutex;
-  static std::vector<UniqueFd> held;
-  std::lock_guard<std::mutex> lock(mutex);
-  held.push_back(std::move(s));
-  return ntohs(a.sin_port);
+  try {
+    return ddp::detail::reserve_port();
+  } catch (const std::system_error& e) {
+    throw LaunchError(std::string("cannot find a free port: ") + e.what());
+  }
 }
 
 std::string port_unavailable_reason(uint16_t port) {

@@ -10,13 +10,11 @@
 
 namespace ddprun {
 
-// A free port, reserved for the rest of ddprun's life: a socket bound to it on
-// every local address (port 0, without SO_REUSEADDR, so the kernel hands out
-// a port nobody holds), then marked SO_REUSEADDR and kept, not listening and
-// not inherited by the workers. While ddprun lives, no other process's
-// bind(0) or outgoing connect draws the port, while the workers' TCPStore
-// (which sets SO_REUSEADDR, as c10d's does) can listen on it. torchrun closes
-// its probe socket and lets any process take the port before rank 0 binds.
+// A free port, reserved for the rest of ddprun's life (src/runtime/
+// reserved_port.h): no other process's bind(0) or outgoing connect draws it,
+// while the workers' TCPStore (which sets SO_REUSEADDR, as c10d's does) can
+// listen on it. torchrun closes its probe socket and lets any process take
+// the port before rank 0 binds.
 uint16_t free_port();
 
 // Empty if `port` can be bound for listening on all local addresses; else
