@@ -11,12 +11,14 @@
 #   Clang refuses a PCH whose command-line macros differ from the file's, and
 #   each test names its own programs in macros: there each target makes its
 #   own PCH from the same header list.
-# - Unity builds: each target's files are compiled eight at a time as one
-#   (CMake's UNITY_BUILD), so what they share (LibTorch's inline functions
-#   and templates, generated at -O3 once per file before) is generated once
-#   per batch. A file whose file-local names clash with another's in its
-#   batch is compiled alone (SKIP_UNITY_BUILD_INCLUSION, in its folder's
-#   CMakeLists.txt).
+# - Unity builds: each target's files are compiled eight at a time as one,
+#   so what they share (LibTorch's inline functions and templates, generated
+#   at -O3 once per file before) is generated once per batch. A file whose
+#   file-local names clash with another's in its batch is compiled alone
+#   (SKIP_UNITY_BUILD_INCLUSION, in its folder's CMakeLists.txt). The batch
+#   files are ours (ddp_unity_batches), not CMake's: CMake before 3.32 names
+#   each file by its absolute path, which no other checkout shares, so ccache
+#   missed every batch in a fresh clone; ours name them by relative paths.
 # - Code that only tests compile (test files, test workers) is optimized at
 #   DDP_TEST_OPTIMIZE (-O1): the arithmetic under test is the library's and
 #   LibTorch's, compiled as users get them, while -O3 on test code costs
@@ -32,6 +34,7 @@ option(DDP_UNITY "Compile each target's files in batches (unity builds)" ON)
 set(DDP_TEST_OPTIMIZE -O1 CACHE STRING "Optimization of code that only tests compile")
 set(CMAKE_UNITY_BUILD ${DDP_UNITY})
 set(CMAKE_UNITY_BUILD_BATCH_SIZE 8)
+set(DDP_UNITY_EXTENSIONS cpp cc cxx)
 
 set(DDP_PCH_CORE_HEADERS <torch/torch.h>)
 set(DDP_PCH_TEST_HEADERS <torch/torch.h> <gtest/gtest.h>)
@@ -101,4 +104,79 @@ function(ddp_test_program target)
   if(libs MATCHES "ddp::(ddp|train)")
     ddp_precompile(${target} TEST)
   endif()
+endfunction()
+
+# ddp_unity_batches(<source dir>): after every target is defined (the root
+# CMakeLists.txt calls it last), replaces the files of each target under
+# <source dir> that has UNITY_BUILD on by batch files of its own,
+# CMAKE_UNITY_BUILD_BATCH_SIZE files each, that include them by paths
+# relative to the batch file (CMake's own would name absolute paths).
+function(ddp_unity_batches dir)
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    ddp_unity_batches(${sub})
+  endforeach()
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(target IN LISTS targets)
+    get_target_property(type ${target} TYPE)
+    if(type MATCHES "^(EXECUTABLE|STATIC_LIBRARY|SHARED_LIBRARY|MODULE_LIBRARY|OBJECT_LIBRARY)$")
+      get_target_property(unity ${target} UNITY_BUILD)
+      if(unity)
+        _ddp_unity_target(${target} ${dir})
+      endif()
+    endif()
+  endforeach()
+endfunction()
+
+function(_ddp_unity_target target dir)
+  get_target_property(sources ${target} SOURCES)
+  get_target_property(binary_dir ${target} BINARY_DIR)
+  set(out ${binary_dir}/unity)
+  string(JOIN "|" extensions ${DDP_UNITY_EXTENSIONS})
+  set(kept)
+  set(batches)
+  set(batch)
+  foreach(src IN LISTS sources)
+    set(skip ON)
+    if(NOT src MATCHES "\\$<" AND src MATCHES "\\.(${extensions})$")
+      # A relative name would be taken relative to this (the root) folder.
+      cmake_path(ABSOLUTE_PATH src BASE_DIRECTORY ${dir} NORMALIZE OUTPUT_VARIABLE abs)
+      get_source_file_property(skip ${abs} DIRECTORY ${dir} SKIP_UNITY_BUILD_INCLUSION)
+    endif()
+    if(skip)
+      list(APPEND kept ${src})
+      continue()
+    endif()
+    list(APPEND batch ${abs})
+    list(LENGTH batch n)
+    if(n EQUAL CMAKE_UNITY_BUILD_BATCH_SIZE)
+      list(JOIN batch "|" joined)
+      list(APPEND batches ${joined})
+      set(batch)
+    endif()
+  endforeach()
+  if(batch)
+    list(JOIN batch "|" joined)
+    list(APPEND batches ${joined})
+  endif()
+  set(index 0)
+  foreach(joined IN LISTS batches)
+    string(REPLACE "|" ";" files "${joined}")
+    list(LENGTH files n)
+    if(n EQUAL 1)
+      list(APPEND kept ${files})
+      continue()
+    endif()
+    set(content "/* ${target}: files compiled as one (cmake/compile_cost.cmake) */\n")
+    foreach(file IN LISTS files)
+      file(RELATIVE_PATH rel ${out} ${file})
+      string(APPEND content "#include \"${rel}\"\n")
+    endforeach()
+    set(unity_file ${out}/${target}_${index}.cxx)
+    file(CONFIGURE OUTPUT ${unity_file} CONTENT "${content}" @ONLY)
+    list(APPEND kept ${unity_file})
+    math(EXPR index "${index} + 1")
+  endforeach()
+  set_property(TARGET ${target} PROPERTY SOURCES ${kept})
+  set_property(TARGET ${target} PROPERTY UNITY_BUILD OFF)
 endfunction()

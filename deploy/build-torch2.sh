@@ -8,13 +8,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-torch2.sh
 build=${DDP_TORCH2_BUILD_DIR:-build-torch2}
-venv=${DDP_TORCH2_VENV:-.deps/torch2}
+venv=${DDP_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libddp/torch2}
 jobs=${DDP_JOBS:-$(nproc)}
 source deploy/ccache-env.sh
 if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
   # The torch package folder, found without importing torch (fast, quiet).
-  prefix=$("$venv/bin/python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')
+  python=$(cd "$venv" && pwd)/bin/python
+  prefix=$("$python" -c 'import importlib.util, os; print(os.path.dirname(importlib.util.find_spec("torch").origin))')
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTorch_ROOT="$prefix" \
-    -DDDP_ORACLE_PYTHON="$PWD/$venv/bin/python" "$@"
+    -DDDP_ORACLE_PYTHON="$python" "$@"
 fi
 cmake --build "$build" -j "$jobs"

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs the pinned PyTorch 2.x wheel from PyPI (LibTorch with CUDA and
-# NCCL, and its Python: the 2.x oracle of the parity tests) into a
-# project-local virtual environment, .deps/torch2 (ignored by git). A warm
-# run checks the versions and installs nothing; pip's cache keeps a re-run
-# after `rm -rf .deps` fast. The pin is the GPU machine's PyTorch (docs/gpu.md
+# NCCL, and its Python: the 2.x oracle of the parity tests) into a virtual
+# environment outside the tree, ~/.cache/libddp/torch2 (DDP_TORCH2_VENV), so
+# that every checkout on the machine shares it as it shares ccache's cache.
+# A warm run checks the versions and installs nothing; pip's cache keeps a
+# re-run after removing it fast (about 70 s). The pin is the GPU machine's PyTorch (docs/gpu.md
 # says how to check it there): what is built here runs there.
 # Usage: deploy/install-torch2.sh     (DDP_TORCH2_VERSION overrides the pin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${DDP_TORCH2_VERSION:-2.11.0}
 numpy_version=2.4.6
-venv=${DDP_TORCH2_VENV:-.deps/torch2}
+venv=${DDP_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libddp/torch2}
 
 if [[ -x "$venv/bin/python" ]] &&
   "$venv/bin/python" - "$version" "$numpy_version" <<'PY' 2>/dev/null; then
@@ -32,6 +33,6 @@ if [[ "$status" != ii* ]]; then
     $sudo apt-get install -y --no-install-recommends python3-venv
   }
 fi
-[[ -x "$venv/bin/python" ]] || /usr/bin/python3 -m venv "$venv"
+[[ -x "$venv/bin/python" ]] || { mkdir -p "$(dirname "$venv")" && /usr/bin/python3 -m venv "$venv"; }
 echo "install-torch2: installing torch $version (with its CUDA runtime wheels) and numpy $numpy_version into $venv"
 "$venv/bin/pip" install --progress-bar off --disable-pip-version-check "torch==$version" "numpy==$numpy_version"

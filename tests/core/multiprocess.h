@@ -81,6 +81,52 @@ inline int wait_exit_code(pid_t pid, std::chrono::steady_clock::time_point deadl
   }
 }
 
+// How run_ranks starts a job's ranks: one process each (the program once
+// per rank), or one process that forks them after the costly start-up
+// (LibTorch's initializers, Python's import of torch), which it pays once:
+// a C++ program with DDP_TEST_RANK_FORK_LIB preloaded
+// (tests/support/rank_fork.cpp), a Python script through
+// DDP_TEST_FORK_RANKS_PY (tests/support/fork_ranks.py). Either way each rank
+// is a process of its own with the same variables, output file and exit
+// code. The sanitized build starts each rank itself (the sanitizers' runtime
+// must be the first library a program loads).
+inline bool is_python(const std::string& program) {
+  return std::filesystem::path(program).filename().string().rfind("python", 0) == 0;
+}
+
+// DDP_TEST_EXEC_EACH_RANK=1 in a test's environment starts each rank itself.
+inline bool forks_ranks() {
+#if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
+  const char* each = std::getenv("DDP_TEST_EXEC_EACH_RANK");
+  return !each || !*each || std::string(each) == "0";
+#else
+  return false;
+#endif
+}
+
+// Starts the ranks of run_ranks as one process that forks them; their exit
+// codes come back in <dir>/rank<r>.exit.
+inline pid_t spawn_forking(const std::string& program, const std::vector<std::string>& args,
+                           std::map<std::string, std::string> env, const std::string& dir) {
+#if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
+  env["DDP_TEST_FORK_RANKS"] = dir;
+  env.erase("RANK");
+  env.erase("LOCAL_RANK");
+  if (is_python(program)) {
+    // The interpreter's own flags (-O) stay before the wrapper.
+    std::vector<std::string> wrapped;
+    size_t i = 0;
+    for (; i < args.size() && !args[i].empty() && args[i][0] == '-'; ++i) wrapped.push_back(args[i]);
+    wrapped.push_back(DDP_TEST_FORK_RANKS_PY);
+    for (; i < args.size(); ++i) wrapped.push_back(args[i]);
+    return spawn(program, wrapped, env, dir + "/ranks.log");
+  }
+  const char* preload = std::getenv("LD_PRELOAD");
+  env["LD_PRELOAD"] = std::string(DDP_TEST_RANK_FORK_LIB) + (preload && *preload ? std::string(":") + preload : "");
+#endif
+  return spawn(program, args, env, dir + "/ranks.log");
+}
+
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
 // at most `timeout`; stragglers are killed (and reported as signal 9).
 inline std::vector<RankResult> run_ranks(int world, const std::string& program, const std::vector<std::string>& args,
@@ -91,20 +137,37 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   const bool own_dir = !extra_env.count("DDP_TEST_DIR");
   char dir_template[] = "/tmp/ddp_test_XXXXXX";
   const std::string dir = own_dir ? std::string(::mkdtemp(dir_template)) : extra_env["DDP_TEST_DIR"];
-  std::vector<pid_t> pids;
-  for (int rank = 0; rank < world; ++rank) {
+  auto rank_env = [&](int rank) {
     std::map<std::string, std::string> env = {
         {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
         {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
         {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)},
         {"OMP_NUM_THREADS", "1"},             {"DDP_TEST_DIR", dir}};
     for (auto& [k, v] : extra_env) env[k] = v;
-    const std::string out = dir + "/rank" + std::to_string(rank) + ".log";
-    pids.push_back(spawn(program, args, env, out));
-  }
-  std::vector<RankResult> results(world);
-  std::vector<bool> done(world, false);
+    return env;
+  };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<RankResult> results(world);
+  if (forks_ranks()) {
+    for (int r = 0; r < world; ++r) std::filesystem::remove(dir + "/rank" + std::to_string(r) + ".exit");
+    const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
+    const int code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
+    for (int r = 0; r < world; ++r) {
+      const std::string exit_file = read_file(dir + "/rank" + std::to_string(r) + ".exit");
+      // No exit file: the rank never ended (killed with the others at the
+      // deadline, 128+9) or was never started (the starter's exit code).
+      results[r].exit_code = !exit_file.empty() ? std::atoi(exit_file.c_str()) : code != 0 ? code : 128 + SIGKILL;
+      results[r].output = read_file(dir + "/rank" + std::to_string(r) + ".log");
+    }
+    if (code != 0) results[0].output += "\n[the process that forked the ranks: exit " + std::to_string(code) + "]\n" +
+                                        read_file(dir + "/ranks.log");
+    if (own_dir) std::filesystem::remove_all(dir);
+    return results;
+  }
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < world; ++rank)
+    pids.push_back(spawn(program, args, rank_env(rank), dir + "/rank" + std::to_string(rank) + ".log"));
+  std::vector<bool> done(world, false);
   int remaining = world;
   while (remaining > 0) {
     for (int r = 0; r < world; ++r) {
@@ -151,6 +214,13 @@ inline RankResult run_program(const std::string& program, const std::vector<std:
 // RANK=`rank` (a rank started by run_ranks or by a launcher given that
 // DDP_TEST_DIR), or 0.
 inline pid_t find_rank_pid(const std::string& dir, int rank) {
+  // A rank forked by run_ranks: its starter wrote its id (its environ shows
+  // the starter's variables).
+  const std::string forked = read_file(dir + "/rank" + std::to_string(rank) + ".pid");
+  if (!forked.empty()) {
+    const pid_t pid = std::atoi(forked.c_str());
+    if (pid > 0 && ::kill(pid, 0) == 0) return pid;
+  }
   for (const auto& e : std::filesystem::directory_iterator("/proc")) {
     const pid_t pid = std::atoi(e.path().filename().c_str());
     if (pid <= 0) continue;

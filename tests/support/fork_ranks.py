@@ -1,0 +1,83 @@
+"""Runs a Python rank script (a PyTorch oracle) as ranks 0..WORLD_SIZE-1 of
+one job, each rank a process of its own, forked from one interpreter that
+has imported torch once: importing it costs each process 1.4 s (1.13) to
+2.5 s (2.11) of CPU, more than most oracles' own work.
+
+    python3 [flags] fork_ranks.py SCRIPT [ARGS...]
+
+with the torchrun variables but RANK and LOCAL_RANK in the environment, and
+DDP_TEST_FORK_RANKS naming a folder: rank r runs SCRIPT as __main__ with
+RANK=LOCAL_RANK=r, its stdout and stderr to <folder>/rank<r>.log, and its
+exit code goes to <folder>/rank<r>.exit (128+signal when killed) and its
+process id to <folder>/rank<r>.pid, as run_ranks and find_rank_pid
+(tests/core/multiprocess.h) read them. Nothing runs in the parent
+but the imports, so no thread exists when it forks."""
+import os
+import runpy
+import sys
+import traceback
+
+import torch  # noqa: F401 (the point: imported once, before the fork)
+import torch.distributed  # noqa: F401
+import torch.nn.parallel  # noqa: F401
+
+
+def write_file(path, text):
+    """Written whole under another name, then renamed: a reader never sees part."""
+    with open(path + ".partial", "w") as f:
+        f.write(text)
+    os.replace(path + ".partial", path)
+
+
+def run_rank(rank, folder, script, args):
+    """In the forked child: becomes rank `rank` and never returns."""
+    fd = os.open(os.path.join(folder, "rank%d.log" % rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
+    sys.argv = [script] + args
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # what an uncaught exception does to `python3 script`
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main():
+    folder = os.environ.pop("DDP_TEST_FORK_RANKS")
+    world = int(os.environ["WORLD_SIZE"])
+    script, args = sys.argv[1], sys.argv[2:]
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ranks = {}
+    for rank in range(world):
+        pid = os.fork()
+        if pid == 0:
+            run_rank(rank, folder, script, args)
+        ranks[pid] = rank
+        write_file(os.path.join(folder, "rank%d.pid" % rank), str(pid))
+    while ranks:
+        pid, status = os.wait()
+        rank = ranks.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        write_file(os.path.join(folder, "rank%d.exit" % rank), str(code if code >= 0 else 128 - code))
+
+
+if __name__ == "__main__":
+    main()
