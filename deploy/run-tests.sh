@@ -11,9 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
 deploy/build.sh
-# Multi-process tests start up to 4 ranks each; two tests at a time keep a
-# 2-core machine busy without starving the ranks (they also pass at -j4).
-ctest --test-dir "${DDP_BUILD_DIR:-build}" --output-on-failure -j 2 --timeout 600
+# Four tests at a time, in a new order each run: a 2-core machine stays busy
+# (at -j 2 the suite kept 1.6 cores busy; its tests wait on one another's
+# ranks, sockets and timeouts), and no test depends on its neighbours or on
+# running before or after another (docs/testing.md, "Tests that run at once").
+ctest_args=(--output-on-failure -j "${DDP_TEST_JOBS:-4}" --schedule-random --timeout 600)
+ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}"
 
 # LibTorch 2.x: the pinned PyTorch wheel's (CUDA and NCCL on; no GPU needed,
 # the GPU tests skip with their reason), with PyTorch 2.x's Python as the
@@ -30,7 +33,7 @@ ctest --test-dir "${DDP_BUILD_DIR:-build}" --output-on-failure -j 2 --timeout 60
 # DDP_SKIP_TORCH2=1 skips this part, for a quick local run only.
 if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
   deploy/build-torch2.sh
-  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" --output-on-failure -j 2 --timeout 600 -LE 'cluster|torch_free'
+  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" "${ctest_args[@]}" -LE 'cluster|torch_free'
 else
   echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does)"
 fi
@@ -41,4 +44,4 @@ if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then
 fi
 deploy/build-san.sh
 # The sanitizers' options come with the tests (cmake/sanitize.cmake).
-ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" --output-on-failure -j 2 --timeout 600
+ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" "${ctest_args[@]}"

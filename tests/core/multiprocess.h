@@ -94,12 +94,15 @@ inline bool is_python(const std::string& program) {
   return std::filesystem::path(program).filename().string().rfind("python", 0) == 0;
 }
 
-// DDP_TEST_EXEC_EACH_RANK=1 in a test's environment starts each rank itself.
-inline bool forks_ranks() {
+// DDP_TEST_EXEC_EACH_RANK=1 in a test's environment starts each rank itself,
+// as does a build whose preloaded library or wrapper is missing.
+inline bool forks_ranks(const std::string& program) {
 #if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
   const char* each = std::getenv("DDP_TEST_EXEC_EACH_RANK");
-  return !each || !*each || std::string(each) == "0";
+  if (each && *each && std::string(each) != "0") return false;
+  return ::access(is_python(program) ? DDP_TEST_FORK_RANKS_PY : DDP_TEST_RANK_FORK_LIB, R_OK) == 0;
 #else
+  (void)program;
   return false;
 #endif
 }
@@ -148,7 +151,7 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<RankResult> results(world);
-  if (forks_ranks()) {
+  if (forks_ranks(program)) {
     for (int r = 0; r < world; ++r) std::filesystem::remove(dir + "/rank" + std::to_string(r) + ".exit");
     const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
     const int code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
