@@ -108,9 +108,17 @@ void parity(const std::string& dir) {
   auto h = val({7}, at::kHalf, 3, rank);
   dist::all_reduce(h);
   out.add("all_reduce_SUM_f16", h);
-  auto base = val({5, 3}, at::kFloat, 4, rank);
-  dist::all_reduce(base.t());
-  out.add("all_reduce_view", base);
+  // A non-contiguous view, reduced in place: PyTorch 2.x's NCCL refuses it
+  // (c10d's own check, an error of LibTorch's rather than a UsageError).
+  try {
+    auto base = val({5, 3}, at::kFloat, 4, rank);
+    dist::all_reduce(base.t());
+    out.add("all_reduce_view", base);
+  } catch (const std::exception& e) {
+    if (dist::get_backend() != "nccl") throw;
+    std::cerr << "all_reduce_view: " << e.what() << "\n";
+    out.text("all_reduce_view", "unsupported");
+  }
   auto a = val({4}, at::kFloat, 5, rank);
   dist::all_reduce(a, ReduceOp::MAX, dist::async_op).wait();
   out.add("all_reduce_async", a);

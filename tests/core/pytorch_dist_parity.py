@@ -119,8 +119,11 @@ def main():
     dist.all_reduce(t)
     out.add("all_reduce_SUM_f16", t)
     base = val((5, 3), torch.float32, 4, rank)
-    dist.all_reduce(base.t())  # a non-contiguous view, reduced in place
-    out.add("all_reduce_view", base)
+    try:  # a non-contiguous view, reduced in place; PyTorch 2.x's NCCL refuses it
+        dist.all_reduce(base.t())
+        out.add("all_reduce_view", base)
+    except (RuntimeError, ValueError):
+        out.unsupported("all_reduce_view")
     t = val((4,), torch.float32, 5, rank)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
     out.add("all_reduce_async", t)

@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -88,6 +89,11 @@ int fork_ranks(int argc, char** argv, char** envp) {
     if (pid > 0) {
       ranks[pid] = rank;
       write_file(folder + "/rank" + std::to_string(rank) + ".pid", std::to_string(pid));
+    } else {
+      const std::string why = std::string("rank_fork: cannot fork rank ") + std::to_string(rank) + ": " +
+                              std::strerror(errno) + "\n";
+      write_file(folder + "/rank" + std::to_string(rank) + ".log", why);
+      write_file(folder + "/rank" + std::to_string(rank) + ".exit", "126");
     }
   }
   while (!ranks.empty()) {
