@@ -187,7 +187,8 @@ TEST(GpuAmp, Float16AutocastAndScalerMatchPyTorch) {
 
 // ddp::dist over NCCL, one rank per visible GPU: every case of
 // tests/core/pytorch_dist_parity.py on CUDA tensors, line for line equal to
-// torch.distributed's over NCCL (what NCCL lacks, the bitwise ops, is
+// torch.distributed's over NCCL (what NCCL lacks, the bitwise ops, and what
+// PyTorch 2.x's NCCL refuses, an all-reduce of a non-contiguous view, is
 // "unsupported" on both sides). More than one rank needs as many GPUs: NCCL
 // refuses two ranks on one device.
 TEST(GpuDist, EveryCollectiveOverNcclAsTorchDistributed) {
