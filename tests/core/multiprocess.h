@@ -152,7 +152,8 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<RankResult> results(world);
   if (forks_ranks(program)) {
-    for (int r = 0; r < world; ++r) std::filesystem::remove(dir + "/rank" + std::to_string(r) + ".exit");
+    for (int r = 0; r < world; ++r)  // what an earlier job in the same folder left
+      for (const char* what : {".exit", ".pid"}) std::filesystem::remove(dir + "/rank" + std::to_string(r) + what);
     const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
     const int code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
     for (int r = 0; r < world; ++r) {
