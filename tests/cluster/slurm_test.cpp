@@ -11,6 +11,7 @@
 
 #include <optional>
 
+#include "../support/located.h"
 #include "launcher_test_util.h"
 
 namespace ddprun_test {
@@ -180,7 +181,7 @@ class SlurmTemplates : public LauncherTest {
       EXPECT_NE(output.find(line), std::string::npos) << "missing '" << line << "' in the job's output:\n" << output;
   }
 
-  static constexpr const char* kScript = DDP_SOURCE_DIR "/tests/cluster/slurm_cluster.sh";
+  inline static const std::string kScript = std::string(DDP_SOURCE_DIR) + "/tests/cluster/slurm_cluster.sh";
   // The processes of `job` on the cluster's nodes: SLURM_JOB_ID=job in their environment.
   std::vector<ProcessInfo> processes_of(const std::string& job) {
     std::vector<ProcessInfo> out;

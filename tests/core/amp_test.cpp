@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "../support/located.h"
 #include "ddp/amp/autocast.h"
 #include "ddp/errors.h"
 #include "ddp/amp/grad_scaler.h"

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "../support/located.h"
 #include "multiprocess.h"
 
 using ddp::testing::describe;

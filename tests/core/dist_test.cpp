@@ -13,6 +13,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "../support/located.h"
 #include "multiprocess.h"
 #include "parity_compare.h"
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "../support/located.h"
 #include "multiprocess.h"
 #include "parity_compare.h"
 

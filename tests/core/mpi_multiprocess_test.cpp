@@ -6,6 +6,7 @@
 
 #include <tuple>
 
+#include "../support/located.h"
 #include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 

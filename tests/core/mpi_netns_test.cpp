@@ -11,6 +11,7 @@
 
 #include <random>
 
+#include "../support/located.h"
 #include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 

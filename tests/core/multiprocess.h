@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/located.h"
 #include "../support/reserved_port.h"
 
 namespace ddp::testing {

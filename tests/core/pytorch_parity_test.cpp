@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iomanip>
 
+#include "../support/located.h"
 #include "ddp/comm/process_group.h"
 #include "multiprocess.h"
 #include "parity_compare.h"

@@ -7,6 +7,7 @@
 // ranks included, and under DDP with several buckets.
 #include <gtest/gtest.h>
 
+#include "../support/located.h"
 #include "ddp/nn/sync_batch_norm.h"
 #include "multiprocess.h"
 

@@ -10,6 +10,7 @@
 
 #include <filesystem>
 
+#include "../support/located.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 #include "multiprocess.h"
 #include "parity_compare.h"

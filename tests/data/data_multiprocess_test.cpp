@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "idx_fixture.h"
 
 using ddp::testing::describe;

@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "../support/located.h"
 #include "ddp/parallel/distributed_sampler.h"
 
 namespace {

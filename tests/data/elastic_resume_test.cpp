@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "ddp/parallel/distributed_sampler.h"
 #include "ddp/train/preemption.h"
 #include "idx_fixture.h"

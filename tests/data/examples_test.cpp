@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "ddp/errors.h"
 #include "ddp/train/state_dict.h"
 #include "idx_fixture.h"

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "ddp/train/state_dict.h"
 #include "idx_fixture.h"
 

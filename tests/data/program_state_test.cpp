@@ -13,6 +13,7 @@
 #include <tuple>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "crafted_files.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/train/state_dict.h"

@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "../core/multiprocess.h"
+#include "../support/located.h"
 #include "crafted_files.h"
 #include "idx_fixture.h"
 #include "ddp/comm/process_group.h"

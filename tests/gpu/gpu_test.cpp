@@ -16,6 +16,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "../support/located.h"
 #include "multiprocess.h"
 
 using namespace ddp::testing;

@@ -3,6 +3,7 @@
 #include <regex>
 #include <set>
 
+#include "../support/located.h"
 #include "launcher_test_util.h"
 
 namespace ddprun_test {

@@ -3,6 +3,7 @@
 // process limit stops the workers already started and exits 1.
 #include <cstring>
 
+#include "../support/located.h"
 #include "launcher_test_util.h"
 
 namespace ddprun_test {

@@ -1,6 +1,7 @@
 // ddprun and Python programs: the interpreter chosen for a .py PROGRAM or
 // --module (one that has torch), and the error it names when none has.
 
+#include "../support/located.h"
 #include "launcher_test_util.h"
 
 namespace ddprun_test {

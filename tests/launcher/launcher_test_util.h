@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "../support/located.h"
 #include "../support/reserved_port.h"
 
 extern char** environ;

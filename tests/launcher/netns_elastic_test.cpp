@@ -8,6 +8,7 @@
 // later round resumed) must be the epoch's whole dataset exactly once, plus
 // the padding a shard of uneven size adds. Root only; skips otherwise.
 #include "../data/idx_fixture.h"
+#include "../support/located.h"
 #include "netns_util.h"
 
 #include <iostream>

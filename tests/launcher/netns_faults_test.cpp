@@ -6,6 +6,7 @@
 // after the failure and the restarted job resumes from the checkpoint and
 // finishes. Root only (skips with the reason otherwise).
 #include "../data/idx_fixture.h"
+#include "../support/located.h"
 #include "netns_util.h"
 
 namespace ddprun_test {

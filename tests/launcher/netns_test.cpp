@@ -2,6 +2,7 @@
 // each, training the library's DDP check model (ddp_train_check) across the
 // link. Needs root and working `ip netns`; skips with the reason otherwise.
 // The namespaces come from netns_util.h.
+#include "../support/located.h"
 #include "netns_util.h"
 
 namespace ddprun_test {

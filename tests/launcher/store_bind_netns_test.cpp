@@ -9,6 +9,7 @@
 // Needs root and working `ip netns`; skips with the reason otherwise.
 #include <random>
 
+#include "../support/located.h"
 #include "netns_util.h"
 
 namespace ddprun_test {
