@@ -60,9 +60,12 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
     int threads = std::max(1, usable_cpus() / std::max(1, o_.nproc));
     omp_threads_ = std::to_string(threads);
   }
-  for (const char* v : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"})
-    if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") && !std::getenv("NCCL_ASYNC_ERROR_HANDLING"))
-      base_env_.push_back(std::string(v) + "=1");
+  // As torchrun 2.x: NCCL's asynchronous error handling, under the name
+  // LibTorch 2.x reads. A worker on an older LibTorch (which reads
+  // NCCL_ASYNC_ERROR_HANDLING, a name 2.x calls deprecated) gets the value
+  // from libddp's init_process_group, which knows its LibTorch.
+  if (!std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") && !std::getenv("NCCL_ASYNC_ERROR_HANDLING"))
+    base_env_.push_back("TORCH_NCCL_ASYNC_ERROR_HANDLING=1");
 
   bool any_files = !o_.log_dir.empty();
   for (int lr = 0; lr < o_.nproc; ++lr) any_files = any_files || o_.redirects.of(lr) || o_.tee.of(lr);

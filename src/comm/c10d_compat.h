@@ -113,6 +113,26 @@ inline bool is_backend_failure(const std::exception& e) {
 inline bool is_backend_failure(const std::exception&) { return false; }
 #endif
 
+// A backend's normal exit before it is let go: 2.x's NCCL expects
+// Backend::shutdown() (without it, its destructor warns that
+// destroy_process_group() was not called, and at exit may run after the CUDA
+// runtime has begun unloading); 1.13's backends have no such call.
+#if TORCH_VERSION_MAJOR >= 2
+inline void shutdown_backend(Backend& backend) { backend.shutdown(); }
+#else
+inline void shutdown_backend(Backend&) {}
+#endif
+
+// The variable that turns on NCCL's asynchronous error handling: LibTorch
+// 2.2 renamed it and warns at every start that the old name is deprecated.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+constexpr const char* kNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+constexpr const char* kNcclAsyncErrorHandlingOtherName = "NCCL_ASYNC_ERROR_HANDLING";
+#else
+constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";
+constexpr const char* kNcclAsyncErrorHandlingOtherName = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+#endif
+
 // 2.x's Gloo worker threads name themselves ("pt_gloo_runloop") once they
 // run, which can land after our rename (comm_threads.cpp waits for it).
 constexpr bool kGlooWorkersNameThemselves = TORCH_VERSION_MAJOR >= 2;

@@ -39,11 +39,30 @@ C10dProcessGroup::C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::i
                                    std::string prefix, GlooDevices gloo_devices)
     : store_(std::move(store)),
       backend_(std::move(backend)),
+      rank_(backend_->getRank()),
+      size_(backend_->getSize()),
       name_(std::move(name)),
       device_(device),
       timeout_(timeout),
       prefix_(std::move(prefix)),
       gloo_devices_(std::move(gloo_devices)) {}
+
+compat::Backend& C10dProcessGroup::live(const char* op) const {
+  if (!backend_)
+    throw UsageError("rank " + std::to_string(rank_) + ": " + op + " on a " + name_ +
+                     " process group that destroy_process_group() has shut down: make a new one with "
+                     "init_process_group() (or dist::new_group) and use that");
+  return *backend_;
+}
+
+void C10dProcessGroup::shutdown() {
+  for (auto& weak : made_)
+    if (auto subgroup = weak.lock()) subgroup->shutdown();
+  made_.clear();
+  if (!backend_) return;
+  compat::shutdown_backend(*backend_);
+  backend_.reset();
+}
 
 Work C10dProcessGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
   return Work(std::move(work), name_ + " " + op, rank());
@@ -51,25 +70,25 @@ Work C10dProcessGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op)
 
 Work C10dProcessGroup::allreduce(at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
-  return wrap(backend_->allreduce(tensors), "allreduce");
+  return wrap(live("allreduce").allreduce(tensors), "allreduce");
 }
 
 Work C10dProcessGroup::broadcast(at::Tensor& tensor, int root) {
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
-  return wrap(backend_->broadcast(tensors, opts), "broadcast");
+  return wrap(live("broadcast").broadcast(tensors, opts), "broadcast");
 }
 
 std::vector<at::Tensor> C10dProcessGroup::allgather(const at::Tensor& tensor) {
   std::vector<at::Tensor> inputs{tensor};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < size(); ++r) outputs[0].push_back(at::empty_like(tensor));
-  wrap(backend_->allgather(outputs, inputs), "allgather").wait();
+  wrap(live("allgather").allgather(outputs, inputs), "allgather").wait();
   return outputs[0];
 }
 
-void C10dProcessGroup::barrier() { wrap(backend_->barrier(), "barrier").wait(); }
+void C10dProcessGroup::barrier() { wrap(live("barrier").barrier(), "barrier").wait(); }
 
 // c10d's call of the same name. Its argument checks throw here, at the
 // start; Gloo's refusals of AVG and of bitwise ops on floating tensors would
@@ -77,62 +96,63 @@ void C10dProcessGroup::barrier() { wrap(backend_->barrier(), "barrier").wait(); 
 // refuses them before anything starts.
 c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& call) {
   using Kind = CollectiveCall::Kind;
+  compat::Backend& backend = live(collective_name(call.kind));
   auto in = call.inputs;
   auto out = call.outputs;
   switch (call.kind) {
     case Kind::AllReduce: {
       c10d::AllreduceOptions opts;
       opts.reduceOp = to_c10d(call.op);
-      return backend_->allreduce(in, opts);
+      return backend.allreduce(in, opts);
     }
     case Kind::Reduce: {
       c10d::ReduceOptions opts;
       opts.reduceOp = to_c10d(call.op);
       opts.rootRank = call.root;
-      return backend_->reduce(in, opts);
+      return backend.reduce(in, opts);
     }
     case Kind::Broadcast: {
       c10d::BroadcastOptions opts;
       opts.rootRank = call.root;
-      return backend_->broadcast(in, opts);
+      return backend.broadcast(in, opts);
     }
     case Kind::AllGather: {
       std::vector<std::vector<at::Tensor>> lists{out};
-      return backend_->allgather(lists, in);
+      return backend.allgather(lists, in);
     }
-    case Kind::AllGatherIntoTensor: return backend_->_allgather_base(out.at(0), in.at(0));
+    case Kind::AllGatherIntoTensor: return backend._allgather_base(out.at(0), in.at(0));
     case Kind::Gather: {
       std::vector<std::vector<at::Tensor>> lists;
       if (rank() == call.root) lists.push_back(out);
       c10d::GatherOptions opts;
       opts.rootRank = call.root;
-      return backend_->gather(lists, in, opts);
+      return backend.gather(lists, in, opts);
     }
     case Kind::Scatter: {
       std::vector<std::vector<at::Tensor>> lists;
       if (rank() == call.root) lists.push_back(in);
       c10d::ScatterOptions opts;
       opts.rootRank = call.root;
-      return backend_->scatter(out, lists, opts);
+      return backend.scatter(out, lists, opts);
     }
     case Kind::ReduceScatter: {
       std::vector<std::vector<at::Tensor>> lists{in};
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = to_c10d(call.op);
-      return backend_->reduce_scatter(out, lists, opts);
+      return backend.reduce_scatter(out, lists, opts);
     }
     case Kind::ReduceScatterTensor: {
       c10d::ReduceScatterOptions opts;
       opts.reduceOp = to_c10d(call.op);
-      return backend_->_reduce_scatter_base(out.at(0), in.at(0), opts);
+      return backend._reduce_scatter_base(out.at(0), in.at(0), opts);
     }
-    case Kind::AllToAll: return backend_->alltoall(out, in);
+    case Kind::AllToAll: return backend.alltoall(out, in);
     case Kind::AllToAllSingle: {
       auto out_splits = call.output_split_sizes;
       auto in_splits = call.input_split_sizes;
-      return backend_->alltoall_base(out.at(0), in.at(0), out_splits, in_splits);
+      return backend.alltoall_base(out.at(0), in.at(0), out_splits, in_splits);
     }
-    case Kind::Barrier: return backend_->barrier();
+    case Kind::Barrier: return backend.barrier();
   }
   throw UsageError("unknown collective");
 }
@@ -140,6 +160,7 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& cal
 Work C10dProcessGroup::collective(const CollectiveCall& call) {
   const std::string op = collective_name(call.kind);
   const std::string who = "rank " + std::to_string(rank()) + ": dist." + op + " on " + name_ + ": ";
+  live(("dist." + op).c_str());
   if (name_ == "gloo" && call.op == ReduceOp::AVG &&
       (call.kind == CollectiveCall::Kind::AllReduce || call.kind == CollectiveCall::Kind::Reduce ||
        call.kind == CollectiveCall::Kind::ReduceScatter || call.kind == CollectiveCall::Kind::ReduceScatterTensor))
@@ -169,6 +190,7 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
 
 std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<int>& ranks,
                                                              std::chrono::milliseconds timeout) {
+  live("dist.new_group");
   const std::string prefix = prefix_ + "_sub" + std::to_string(subgroups_++);
   const auto it = std::find(ranks.begin(), ranks.end(), rank());
   std::shared_ptr<ProcessGroup> group;
@@ -198,6 +220,7 @@ std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<i
     }
     if (!backend) throw UsageError("rank " + std::to_string(rank()) + ": dist.new_group: no " + name_ + " in this build");
     group = std::make_shared<C10dProcessGroup>(store_, backend, name_, device_, timeout, prefix, gloo_devices_);
+    made_.push_back(group);
   }
   // As PyTorch's new_group: every rank of the parent leaves it together, met
   // in the store rather than by a collective (which under NCCL would make a

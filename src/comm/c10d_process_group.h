@@ -29,8 +29,8 @@ class C10dProcessGroup final : public ProcessGroup {
                    std::string name, torch::Device device, std::chrono::milliseconds timeout, std::string prefix,
                    GlooDevices gloo_devices = {});
 
-  int rank() const override { return backend_->getRank(); }
-  int size() const override { return backend_->getSize(); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   std::string backend_name() const override { return name_; }
   torch::Device device() const override { return device_; }
   std::chrono::milliseconds timeout() const override { return timeout_; }
@@ -44,19 +44,26 @@ class C10dProcessGroup final : public ProcessGroup {
   Work collective(const CollectiveCall& call) override;
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
                                              std::chrono::milliseconds timeout) override;
+  // Shuts the backend down (2.x: c10d's Backend::shutdown, the normal exit
+  // NCCL expects) and lets it go, with every subgroup this group made.
+  void shutdown() override;
 
  private:
+  // The backend, or a UsageError where shutdown() has let it go.
+  compat::Backend& live(const char* op) const;
   Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op);
   c10::intrusive_ptr<c10d::Work> start(const CollectiveCall& call);
 
   c10::intrusive_ptr<c10d::Store> store_;  // the backend keeps using it after construction
-  c10::intrusive_ptr<compat::Backend> backend_;
+  c10::intrusive_ptr<compat::Backend> backend_;  // null once shut down
+  int rank_, size_;
   std::string name_;
   torch::Device device_;
   std::chrono::milliseconds timeout_;
   std::string prefix_;
   GlooDevices gloo_devices_;
   int subgroups_ = 0;                               // new_subgroup calls so far (same on every rank)
+  std::vector<std::weak_ptr<ProcessGroup>> made_;   // the subgroups this rank is in, shut down with it
 };
 
 }  // namespace ddp::detail

@@ -300,6 +300,7 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::new_subgroup(const std::vector<int>& ranks,
                                                             std::chrono::milliseconds timeout) {
+  live("dist.new_group");
   const std::string who = "rank " + std::to_string(rank_) + ": dist.new_group on mpi: ";
   // Every rank must have come before MPI_Comm_split, which has no bound.
   MPI_Request request = MPI_REQUEST_NULL;

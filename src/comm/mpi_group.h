@@ -142,14 +142,19 @@ class MpiProcessGroup final : public ProcessGroup {
  public:
   MpiProcessGroup(MPI_Comm comm, int rank, int size, torch::Device device, std::chrono::milliseconds timeout)
       : comm_(comm), rank_(rank), size_(size), device_(device), timeout_(timeout) {}
-  ~MpiProcessGroup() override {
+  ~MpiProcessGroup() override { shutdown(); }
+
+  // Lets the communicator go (MPI frees it once what is pending on it
+  // ends); later calls are a UsageError.
+  void shutdown() override {
     {
       std::lock_guard<std::mutex> lock(runtime().mutex);
+      if (comm_ == MPI_COMM_NULL) return;
       progress_locked();
       for (auto& w : outstanding_) runtime().orphans.push_back(w);
       outstanding_.clear();
     }
-    free_comm(comm_);  // MPI frees the communicator once what is pending on it ends
+    free_comm(comm_);  // sets it to MPI_COMM_NULL
   }
 
   int rank() const override { return rank_; }
@@ -170,7 +175,14 @@ class MpiProcessGroup final : public ProcessGroup {
 
  private:
   Work start_collective(const CollectiveCall& call, const std::string& who);
+  void live(const char* op) const {
+    if (comm_ == MPI_COMM_NULL)
+      throw UsageError("rank " + std::to_string(rank_) + ": " + op +
+                       " on an mpi process group that destroy_process_group() has shut down: make a new one with "
+                       "init_process_group() (or dist::new_group) and use that");
+  }
   void check(const at::Tensor& tensor, const char* op) const {
+    live(op);
     const std::string who = "rank " + std::to_string(rank_) + ": mpi " + op + ": ";
     if (!tensor.defined()) throw UsageError(who + "the tensor is undefined");
     if (tensor.is_sparse()) throw UsageError(who + "sparse tensors are not supported; densify them first");
@@ -203,6 +215,7 @@ class MpiProcessGroup final : public ProcessGroup {
       buffer = tensor.to(at::kCPU).contiguous();  // synchronous: a CUDA tensor's producer has finished
       target = tensor;
     }
+    live(op);
     auto work = c10::make_intrusive<MpiWork>(type, std::string(op), rank_, timeout_, buffer, target);
     work->keep = std::move(keep);
     work->after = std::move(after);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -10,6 +11,7 @@
 #include "comm/c10d_process_group.h"
 #include "comm/store_client.h"
 #include "comm/comm_threads.h"
+#include "comm/gpu_ranks.h"
 #include "runtime/parse_number.h"
 #include "comm/process_group_mpi.h"
 #include "comm/store_bind.h"
@@ -64,7 +66,42 @@ namespace {
 
 std::mutex g_mutex;
 std::shared_ptr<ProcessGroup> g_default;
+std::vector<std::weak_ptr<ProcessGroup>> g_made;  // every group init_process_group made here
 int g_generation = 0;  // a fresh store prefix for each group made in this process
+
+// At exit, every group still up is shut down. The handler is registered
+// after the first group's backend was made (and with it, under NCCL, the
+// CUDA runtime initialized), so it runs before the runtime's own teardown
+// and before static destructors: a program that returns from main without
+// destroy_process_group() ends as cleanly as one that calls it.
+void shut_down_at_exit() {
+  std::vector<std::shared_ptr<ProcessGroup>> up;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (auto& weak : g_made)
+      if (auto group = weak.lock()) up.push_back(std::move(group));
+    g_made.clear();
+    g_default.reset();
+  }
+  for (auto it = up.rbegin(); it != up.rend(); ++it) {
+    try {
+      (*it)->shutdown();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "libddp: rank %d: shutting the %s process group down at exit: %s\n", (*it)->rank(),
+                   (*it)->backend_name().c_str(), e.what());
+    }
+  }
+}
+
+// Makes `group` the default group, shut down at exit if still up then.
+std::shared_ptr<ProcessGroup> adopt(std::shared_ptr<ProcessGroup> group) {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(shut_down_at_exit); });
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_default = group;
+  g_made.push_back(group);
+  return group;
+}
 
 // Rank 0 writes its job's id into the store it serves; every other rank
 // reads it and refuses a store of another job (two jobs on one node that
@@ -169,6 +206,25 @@ bool has_gpu() {
 #endif
 }
 
+int visible_gpus() {
+#ifdef DDP_WITH_CUDA
+  return static_cast<int>(torch::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+// NCCL's asynchronous error handling (a hung or failed collective ends the
+// process instead of hanging it), as torchrun turns it on: under the name
+// this LibTorch reads, where the program has not set it. ddprun exports
+// 2.x's name; a value under the other name is carried over, so no LibTorch
+// warns of a deprecated variable.
+void set_nccl_async_error_handling() {
+  if (std::getenv(compat::kNcclAsyncErrorHandling)) return;
+  const char* other = std::getenv(compat::kNcclAsyncErrorHandlingOtherName);
+  ::setenv(compat::kNcclAsyncErrorHandling, other ? other : "1", 0);
+}
+
 }  // namespace
 
 ProcessGroupOptions& ProcessGroupOptions::backend(std::string name) {
@@ -223,6 +279,12 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
   if (backend != "gloo" && backend != "nccl" && backend != "mpi")
     throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo, nccl or mpi");
   const auto timeout = options.timeout();
+  [[maybe_unused]] int gpu = -1;
+  if (backend == "nccl") {
+    if (!has_gpu()) throw UsageError(who + "the nccl backend needs a GPU and none is visible");
+    gpu = detail::gpu_of_rank(env, visible_gpus(), options.backend(), who);
+    set_nccl_async_error_handling();
+  }
 
   if (backend == "mpi") {
 #ifdef DDP_WITH_MPI
@@ -239,10 +301,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
       device = torch::Device(torch::kCUDA, index);
     }
 #endif
-    auto group = detail::make_mpi_process_group(env, timeout, device, who);
-    std::lock_guard<std::mutex> lock(g_mutex);
-    g_default = group;
-    return group;
+    return adopt(detail::make_mpi_process_group(env, timeout, device, who));
 #else
     throw UsageError(who + "the mpi backend is not compiled into this libddp (CMake found no MPI when it was "
                      "built, or it was configured with -DDDP_WITH_MPI=OFF): install Open MPI (Debian: libopenmpi-dev "
@@ -300,9 +359,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
 #endif
     } else {
 #ifdef USE_C10D_NCCL
-      if (!has_gpu()) throw UsageError("the nccl backend needs a GPU and none is visible");
-      c10::cuda::set_device(static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
-      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count()));
+      c10::cuda::set_device(static_cast<c10::DeviceIndex>(gpu));
+      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpu));
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout;
       pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
@@ -317,11 +375,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
                     " ranks within the timeout: " + e.what() +
                     "\n  (check that every rank was started, and GLOO_SOCKET_IFNAME when hosts have several interfaces)");
   }
-  auto group = std::make_shared<detail::C10dProcessGroup>(store, pg, backend, device, timeout, prefix,
-                                                         std::move(gloo_devices));
-  std::lock_guard<std::mutex> lock(g_mutex);
-  g_default = group;
-  return group;
+  return adopt(std::make_shared<detail::C10dProcessGroup>(store, pg, backend, device, timeout, prefix,
+                                                          std::move(gloo_devices)));
 }
 
 std::string mpi_library_version() {
@@ -350,7 +405,8 @@ void destroy_process_group() {
     std::lock_guard<std::mutex> lock(g_mutex);
     last.swap(g_default);
   }
-  // `last` goes out of scope outside the lock: a backend's shutdown may block briefly.
+  // Outside the lock: a backend's shutdown may block briefly.
+  if (last) last->shutdown();
 }
 
 }  // namespace ddp

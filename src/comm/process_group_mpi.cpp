@@ -127,6 +127,7 @@ void free_comm(MPI_Comm& comm) {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized && !rt.abandoned && comm != MPI_COMM_NULL) MPI_Comm_free(&comm);
+  comm = MPI_COMM_NULL;
 }
 
 Work MpiProcessGroup::allreduce(at::Tensor& tensor) {

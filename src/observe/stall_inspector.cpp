@@ -8,15 +8,13 @@
 
 #include "runtime/parse_number.h"
 #include "usage_check.h"
+#include "runtime/steady_clock.h"
 
 namespace ddp {
 
 namespace {
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using detail::steady_ns;
 
 }  // namespace
 

@@ -20,15 +20,13 @@
 #include <sstream>
 
 #include "ddp/comm/object_collectives.h"
+#include "runtime/steady_clock.h"
 
 namespace ddp {
 
 namespace {
 
-int64_t steady_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using detail::steady_ns;
 
 int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
   auto t = torch::tensor({value}, torch::kInt64).to(pg.device());

@@ -158,6 +158,56 @@ TEST(DistErrors, RefusedOnEveryRankOverMpiToo) {
   expect_refusals(ours.ranks, "mpi");
 }
 
+// Output a program must not print when it ends: a warning of ours or
+// PyTorch's, an abort, a note that the group was not destroyed.
+void expect_clean_end(const std::string& out) {
+  for (const char* bad : {"WARN", "Warning", "destroy_process_group", "deprecated", "terminate", "Abort"})
+    EXPECT_EQ(out.find(bad), std::string::npos) << "'" << bad << "' in:\n" << out;
+}
+
+// destroy_process_group() while the program still holds the group, as
+// torch.distributed's: no default group after it, and every later call on
+// the held group is a UsageError that names destroy_process_group.
+TEST(ProcessGroupTeardown, DestroyShutsTheBackendDownWhileTheProgramHoldsIt) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"teardown"});
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string& out = ranks[r].output;
+    ASSERT_EQ(ranks[r].exit_code, 0) << describe(ranks);
+    EXPECT_NE(out.find("before 6"), std::string::npos) << out;
+    EXPECT_NE(out.find("initialized 0"), std::string::npos) << out;
+    EXPECT_EQ(out.find("ran "), std::string::npos) << out;
+    for (const char* call : {"allreduce", "barrier", "all_gather", "dist_broadcast"})
+      EXPECT_NE(out.find(std::string("ERR ") + call + ": rank " + std::to_string(r) + ": "), std::string::npos)
+          << call << ":\n" << out;
+    EXPECT_NE(out.find("that destroy_process_group() has shut down"), std::string::npos) << out;
+    EXPECT_NE(out.find("ERR dist_all_reduce_default: no default process group"), std::string::npos) << out;
+    for (const char* bad : {"WARN", "Warning", "deprecated", "terminate", "Abort"})
+      EXPECT_EQ(out.find(bad), std::string::npos) << "'" << bad << "' in:\n" << out;
+  }
+}
+
+// A program that returns from main without destroy_process_group() exits 0
+// and prints nothing of its own or PyTorch's at exit.
+TEST(ProcessGroupTeardown, ReturningFromMainWithoutDestroyEndsCleanly) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"exit"});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+    EXPECT_NE(r.output.find("summed 6"), std::string::npos) << r.output;
+    expect_clean_end(r.output);
+  }
+}
+
+TEST(ProcessGroupTeardown, ReturningFromMainWithoutDestroyEndsCleanlyOverMpi) {
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  auto ours = run_mpirun(2, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  for (const auto& out : ours.ranks) {
+    EXPECT_NE(out.find("summed 6"), std::string::npos) << out;
+    expect_clean_end(out);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, DistParity, ::testing::Values(2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& i) { return "world_" + std::to_string(i.param); });
 INSTANTIATE_TEST_SUITE_P(Ranks, DistOverMpi, ::testing::Values(2, 4),

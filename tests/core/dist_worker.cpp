@@ -3,11 +3,14 @@
 // format (a case the backend lacks: "<case> unsupported"). `dist_worker
 // parity` runs them; `dist_worker errors` prints "ERR <case>: <message>" for
 // each refusal that must come before anything starts, then checks the group
-// still works. DDP_TEST_BACKEND picks the backend (gloo by default; nccl
+// still works; `dist_worker teardown` destroys the group while holding it
+// (its later calls must be refused) and `dist_worker exit` returns from main
+// without destroying it (the library shuts it down at exit). DDP_TEST_BACKEND picks the backend (gloo by default; nccl
 // puts every tensor on the rank's GPU).
 #include <ddp/ddp.h>
 
 #include <cstdlib>
+#include <functional>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -269,6 +272,32 @@ void errors() {
   std::cout << "after " << t.sum().item<double>() << std::endl;
 }
 
+// destroy_process_group() while this program still holds the group: the
+// default is gone and every later call on the held group is a UsageError.
+void teardown() {
+  auto held = ddp::default_process_group();
+  auto t = torch::ones({3});
+  held->allreduce(t).wait();
+  std::cout << "before " << t.sum().item<double>() << std::endl;
+  ddp::destroy_process_group();
+  std::cout << "initialized " << ddp::is_initialized() << std::endl;
+  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
+      {"allreduce", [&] { held->allreduce(t).wait(); }},
+      {"barrier", [&] { held->barrier(); }},
+      {"all_gather", [&] { held->allgather(t); }},
+      {"dist_broadcast", [&] { dist::broadcast(t, 0, held); }},
+      {"dist_all_reduce_default", [&] { dist::all_reduce(t); }},
+  };
+  for (const auto& [name, call] : calls) {
+    try {
+      call();
+      std::cout << "ran " << name << std::endl;
+    } catch (const ddp::UsageError& e) {
+      std::cout << "ERR " << name << ": " << e.what() << std::endl;
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -276,6 +305,16 @@ int main(int argc, char** argv) {
     const std::string mode = argc > 1 ? argv[1] : "parity";
     const char* backend = std::getenv("DDP_TEST_BACKEND");
     g_device = ddp::init_process_group(ddp::ProcessGroupOptions().backend(backend ? backend : "gloo"))->device();
+    if (mode == "teardown") {
+      teardown();
+      return 0;
+    }
+    if (mode == "exit") {
+      auto t = torch::ones({3}, torch::TensorOptions().device(g_device));
+      dist::all_reduce(t);
+      std::cout << "summed " << t.sum().item<double>() << std::endl;
+      return 0;  // no destroy_process_group(): the library shuts the group down at exit
+    }
     if (mode == "parity") parity(std::getenv("DDP_TEST_DIR"));
     else errors();
     ddp::destroy_process_group();

@@ -216,4 +216,36 @@ TEST(GpuDist, EveryCollectiveOverNcclAsTorchDistributed) {
   std::filesystem::remove_all(dir);
 }
 
+// An NCCL program that returns from main without destroy_process_group()
+// exits 0, and neither libddp nor PyTorch prints anything at its end (no
+// warning that the group was not destroyed, no deprecated variable, no abort
+// from a backend torn down after the CUDA runtime).
+TEST(GpuTeardown, NcclProgramReturningFromMainWithoutDestroyEndsCleanly) {
+  SKIP_WITHOUT_GPU();
+  const int world = std::min(gpu_count(), 2);
+  auto ranks = run_ranks(world, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", "nccl"}}, std::chrono::seconds(120));
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+    EXPECT_NE(r.output.find("summed " + std::to_string(3 * world)), std::string::npos) << r.output;
+    for (const char* bad : {"WARN", "Warning", "destroy_process_group", "deprecated", "terminate", "Abort"})
+      EXPECT_EQ(r.output.find(bad), std::string::npos) << "'" << bad << "' in:\n" << r.output;
+  }
+}
+
+// More NCCL ranks on a node than it has GPUs: refused on every rank before
+// any NCCL call, naming the GPUs, the ranks and both ways out.
+TEST(GpuRanks, MoreNcclRanksThanGpusAreRefusedOnEveryRank) {
+  SKIP_WITHOUT_GPU();
+  const int world = gpu_count() + 1;
+  for (const char* backend : {"nccl", "auto"}) {
+    auto ranks = run_ranks(world, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", backend}}, std::chrono::seconds(120));
+    for (const auto& r : ranks) {
+      EXPECT_NE(r.exit_code, 0) << describe(ranks);
+      for (const char* part : {"needs a GPU of its own for each rank", "--nproc-per-node gpu", "gloo backend"})
+        EXPECT_NE(r.output.find(part), std::string::npos) << backend << ": '" << part << "' in:\n" << r.output;
+      EXPECT_EQ(r.output.find("Duplicate GPU"), std::string::npos) << r.output;
+    }
+  }
+}
+
 }  // namespace

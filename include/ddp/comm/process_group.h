@@ -113,6 +113,12 @@ class ProcessGroup {
   // refuses.
   virtual std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
                                                      std::chrono::milliseconds timeout);
+  // Shuts the backend down now, with the subgroups it made, whoever else
+  // still holds the group: its later calls are a UsageError, as PyTorch's on
+  // a destroyed group. destroy_process_group() calls it; so does the
+  // program's exit for a group still up (before the CUDA runtime unloads).
+  // The default does nothing (a group of one's own, e.g. a test's).
+  virtual void shutdown() {}
 };
 
 struct ProcessGroupOptions {
@@ -146,7 +152,11 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env, const Pro
 std::shared_ptr<ProcessGroup> default_process_group();
 bool is_initialized();
 
-// Drops the default group. Backends shut down when the last handle goes.
+// As torch.distributed.destroy_process_group(): shuts the default group's
+// backend down (ProcessGroup::shutdown, NCCL's normal exit) and drops it;
+// DDP and others that still hold it get a UsageError from its later calls.
+// A program that returns from main without calling it is fine: groups still
+// up are shut down at exit, before the CUDA runtime unloads.
 void destroy_process_group();
 
 // The MPI library the mpi backend is built on, as MPI_Get_library_version
