@@ -150,6 +150,7 @@ struct Args {
   double first_bucket_mb = 1.0;
   bool bucket_view = true;
   int image = 28;              // resnet18: N x N inputs
+  std::string amp = "none";    // none | fp16 (with ddp::GradScaler) | bf16: autocast forward and loss
   double allreduce_mb = -1;    // allreduce: MiB per step (< 0: the model's whole gradient)
   // --bucket-cap-mb auto: after --warmup steps, warm-up goes on while the
   // tuning has not chosen, for at most this many steps in all.
@@ -180,7 +181,7 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::cerr << "lenet_bench: " << why << "\n"
             << "usage: ddp_bench_lenet [--mode local|ddp|allreduce_each|sync_only|allreduce|interleaved]\n"
-               "         [--model lenet|d2l_lenet|mlp100|resnet18] [--image N (resnet18)] [--iters N]\n"
+               "         [--model lenet|d2l_lenet|mlp100|resnet18] [--image N (resnet18)] [--amp none|fp16|bf16] [--iters N]\n"
                "         [--warmup W] [--batch B] [--lr LR] [--bucket-cap-mb MB|auto] [--first-bucket-mb MB]\n"
                "         [--allreduce-mb MB (allreduce; default: the model's gradient)]\n"
                "         [--auto-max-warmup N (--bucket-cap-mb auto: warm up until it chose, at most N steps)]\n"
@@ -209,6 +210,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--bucket-cap-mb" && v == "auto") a.bucket_cap_auto = true;
     else if (k == "--bucket-cap-mb") a.bucket_cap_mb = std::stod(v);
     else if (k == "--image") a.image = std::stoi(v);
+    else if (k == "--amp") a.amp = v;
     else if (k == "--allreduce-mb") a.allreduce_mb = std::stod(v);
     else if (k == "--auto-max-warmup") a.auto_max_warmup = std::stoi(v);
     else if (k == "--first-bucket-mb") a.first_bucket_mb = std::stod(v);
@@ -237,6 +239,7 @@ Args parse(int argc, char** argv) {
   if (a.model != "lenet" && a.model != "d2l_lenet" && a.model != "mlp100" && a.model != "resnet18")
     usage("unknown model " + a.model);
   if (a.image < 8) usage("--image >= 8");
+  if (a.amp != "none" && a.amp != "fp16" && a.amp != "bf16") usage("--amp none|fp16|bf16");
   if (a.device != "cpu" && a.device != "cuda") usage("--device cpu|cuda");
 #ifndef DDP_WITH_CUDA
   if (a.device == "cuda") usage("--device cuda: this build's LibTorch has no CUDA");
@@ -286,6 +289,7 @@ template <typename Net>
 struct Trainer {
   using DDP = ddp::DistributedDataParallel<typename Net::ContainedType>;
   std::string name, kind;  // kind: local | ddp | allreduce_each | sync_only | allreduce
+  std::string amp = "none";
   double bucket_cap_mb = 25, first_bucket_mb = 1;
   bool bucket_cap_auto = false;
   torch::Tensor flat;  // allreduce: the buffer all-reduced every step
@@ -294,6 +298,7 @@ struct Trainer {
   Net net{nullptr};
   std::unique_ptr<DDP> model;
   std::unique_ptr<torch::optim::SGD> opt;
+  std::unique_ptr<ddp::GradScaler> scaler;  // --amp fp16
   std::vector<at::Tensor> params;
 
   std::vector<double> fwd, bwd, sync, step, exposed, backward_ms, comm_ms, overlap_ms, chunk_it_s;
@@ -348,6 +353,8 @@ struct Trainer {
     }
     opt = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(a.lr));
     params = net->parameters();
+    amp = a.amp;
+    if (amp == "fp16") scaler = std::make_unique<ddp::GradScaler>(pg, ddp::GradScalerOptions());
   }
 
   void one_step(ddp::ProcessGroup& pg, const torch::Tensor& x, const torch::Tensor& y, bool record) {
@@ -368,10 +375,14 @@ struct Trainer {
     auto t0 = Clock::now();
     opt->zero_grad();
     *hook_bytes = 0;
-    auto out = model ? (*model)(x) : net->forward(x);
-    auto loss = torch::cross_entropy_loss(out, y);
+    torch::Tensor loss;
+    {
+      ddp::Autocast autocast(x.device().type(), amp == "fp16" ? torch::kHalf : torch::kBFloat16, amp != "none");
+      auto out = model ? (*model)(x) : net->forward(x);
+      loss = torch::cross_entropy_loss(out, y);
+    }
     auto t1 = Clock::now();
-    loss.backward();
+    (scaler ? scaler->scale(loss) : loss).backward();
     auto t2 = Clock::now();
     if (kind == "allreduce_each" && world > 1) {
       // pytorch/examples cpp/distributed/dist-mnist.cpp's approach, blocking.
@@ -389,7 +400,12 @@ struct Trainer {
       pg.allreduce(one).wait();
     }
     auto t3 = Clock::now();
-    opt->step();
+    if (scaler) {
+      scaler->step(*opt);
+      scaler->update();
+    } else {
+      opt->step();
+    }
     auto t4 = Clock::now();
     last_loss = loss.detach();
     hook_bytes_last = *hook_bytes;
@@ -556,7 +572,7 @@ int run(const Args& a) {
          << " warmup_steps=" << t.warmup_steps << " tuning=" << static_cast<int>(t.tuning())
          << " bucket_cap_trials=" << (is_ddp ? bucket_cap_trials(t.model->stats()) : std::string("-"))
          << " allreduce_mb=" << (t.kind == "allreduce" ? allreduce_mb : 0.0) << " params=" << param_count
-         << " image=" << (a.model == "resnet18" ? a.image : 0) << " first_bucket_mb=" << t.first_bucket_mb
+         << " image=" << (a.model == "resnet18" ? a.image : 0) << " amp=" << a.amp << " first_bucket_mb=" << t.first_bucket_mb
          << " param_mb=" << param_bytes / 1048576.0 << " peak_rss_mb=" << peak / 1024.0
          << " base_rss_mb=" << rss_before_model / 1024.0 << " checksum=" << t.checksum()
          << " loss=" << t.last_loss.template item<double>()

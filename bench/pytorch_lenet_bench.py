@@ -146,6 +146,12 @@ class Trainer:
             if a.device == "cpu":  # on CUDA, sampling synchronises the step: PyTorch's default rate there
                 self.model._set_ddp_runtime_logging_sample_rate(1)
         self.opt = torch.optim.SGD(self.net.parameters(), lr=a.lr)
+        # --amp: PyTorch's recipe, autocast around forward and loss, a GradScaler for float16 only.
+        self.amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(a.amp)
+        self.scaler = None
+        if a.amp == "fp16":
+            self.scaler = (torch.amp.GradScaler(a.torch_device.type) if hasattr(torch.amp, "GradScaler")
+                           else torch.cuda.amp.GradScaler())
         self.fwd, self.bwd, self.step_ms, self.chunk_it_s = [], [], [], []
         self.ddp_backward, self.ddp_comm, self.ddp_overlap = [], [], []
         self.elapsed = self.proc_cpu = self.main_cpu = 0.0
@@ -156,11 +162,17 @@ class Trainer:
     def one_step(self, x, y, record):
         t0 = time.perf_counter()
         self.opt.zero_grad(set_to_none=SET_TO_NONE)
-        loss = F.cross_entropy(self.model(x), y)
+        with torch.autocast(self.a.torch_device.type, dtype=self.amp_dtype or torch.float32,
+                            enabled=self.amp_dtype is not None):
+            loss = F.cross_entropy(self.model(x), y)
         t1 = time.perf_counter()
-        loss.backward()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
         t2 = time.perf_counter()
-        self.opt.step()
+        if self.scaler:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
         t3 = time.perf_counter()
         self.last_loss = loss.detach()
         if record:
@@ -219,6 +231,8 @@ def main():
                     help="interleaved: local and ddp in the same processes, alternating every --chunk steps")
     ap.add_argument("--model", choices=["lenet", "d2l_lenet", "mlp100", "resnet18"], default="lenet")
     ap.add_argument("--image", type=int, default=28, help="resnet18: N x N inputs")
+    ap.add_argument("--amp", choices=["none", "fp16", "bf16"], default="none",
+                    help="autocast forward and loss (fp16 with a GradScaler)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch", type=int, default=128)
@@ -298,7 +312,7 @@ def main():
             ("backward_ms", f"{med_or_nan(t.ddp_backward):.4f}" if t.mode == "ddp" else "0.0000"),
             ("comm_ms", f"{med_or_nan(t.ddp_comm):.4f}" if t.mode == "ddp" else "nan"),
             ("overlap_ms", f"{med_or_nan(t.ddp_overlap):.4f}" if t.mode == "ddp" else "nan"),
-            ("params", params), ("image", a.image if a.model == "resnet18" else 0),
+            ("params", params), ("image", a.image if a.model == "resnet18" else 0), ("amp", a.amp),
             ("buckets", num_buckets), ("bytes_reduced", bytes_reduced),
             ("bucket_view", a.bucket_view if t.mode == "ddp" else -1), ("bucket_cap_mb", f"{a.bucket_cap_mb:.4f}"),
             ("first_bucket_mb", "1.0000"), ("param_mb", f"{param_mb:.4f}"), ("peak_rss_mb", f"{peak_mb:.4f}"),

@@ -15,7 +15,9 @@ SGD, cross-entropy, nccl):
   ddp          ddp::DistributedDataParallel, default options, under ddprun
   pytorch_ddp  torch.nn.parallel.DistributedDataParallel, under torchrun
   pytorch_local PyTorch without DDP, under torchrun
-Prints every run and a summary: min / median / max it/s per mode, the ratios
+--amp none,fp16 runs each mode in float32 and under AMP (autocast and a
+loss scaler, both implementations PyTorch's recipe); --image N sets
+ResNet-18's input size. Prints every run and a summary: min / median / max it/s per mode, the ratios
 of medians, peak GPU memory (max_memory_allocated) per mode.
 """
 import argparse
@@ -48,10 +50,12 @@ def parse_results(text):
     return out
 
 
-def run_one(a, model, mode):
+def run_one(a, model, mode, amp="none"):
     batch, extra, iters, warmup = MODELS[model]
+    if model == "resnet18" and a.image:
+        extra = ["--image", str(a.image)]
     common = ["--model", model, "--batch", str(batch), "--iters", str(a.iters or iters), "--warmup", str(warmup),
-              "--device", "cuda", "--backend", "nccl", "--lr", "0.05"] + extra
+              "--device", "cuda", "--backend", "nccl", "--lr", "0.05", "--amp", amp] + extra
     impl_mode = {"ddp": "ddp", "pytorch_ddp": "ddp", "interleaved": "interleaved",
                  "pytorch_interleaved": "interleaved"}.get(mode, "local")
     if impl_mode == "interleaved":
@@ -81,19 +85,23 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--chunk-rounds", type=int, default=6, help="interleaved: alternations per process")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--amp", default="none",
+                    help="precisions, comma-separated: none (float32), fp16 (autocast + GradScaler), bf16 (autocast); "
+                         "each mode runs in each, both implementations the PyTorch recipe")
+    ap.add_argument("--image", type=int, default=0, help="resnet18: N x N inputs (default: the example's 96)")
     a = ap.parse_args()
     rows = []
     for model in a.models.split(","):
-        modes = a.modes.split(",")
+        runs = [(m, p) for p in a.amp.split(",") for m in a.modes.split(",")]
         for r in range(a.rounds):
-            for k in range(len(modes)):
-                mode = modes[(k + r) % len(modes)]
-                for res in run_one(a, model, mode):
+            for k in range(len(runs)):
+                mode, amp = runs[(k + r) % len(runs)]
+                for res in run_one(a, model, mode, amp):
                     label = mode
-                    if mode == "interleaved":
+                    if mode in ("interleaved", "pytorch_interleaved"):
                         label = "i_" + res.get("tag", "?")
-                    elif mode == "pytorch_interleaved":
-                        label = "i_" + res.get("tag", "?")
+                    if amp != "none":
+                        label += "+" + amp
                     row = {"round": r, "model": model, "label": label, "it_s": float(res["it_s"]),
                            "peak_gpu_mb": float(res.get("peak_gpu_mb", "nan")), "loss": res.get("loss"),
                            "checksum": res.get("checksum"), "device": res.get("device"),
@@ -111,7 +119,7 @@ def main():
     print("\nsummary (it/s over rounds: min / median / max; peak GPU memory, median)")
     for model in a.models.split(","):
         med = {}
-        for mode in LABELS:
+        for mode in [m + ("" if p == "none" else "+" + p) for p in a.amp.split(",") for m in LABELS]:
             v = [x["it_s"] for x in rows if x["model"] == model and x["label"] == mode]
             m = [x["peak_gpu_mb"] for x in rows if x["model"] == model and x["label"] == mode]
             if not v:
@@ -130,6 +138,11 @@ def main():
                   f"{med['i_pytorch_ddp'] / med['i_pytorch_local']:.3f}x")
         if "pytorch_ddp" in med and "pytorch_local" in med:
             print(f"  {model:8s} PyTorch DDP / PyTorch local: {med['pytorch_ddp'] / med['pytorch_local']:.3f}x")
+        for p in a.amp.split(","):
+            for impl, name in (("ddp", "libddp"), ("pytorch_ddp", "PyTorch"), ("local", "libddp local"),
+                               ("pytorch_local", "PyTorch local")):
+                if p != "none" and impl in med and impl + "+" + p in med:
+                    print(f"  {model:8s} {name} {p} / float32: {med[impl + '+' + p] / med[impl]:.3f}x")
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
     net->to(device);
     ddp::DistributedDataParallel model(net, pg, opts.ddp_options());
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(opts.lr()));
-    // --amp: bfloat16 autocast on CPU; float16 on GPU, where the loss scaler is on.
-    ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && device.is_cuda()));
+    // --amp: float16 autocast with the loss scaler on GPU; bfloat16 (--amp bf16, or auto on CPU) without.
+    const auto amp_dtype = opts.autocast_dtype(device);
+    ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && amp_dtype == torch::kHalf));
 
     // 4. Resume (the scaler's state travels with the checkpoint).
     ddp::TrainState state = ddp::resume_or_start(opts, run, *net, optimizer, *pg, &scaler);
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();
         torch::Tensor loss;
         {
-          ddp::Autocast autocast(device.type(), ddp::amp_dtype(device), opts.amp());
+          ddp::Autocast autocast(device.type(), amp_dtype, opts.amp());
           loss = torch::nn::functional::cross_entropy(model(x), y);
         }
         scaler.scale(loss).backward();

@@ -5,9 +5,13 @@
 #include "ddp/amp/grad_scaler.h"
 
 #include <cmath>
+#include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ddp/errors.h"
+#include "comm/c10d_compat.h"
 
 namespace ddp {
 
@@ -28,21 +32,25 @@ void check_options(const GradScalerOptions& o, const std::string& who) {
     throw UsageError(who + ": growth_interval must be a positive int32, not " + std::to_string(o.growth_interval()));
 }
 
-// _amp_foreach_non_finite_check_and_unscale_ for one gradient: found_inf
-// becomes 1 if any element is inf or NaN, and the gradient is multiplied by
-// inv_scale (in float32 arithmetic for float16/bfloat16 gradients, in the
-// gradient's own for float32/float64: the CUDA kernel's opmath).
-void check_and_unscale(torch::Tensor& grad, torch::Tensor& found_inf, const torch::Tensor& inv_scale, float inv) {
-#ifdef DDP_WITH_CUDA
-  if (grad.is_cuda()) {
-    auto found = found_inf.to(grad.device());
-    at::_amp_foreach_non_finite_check_and_unscale_(at::TensorList{grad}, found, inv_scale.to(grad.device()));
-    found_inf.copy_(found);
+// PyTorch's _unscale_grads_: the gradients of one device and dtype are
+// checked and unscaled by one _amp_foreach_non_finite_check_and_unscale_
+// call (found_inf becomes 1 where any element is inf or NaN; each element is
+// multiplied by inv_scale in float32 arithmetic for float16/bfloat16, in its
+// own dtype for float32/float64), with no read back to the host. Where
+// LibTorch has no such kernel for the device (1.13 on CPU), the same
+// arithmetic as tensor operations, also without a host read.
+void check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                       const torch::Tensor& inv_scale) {
+  if (grads.empty()) return;
+  if (grads.front().is_cuda() || compat::kAmpUnscaleKernelOnCpu) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
     return;
   }
-#endif
-  if (!at::isfinite(grad).all().item<bool>()) found_inf.fill_(1.0f);
-  if (inv != 1.0f) grad.mul_(inv_scale.to(grad.device()).reshape({}));
+  const auto factor = inv_scale.reshape({});
+  for (auto grad : grads) {
+    found_inf.copy_(at::maximum(found_inf, at::logical_not(at::isfinite(grad)).any().to(found_inf.dtype())));
+    grad.mul_(factor);
+  }
 }
 
 }  // namespace
@@ -86,8 +94,6 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 
   // The reciprocal in float64, as PyTorch (float32 division can be inexact on some builds).
   const auto inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
-  const float inv = inv_scale.item<float>();
-  auto found_inf = torch::zeros({1}, scale_.options().dtype(torch::kFloat));
   torch::NoGradGuard no_grad;
   // Refused before any gradient is touched, as PyTorch.
   for (auto& group : optimizer.param_groups())
@@ -95,18 +101,23 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
       if (p.grad().defined() && p.grad().scalar_type() == torch::kHalf)
         throw UsageError(who(pg_) + ": attempting to unscale float16 gradients: keep the parameters float32 "
                          "(autocast casts them for the operations that need it) so their gradients are float32");
+  // One call per device and dtype; a found-inf flag and a reciprocal per device.
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<torch::Tensor>> groups;
+  std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> per_device;  // found_inf, inv_scale
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
       auto& grad = p.mutable_grad();
       if (!grad.defined()) continue;
-      if (grad.is_sparse()) {
-        auto values = grad._values();
-        check_and_unscale(values, found_inf, inv_scale, inv);
-      } else {
-        check_and_unscale(grad, found_inf, inv_scale, inv);
-      }
+      const auto values = grad.is_sparse() ? grad._values() : grad;
+      const std::string device = values.device().str();
+      if (!per_device.count(device))
+        per_device[device] = {torch::zeros({1}, values.options().dtype(torch::kFloat)), inv_scale.to(values.device())};
+      groups[{device, values.scalar_type()}].push_back(values);
     }
   }
+  for (auto& [key, grads] : groups) check_and_unscale(grads, per_device[key.first].first, per_device[key.first].second);
+  auto found_inf = torch::zeros({1}, scale_.options().dtype(torch::kFloat));
+  for (auto& [device, flags] : per_device) found_inf.add_(flags.first.to(found_inf.device()));
   // Every rank decides on the same flag: the steps skipped, and so the
   // parameters and the scale, stay the same on every rank.
   const auto pg = pg_ ? pg_ : (is_initialized() ? default_process_group() : nullptr);

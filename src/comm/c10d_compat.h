@@ -123,6 +123,11 @@ inline void shutdown_backend(Backend& backend) { backend.shutdown(); }
 inline void shutdown_backend(Backend&) {}
 #endif
 
+// _amp_foreach_non_finite_check_and_unscale_ has a CPU kernel from 2.3 on
+// (GradScaler("cpu")); before, on CUDA only.
+constexpr bool kAmpUnscaleKernelOnCpu =
+    TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3);
+
 // The variable that turns on NCCL's asynchronous error handling: LibTorch
 // 2.2 renamed it and warns at every start that the old name is deprecated.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 namespace ddp {
@@ -108,15 +109,46 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"timeline_skew_every", std::to_string(timeline_skew_every())},
           {"nonfinite_loss", nonfinite_loss()},
           {"amp", amp() ? "1" : "0"},
+          {"amp_dtype", amp_dtype()},
           {"log_samples", log_samples() ? "1" : "0"}};
   for (const auto& o : program_) config[o.config_key()] = o.text();
   return config;
 }
 
+c10::ScalarType TrainOptions::autocast_dtype(const c10::Device& device) const {
+  if (amp_dtype() == "bf16") return c10::ScalarType::BFloat16;
+  if (amp_dtype() == "fp16" && !device.is_cuda())
+    throw UsageError("--amp fp16 is for GPUs (float16 autocast with a loss scaler); on CPUs use --amp bf16");
+  if (amp_dtype() != "auto" && amp_dtype() != "fp16")
+    throw UsageError("amp_dtype must be auto, fp16 or bf16, not '" + amp_dtype() + "'");
+  return device.is_cuda() ? c10::ScalarType::Half : c10::ScalarType::BFloat16;
+}
+
+namespace {
+
+// "--amp bf16" as "--amp=bf16": Boost gives an option with an implicit
+// value only a value joined to it, and would read the word as a stray
+// positional argument.
+std::vector<std::string> join_amp_value(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--amp" && i + 1 < argc && std::string(argv[i + 1]).rfind("-", 0) != 0) {
+      args.push_back(arg + "=" + argv[++i]);
+    } else {
+      args.push_back(arg);
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
                                  const po::options_description* extra) {
   po::options_description kit("Training options");
   std::string bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
+  std::string amp;
   // clang-format off
   kit.add_options()
     ("help,h", "print this help and exit")
@@ -154,9 +186,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("nonfinite-loss", po::value(&o.nonfinite_loss())->default_value(o.nonfinite_loss()),
        "when the loss is NaN or infinite on any rank: stop (an error naming the rank, the step and the last good "
        "checkpoint) or continue (a warning)")
-    ("amp", po::bool_switch(&o.amp()),
-       "mixed precision: autocast to bfloat16 on CPU, to float16 with a loss scaler (ddp::GradScaler) on GPU; "
-       "parameters, gradients and DDP's buckets stay float32")
+    ("amp", po::value(&amp)->implicit_value("auto")->value_name("DTYPE"),
+       "mixed precision: --amp (auto: float16 with a loss scaler, ddp::GradScaler, on GPUs; bfloat16 on CPUs), "
+       "--amp fp16 (GPUs) or --amp bf16 (no scaler); parameters, gradients and DDP's buckets stay float32")
     ("log-samples", po::bool_switch(&o.log_samples()),
        "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt");
   // clang-format on
@@ -175,7 +207,7 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   try {
     // No positional arguments: a stray word ("--amp yes", "--epochs 3 4") is an error, not ignored.
     const po::positional_options_description none;
-    po::store(po::command_line_parser(argc, argv).options(all).positional(none).run(), vm);
+    po::store(po::command_line_parser(join_amp_value(argc, argv)).options(all).positional(none).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see --help)");
@@ -200,6 +232,13 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     throw UsageError("--lr must be a finite number > 0, got " + detail::shortest_text(o.lr()));
   if (o.nonfinite_loss() != "stop" && o.nonfinite_loss() != "continue")
     throw UsageError("--nonfinite-loss must be stop or continue, got '" + o.nonfinite_loss() + "'");
+  if (vm.count("amp")) {
+    const std::map<std::string, std::string> names = {{"auto", "auto"},  {"fp16", "fp16"}, {"float16", "fp16"},
+                                                      {"bf16", "bf16"},  {"bfloat16", "bf16"}};
+    const auto it = names.find(amp);
+    if (it == names.end()) throw UsageError("--amp takes auto, fp16 or bf16 (or nothing: auto), got '" + amp + "'");
+    o.amp(true).amp_dtype(it->second);
+  }
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");

@@ -136,7 +136,30 @@ TEST(TrainOptions, AmpIsASwitchRecordedInTheConfig) {
   auto o = parse({"--amp"});
   EXPECT_TRUE(o.amp());
   EXPECT_EQ(o.to_config().at("amp"), "1");
-  EXPECT_THROW(parse({"--amp", "yes"}), ddp::UsageError) << "a switch takes no value";
+  EXPECT_THROW(parse({"--amp", "yes"}), ddp::UsageError) << "not a dtype";
+}
+
+// --amp [auto|fp16|bf16]: float16 with the loss scaler on GPUs, bfloat16
+// without one; auto picks by device; float16 on a CPU is refused.
+TEST(TrainOptions, AmpTakesADtype) {
+  const torch::Device cpu(torch::kCPU), cuda(torch::kCUDA, 0);
+  auto o = parse({"--amp"});
+  EXPECT_EQ(o.amp_dtype(), "auto");
+  EXPECT_EQ(o.autocast_dtype(cpu), torch::kBFloat16);
+  EXPECT_EQ(o.autocast_dtype(cuda), torch::kHalf);
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--amp", "bf16"}, {"--amp=bfloat16"},
+                                                {"--amp", "bf16", "--epochs", "2"}}) {
+    o = parse(args);
+    EXPECT_TRUE(o.amp());
+    EXPECT_EQ(o.amp_dtype(), "bf16");
+    EXPECT_EQ(o.autocast_dtype(cuda), torch::kBFloat16);
+    EXPECT_EQ(o.to_config().at("amp_dtype"), "bf16");
+  }
+  o = parse({"--amp", "fp16"});
+  EXPECT_EQ(o.autocast_dtype(cuda), torch::kHalf);
+  EXPECT_THROW(o.autocast_dtype(cpu), ddp::UsageError);
+  EXPECT_FALSE(parse({"--epochs", "2"}).amp());
+  EXPECT_THROW(parse({"--amp", "int8"}), ddp::UsageError);
 }
 
 namespace {

@@ -20,7 +20,7 @@
 // With float16 mixed precision, give the scaler to resume_or_start (or
 // load_checkpoint) and it travels with the checkpoint:
 //
-//   ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && device.is_cuda()));
+//   ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && opts.autocast_dtype(device) == torch::kHalf));
 //   auto state = ddp::resume_or_start(opts, run, *net, optimizer, *pg, &scaler);
 #pragma once
 

@@ -107,16 +107,25 @@ struct TrainOptions {
   // (ddp::NonFiniteLoss on every rank, before the next checkpoint) or
   // "continue" (a warning on rank 0, and training goes on).
   TORCH_ARG(std::string, nonfinite_loss) = "stop";
-  // Mixed precision (--amp): forward and loss under ddp::Autocast, bfloat16
-  // on CPU, float16 on CUDA with a ddp::GradScaler (the examples' choice;
-  // ddp/autocast.h, ddp/grad_scaler.h).
+  // Mixed precision (--amp [auto|fp16|bf16]): forward and loss under
+  // ddp::Autocast to amp_dtype, float16 with a ddp::GradScaler, bfloat16
+  // without one (its range is float32's), as PyTorch's AMP recipe.
+  // "auto": float16 on CUDA, bfloat16 on CPU. float16 is for GPUs only.
   TORCH_ARG(bool, amp) = false;
+  TORCH_ARG(std::string, amp_dtype) = "auto";
   // Record which samples every step trained on, in
   // <run-dir>/samples/rank<R>.txt (ddp/train/epoch_loop.h says the format):
   // an audit of the data order, across resumes and world-size changes.
   TORCH_ARG(bool, log_samples) = false;
 
  public:
+  // What --amp autocasts to on `device`, "auto" resolved: Half or BFloat16;
+  // a UsageError for float16 on a CPU. The loss scaler is for Half only:
+  //   const auto dtype = opts.autocast_dtype(device);
+  //   ddp::GradScaler scaler(pg, ddp::GradScalerOptions().enabled(opts.amp() && dtype == torch::kHalf));
+  //   ... { ddp::Autocast autocast(device.type(), dtype, opts.amp()); loss = ...; }
+  c10::ScalarType autocast_dtype(const c10::Device& device) const;
+
   // The per-process batch: --batch-size if given (the global batch is then
   // that x world), else --global-batch-size / world, which must divide at a
   // fresh start (UsageError). A restarted process (ddp::restart_reason(): an
