@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "comm/store_client.h"
 #include "comm/comm_threads.h"
 #include "comm/gpu_ranks.h"
+#include "comm/before_shutdown.h"
 #include "runtime/parse_number.h"
 #include "comm/process_group_mpi.h"
 #include "comm/store_bind.h"
@@ -69,6 +71,12 @@ std::shared_ptr<ProcessGroup> g_default;
 std::vector<std::weak_ptr<ProcessGroup>> g_made;  // every group init_process_group made here
 int g_generation = 0;  // a fresh store prefix for each group made in this process
 
+struct BeforeShutdown {
+  std::weak_ptr<ProcessGroup> group;
+  std::function<void()> fn;
+};
+std::vector<BeforeShutdown> g_before_shutdown;  // under g_mutex
+
 // At exit, every group still up is shut down. The handler is registered
 // after the first group's backend was made (and with it, under NCCL, the
 // CUDA runtime initialized), so it runs before the runtime's own teardown
@@ -85,6 +93,7 @@ void shut_down_at_exit() {
   }
   for (auto it = up.rbegin(); it != up.rend(); ++it) {
     try {
+      detail::run_before_shutdown(**it);
       (*it)->shutdown();
     } catch (const std::exception& e) {
       std::fprintf(stderr, "libddp: rank %d: shutting the %s process group down at exit: %s\n", (*it)->rank(),
@@ -406,7 +415,34 @@ void destroy_process_group() {
     last.swap(g_default);
   }
   // Outside the lock: a backend's shutdown may block briefly.
-  if (last) last->shutdown();
+  if (!last) return;
+  detail::run_before_shutdown(*last);
+  last->shutdown();
 }
+
+namespace detail {
+
+void before_shutdown(const std::shared_ptr<ProcessGroup>& group, std::function<void()> fn) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_before_shutdown.erase(std::remove_if(g_before_shutdown.begin(), g_before_shutdown.end(),
+                                         [](const BeforeShutdown& b) { return b.group.expired(); }),
+                          g_before_shutdown.end());
+  g_before_shutdown.push_back({group, std::move(fn)});
+}
+
+void run_before_shutdown(const ProcessGroup& group) {
+  std::vector<std::function<void()>> due;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto mine = [&](const BeforeShutdown& b) { return b.group.lock().get() == &group; };
+    for (const auto& b : g_before_shutdown)
+      if (mine(b)) due.push_back(b.fn);
+    g_before_shutdown.erase(std::remove_if(g_before_shutdown.begin(), g_before_shutdown.end(), mine),
+                            g_before_shutdown.end());
+  }
+  for (auto& fn : due) fn();
+}
+
+}  // namespace detail
 
 }  // namespace ddp

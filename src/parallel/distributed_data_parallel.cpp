@@ -2,6 +2,7 @@
 
 #include "ddp/runtime/malloc_tuning.h"
 #include "ddp/comm/object_collectives.h"
+#include "comm/before_shutdown.h"
 #include "parallel/tied_weights.h"
 #include "runtime/parse_number.h"
 #include "usage_check.h"
@@ -169,6 +170,21 @@ void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensor
   }
 }
 
+namespace {
+
+// The job's timeline gathered and written (collective; once: a second call
+// does nothing), or this rank's part where gathering fails.
+void write_timeline(Timeline& timeline, int rank) noexcept {
+  try {
+    timeline.write();
+  } catch (const std::exception& e) {
+    std::cerr << "rank " << rank << ": writing the DDP timeline failed: " << e.what() << std::endl;
+    timeline.write_own_part();
+  }
+}
+
+}  // namespace
+
 DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                          std::shared_ptr<ProcessGroup> pg,
                                                          DistributedDataParallelOptions options)
@@ -213,7 +229,15 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   detail::warn_about_tied_weights(*module_, pg_->rank());
   record_construction_logging_data(reduced);
   timeline_ = timeline_from_env(pg_);
-  if (timeline_) reducer_->set_timeline(timeline_);
+  if (timeline_) {
+    reducer_->set_timeline(timeline_);
+    // Gathering the timeline is collective: when the group shuts down
+    // (destroy_process_group(), or the program's exit) with this DDP still
+    // alive, it is written then, while every rank still has the group.
+    detail::before_shutdown(pg_, [weak = std::weak_ptr<Timeline>(timeline_), rank = pg_->rank()] {
+      if (auto timeline = weak.lock()) write_timeline(*timeline, rank);
+    });
+  }
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() {
@@ -225,12 +249,7 @@ DistributedDataParallelBase::~DistributedDataParallelBase() {
     timeline_->write_own_part();
     return;
   }
-  try {
-    timeline_->write();
-  } catch (const std::exception& e) {
-    std::cerr << "rank " << pg_->rank() << ": writing the DDP timeline failed: " << e.what() << std::endl;
-    timeline_->write_own_part();
-  }
+  write_timeline(*timeline_, pg_->rank());
 }
 
 void DistributedDataParallelBase::pre_forward() {

@@ -21,6 +21,38 @@ namespace ddp {
 
 namespace detail {
 
+void LossTally::add(const at::Tensor& loss, int64_t samples) {
+  torch::NoGradGuard no_grad;
+  const auto l = loss.detach().reshape({}).to(torch::kDouble);
+  if (!sum_.defined()) {
+    sum_ = torch::zeros({}, l.options());
+    steps_ = torch::zeros({}, l.options());
+    bad_ = torch::zeros({2}, l.options());
+  }
+  // loss x samples, then the sum: the arithmetic of a sum kept on the host.
+  sum_.add_(l * static_cast<double>(samples));
+  steps_.add_(1.0);
+  const auto first_bad = at::logical_and(at::logical_not(at::isfinite(l)), bad_[0] == 0);
+  bad_.copy_(at::where(first_bad, at::stack({steps_, l}), bad_));
+}
+
+LossTally::Read LossTally::read() const {
+  Read r;
+  if (!sum_.defined()) return r;
+  const auto host = at::cat({sum_.reshape({1}), bad_}).to(torch::kCPU);  // one read back
+  const double* v = host.data_ptr<double>();
+  r.sum = v[0];
+  if (v[1] != 0) {
+    r.nonfinite = static_cast<int64_t>(v[1]) - 1;
+    r.nonfinite_loss = v[2];
+  }
+  return r;
+}
+
+void LossTally::forget_nonfinite() {
+  if (bad_.defined()) bad_.zero_();
+}
+
 bool RankCheck::any_nonfinite() const {
   for (const auto& n : nonfinite)
     if (n.step > 0) return true;

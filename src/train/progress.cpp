@@ -56,6 +56,11 @@ double Progress::samples_per_second() const {
   return s > 0 ? static_cast<double>(samples_) / s : 0.0;
 }
 
+double Progress::recent_samples_per_second() const {
+  if (ema_count_ == 0 || ema_seconds_ <= 0) return samples_per_second();
+  return ema_samples_ / ema_seconds_;  // the bias corrections of the two averages cancel
+}
+
 std::string Progress::line() const {
   char buf[256];
   const double elapsed = elapsed_seconds();
@@ -67,27 +72,52 @@ std::string Progress::line() const {
   const std::string steps = total_ > 0 ? std::to_string(step_) + "/" + std::to_string(total_) : std::to_string(step_);
   const std::string left =
       total_ > 0 && step_ > 0 ? format_duration(elapsed / static_cast<double>(step_) * static_cast<double>(total_ - step_)) : "?";
-  std::snprintf(buf, sizeof buf, "%s %sstep %s  loss %.4f  %.0f samples/s  %s left", label_.c_str(), bar.c_str(),
-                steps.c_str(), loss_, samples_per_second(), finished_ ? "0s" : left.c_str());
+  if (finished_)
+    std::snprintf(buf, sizeof buf, "%s %sstep %s  loss %.4f  %.0f samples/s on average  %s", label_.c_str(),
+                  bar.c_str(), steps.c_str(), loss_, samples_per_second(), format_duration(elapsed).c_str());
+  else
+    std::snprintf(buf, sizeof buf, "%s %sstep %s  loss %.4f  %.0f samples/s  %s left", label_.c_str(), bar.c_str(),
+                  steps.c_str(), loss_, recent_samples_per_second(), left.c_str());
   return buf;
 }
 
-void Progress::update(double loss, int64_t samples) {
+bool Progress::shows_next() const {
+  if (!enabled_) return false;
+  const int64_t next = step_ + 1;
+  if (interactive_)
+    return next == total_ || std::chrono::steady_clock::now() - last_draw_ > std::chrono::milliseconds(100);
+  const int64_t every = total_ > 0 ? std::max<int64_t>(1, total_ / 10) : 50;
+  return (next % every == 0 && next != total_) || next == total_;
+}
+
+void Progress::update(double loss, int64_t samples) { update(std::optional<double>(loss), samples); }
+
+void Progress::update(std::optional<double> loss, int64_t samples) {
   if (!enabled_) return;
+  const bool shows = shows_next();
   ++step_;
   samples_ += samples;
-  loss_ = loss;
-  loss_sum_ += loss;
+  if (loss) loss_ = *loss;
+  if (!shows) return;
   const auto now = std::chrono::steady_clock::now();
   if (interactive_) {
-    if (now - last_draw_ > std::chrono::milliseconds(100) || step_ == total_) {
-      *out_ << "\r" << line() << "\033[K" << std::flush;
-      last_draw_ = now;
-    }
-  } else {
-    const int64_t every = total_ > 0 ? std::max<int64_t>(1, total_ / 10) : 50;
-    if (step_ % every == 0 && step_ != total_) *out_ << line() << std::endl;
+    draw(now);
+    *out_ << "\r" << line() << "\033[K" << std::flush;
+  } else if (step_ != total_) {
+    draw(now);
+    *out_ << line() << std::endl;
   }
+}
+
+// The samples and seconds since the last redraw join tqdm's averages.
+void Progress::draw(std::chrono::steady_clock::time_point now) {
+  constexpr double kWeight = 0.3;
+  const double seconds = std::chrono::duration<double>(now - last_draw_).count();
+  ema_samples_ = kWeight * static_cast<double>(samples_ - drawn_samples_) + (1 - kWeight) * ema_samples_;
+  ema_seconds_ = kWeight * seconds + (1 - kWeight) * ema_seconds_;
+  ++ema_count_;
+  drawn_samples_ = samples_;
+  last_draw_ = now;
 }
 
 void Progress::finish() {

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <sstream>
+#include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -115,6 +117,32 @@ TEST(Progress, TermDumbPrintsPlainLines) {
   ::close(master);
   EXPECT_EQ(code, 0) << out;
   EXPECT_EQ(out.find('\033'), std::string::npos) << out;
+}
+
+// A loop that reads its loss only for the lines drawn (train_epoch's, so a
+// GPU's loss is not read back at every step): every tenth step to a file,
+// the last line the epoch's average rate.
+TEST(Progress, TheLossIsNeededOnlyForTheLinesDrawnAndTheLastLineIsTheAverage) {
+  std::ostringstream out;
+  ddp::Progress bar("epoch 1/1", 20, true, &out);
+  int reads = 0;
+  for (int i = 0; i < 20; ++i) {
+    std::optional<double> loss;
+    if (bar.shows_next()) {
+      loss = 1.0 / (i + 1);
+      ++reads;
+    }
+    bar.update(loss, 64);
+  }
+  bar.finish();
+  const std::string text = out.str();
+  EXPECT_EQ(reads, 10) << text;  // steps 2, 4, ..., 18 and the last
+  EXPECT_EQ(count_lines(text), 10u) << text;
+  EXPECT_EQ(text.find("nan"), std::string::npos) << text;
+  const std::string last = text.substr(text.rfind('\n', text.size() - 2) + 1);
+  EXPECT_NE(last.find("step 20/20  loss 0.0500"), std::string::npos) << last;
+  EXPECT_NE(last.find("samples/s on average"), std::string::npos) << last;
+  EXPECT_EQ(text.find("on average"), text.rfind("on average")) << "only the last line";
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/evaluation.h"
+#include "ddp/train/prefetch.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"
@@ -72,6 +74,30 @@ RankCheck check_ranks(ProcessGroup& pg, bool preempt, const NonFiniteStep& mine)
 void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned, const TrainOptions& opts,
                        const TrainState& state, ProcessGroup& pg);
 
+// One rank's training losses of an epoch, kept where the losses are: a
+// GPU's are never read back at a step (that would make the host wait for
+// the GPU, and the next batch with it). read() brings back their sum over
+// samples and the first step whose loss was not finite, at the points the
+// loop synchronises anyway (the ranks' checks, the epoch's end).
+class LossTally {
+ public:
+  // The loss of this run's step `index` (0-based), over `samples` samples.
+  void add(const at::Tensor& loss, int64_t samples);
+  struct Read {
+    double sum = 0;             // loss x samples, summed in float64
+    int64_t nonfinite = -1;     // the first step index whose loss was not finite, or -1
+    double nonfinite_loss = 0;
+  };
+  Read read() const;
+  // Forgets the non-finite step (--nonfinite-loss continue, after the warning).
+  void forget_nonfinite();
+
+ private:
+  at::Tensor sum_;    // float64, on the losses' device
+  at::Tensor steps_;  // float64: the steps added
+  at::Tensor bad_;    // float64 [index + 1, loss] of the first non-finite loss ([0, 0]: none)
+};
+
 // A resumed epoch: the sampler starts at state.epoch_samples (checked
 // against the data set: ddp::CheckpointError if beyond it), logged on rank 0
 // to state.run (or stdout) as "resumed after N of M samples of epoch E".
@@ -108,11 +134,14 @@ class SampleLog {
 
 }  // namespace detail
 
-// One training epoch: the sampler's epoch set, at most
+// One training epoch: the sampler's epoch set, its batches gathered ahead on
+// a thread of their own and, on a GPU, already there (ddp::Prefetcher), at most
 // opts.steps_per_epoch(...) batches, a progress bar on rank 0, state.step
 // counted, the loss summed over ranks in one all-reduce (collective).
-// step(batch) does one optimizer step and returns the batch's mean loss; the
-// batch's size is batch.data.size(0).
+// step(batch) does one optimizer step and returns the batch's mean loss, a
+// tensor the loop reads back only where it synchronises anyway (the bar's
+// redraw, the ranks' checks, the epoch's end): no step makes the host wait
+// for the GPU. The batch's size is batch.data.size(0).
 // After a checkpoint written inside this epoch (state.epoch_samples > 0,
 // possibly at another world size), the sampler starts at that global
 // position (DistributedSampler::set_start): the epoch sees each sample once,
@@ -137,48 +166,68 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
   const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size, state.epoch_step);
   const int64_t check_every = opts.preemption_check_every();
   Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0);
-  MetricSums sums({"loss"});
+  detail::LossTally losses;
   detail::NonFiniteStep nonfinite;
   bool warned = false;
-  int64_t taken = 0;  // steps in this run of the epoch
+  int64_t taken = 0, taken_samples = 0;  // steps and samples of this rank in this run of the epoch
+  const int64_t first_step = state.step, first_epoch_step = state.epoch_step;
+  // The first non-finite loss the tally holds, as a step of the run (read
+  // back only where the ranks compare notes: a synchronisation anyway).
+  auto note_nonfinite = [&] {
+    const auto read = losses.read();
+    if (read.nonfinite >= 0 && nonfinite.step == 0)
+      nonfinite = {first_step + read.nonfinite + 1, epoch, first_epoch_step + read.nonfinite + 1, read.nonfinite_loss};
+    return read;
+  };
+  auto check = [&](bool preempt) {
+    note_nonfinite();
+    const auto result = detail::check_ranks(pg, preempt, nonfinite);
+    if (result.any_nonfinite()) {
+      detail::on_nonfinite_loss(result, nonfinite, warned, opts, state, pg);
+      if (nonfinite.step == 0) losses.forget_nonfinite();
+    }
+    return result;
+  };
   std::optional<detail::SampleLog> sample_log;
   if (opts.log_samples()) sample_log.emplace(opts, sampler, epoch, state, pg);
-  for (auto& batch : loader) {
-    if (taken == steps) break;
-    if (check_every > 0 && taken % check_every == 0) {
-      const bool preempt = state.checkpoint_and_stop && preemption_signal_received() != 0;
-      const auto check = detail::check_ranks(pg, preempt, nonfinite);
-      if (check.any_nonfinite()) detail::on_nonfinite_loss(check, nonfinite, warned, opts, state, pg);
-      if (check.preempt && state.checkpoint_and_stop) {
-        TrainState here = state;  // epoch_step and epoch_samples: the steps taken, every one whole
-        here.epoch = epoch;
-        here.sampler_epoch = epoch;
-        state.checkpoint_and_stop(here);
+  {
+    Prefetcher<Loader> batches(loader, pg.device(), std::chrono::seconds(opts.timeout_s()));
+    while (taken < steps) {
+      auto batch = batches.next();
+      if (!batch) break;
+      if (check_every > 0 && taken % check_every == 0) {
+        const bool preempt = state.checkpoint_and_stop && preemption_signal_received() != 0;
+        if (check(preempt).preempt && state.checkpoint_and_stop) {
+          TrainState here = state;  // epoch_step and epoch_samples: the steps taken, every one whole
+          here.epoch = epoch;
+          here.sampler_epoch = epoch;
+          state.checkpoint_and_stop(here);
+        }
       }
+      const int64_t n = batch->data.size(0);
+      const at::Tensor loss = step(*batch).detach();
+      losses.add(loss, n);
+      // This rank's share of the step; every rank takes as many but the last.
+      state.epoch_samples += std::min(batch_size, samples - taken * batch_size) * pg.size();
+      ++taken;
+      taken_samples += n;
+      ++state.epoch_step;
+      ++state.step;
+      if (sample_log) sample_log->step(taken - 1, batch_size, state.step);
+      // The loss is read back only when the bar shows it.
+      bar.update(bar.shows_next() ? std::optional<double>(loss.template item<double>()) : std::nullopt, n * pg.size());
     }
-    const int64_t n = batch.data.size(0);
-    const double loss = step(batch).template item<double>();
-    // This rank's share of the step; every rank takes as many but the last.
-    state.epoch_samples += std::min(batch_size, samples - taken * batch_size) * pg.size();
-    ++taken;
-    ++state.epoch_step;
-    ++state.step;
-    if (sample_log) sample_log->step(taken - 1, batch_size, state.step);
-    if (!std::isfinite(loss) && nonfinite.step == 0) nonfinite = {state.step, epoch, state.epoch_step, loss};
-    sums.add("loss", loss * static_cast<double>(n));
-    sums.add_count(n);
-    bar.update(loss, n * pg.size());
   }
   state.epoch_step = 0;
   state.epoch_samples = 0;
   sampler.set_start(0);
   bar.finish();
+  MetricSums sums({"loss"});
+  sums.add("loss", note_nonfinite().sum);
+  sums.add_count(taken_samples);
   const auto total = sums.all_reduced(pg);
   // The same sum on every rank, so all of them take this branch or none.
-  if (!std::isfinite(total.sum("loss"))) {
-    const auto check = detail::check_ranks(pg, false, nonfinite);
-    if (check.any_nonfinite()) detail::on_nonfinite_loss(check, nonfinite, warned, opts, state, pg);
-  }
+  if (!std::isfinite(total.sum("loss"))) check(false);
   return {total.mean("loss"), total.count(), bar.elapsed_seconds()};
 }
 
