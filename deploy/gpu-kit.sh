@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
-# Carries the LibTorch 2.x build to a GPU machine that reaches no registry,
-# and runs its GPU checks there (docs/gpu.md, "On a GPU machine").
+# Carries the LibTorch 2.x build to a GPU machine without internet access,
+# and runs its GPU checks there (docs/gpu.md, "On a GPU machine without
+# internet access").
 #
 #   deploy/gpu-kit.sh pack    here: .deps/gpu-kit/ (stripped programs of
 #                             build-torch2/, the libraries they need beyond
 #                             glibc and the torch wheel, Fashion-MNIST)
 #   deploy/gpu-kit.sh run     there, in a copy of this tree with .deps/gpu-kit:
-#                             the GPU tests, the GPU benchmark, the examples
-#                             through ddprun; results under $OUT (or ./gpu-out)
+#                             the GPU tests, the examples through ddprun, the
+#                             input path against fixed data
+#                             (bench/run_input_bench.py), AMP against float32
+#                             for both implementations at 192 px, and
+#                             bench/run_gpu_bench.py; results under $OUT (or
+#                             ./gpu-out). GPU_KIT_EXAMPLES, GPU_KIT_INPUT,
+#                             GPU_KIT_AMP, GPU_KIT_BENCH=0 skip a part; about
+#                             8 minutes in all on one H100.
 #
 # The GPU machine's own torch (2.11, the pinned version) provides LibTorch,
 # CUDA and NCCL: LD_LIBRARY_PATH points at its torch/lib.
@@ -54,14 +61,8 @@ run() {
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || true
   local torch_lib
   torch_lib=$("$py" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')
-  # The programs name this tree's paths as they were built (/work/main).
-  if [[ "$(readlink -f /work/main 2>/dev/null)" != "$(readlink -f "$PWD")" ]]; then
-    if [[ -e /work/main ]]; then
-      echo "gpu-kit: /work/main exists and is not this tree: the GPU tests will use its files"
-    else
-      mkdir -p /work && ln -s "$PWD" /work/main
-    fi
-  fi
+  # The test programs find the build's programs and the tree's scripts from
+  # their own place (tests/support/located.h): build-torch2/ beside the tree.
   rm -rf build-torch2 && cp -a "$kit/build-torch2" build-torch2
   export LD_LIBRARY_PATH="$torch_lib:$PWD/$kit/lib"
   if ldd build-torch2/tests/gpu/ddp_gpu_tests | grep -q 'GLIBCXX.*not found\|libstdc++.*not found'; then
@@ -79,9 +80,22 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || 
     --data-dir "$kit/data" --epochs 1 --global-batch-size 256 --limit-batches 100 --run-dir "$out/runs/resnet18" ||
     echo "gpu-kit: resnet18_fmnist failed"
   fi
-  echo "== benchmark"
-  "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --rounds "${GPU_BENCH_ROUNDS:-3}" \
-    --out "$out/gpu_bench.csv" ${GPU_BENCH_ARGS:-} || echo "gpu-kit: benchmark failed"
+  if [[ "${GPU_KIT_INPUT:-1}" == 1 ]]; then
+    echo "== the examples' input path against fixed data (steady state)"
+    "$py" bench/run_input_bench.py --build build-torch2 --data-dir "$kit/data" --rounds "${GPU_INPUT_ROUNDS:-2}" \
+      ${GPU_INPUT_ARGS:-} | tee "$out/input_bench.txt" || echo "gpu-kit: input benchmark failed"
+  fi
+  if [[ "${GPU_KIT_AMP:-1}" == 1 ]]; then
+    echo "== AMP against float32: ResNet-18, batch 256, 192 px, fixed data, both implementations"
+    "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --models resnet18 --modes ddp,pytorch_ddp \
+      --amp none,fp16 --image 192 --iters "${GPU_AMP_ITERS:-40}" --rounds "${GPU_AMP_ROUNDS:-3}" \
+      --out "$out/amp_bench.csv" || echo "gpu-kit: AMP benchmark failed"
+  fi
+  if [[ "${GPU_KIT_BENCH:-1}" == 1 ]]; then
+    echo "== benchmark"
+    "$py" bench/run_gpu_bench.py --build build-torch2 --python "$py" --rounds "${GPU_BENCH_ROUNDS:-3}" \
+      --out "$out/gpu_bench.csv" ${GPU_BENCH_ARGS:-} || echo "gpu-kit: benchmark failed"
+  fi
 }
 
 case "${1:-}" in

@@ -271,13 +271,9 @@ std::string documentation_path(const std::string& executable) {
     fs::path installed = fs::path(executable).parent_path().parent_path() / "share" / "doc" / "ddp" / "launcher.md";
     if (fs::is_regular_file(installed, ec)) return installed.string();
   }
-  // Run from the build tree: DDPRUN_SOURCE_DOCS is the page's path relative
-  // to the executable's folder (a path that names no checkout keeps ccache's
-  // entries good for every clone).
-  if (*DDPRUN_SOURCE_DOCS && !executable.empty()) {
-    fs::path in_source = (fs::path(executable).parent_path() / DDPRUN_SOURCE_DOCS).lexically_normal();
-    if (fs::is_regular_file(in_source, ec)) return in_source.string();
-  }
+  // In a build tree: DDPRUN_SOURCE_DOCS, relative to ddprun's folder (no checkout's path: ccache hits in any clone).
+  const fs::path in_source = (fs::path(executable).parent_path() / DDPRUN_SOURCE_DOCS).lexically_normal();
+  if (*DDPRUN_SOURCE_DOCS && !executable.empty() && fs::is_regular_file(in_source, ec)) return in_source.string();
   return "docs/launcher.md in libddp's source (not installed beside this ddprun)";
 }
 

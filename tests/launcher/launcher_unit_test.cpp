@@ -21,6 +21,7 @@
 #include <random>
 #include <sstream>
 
+#include "../support/located.h"
 #include "../support/reserved_port.h"
 #include "cli.h"
 #include "comm/store_client.h"
@@ -164,11 +165,12 @@ TEST(Documentation, InstalledDocsBesideTheExecutableWin) {
   fs::path prefix = fs::temp_directory_path() / ("ddprun_docs_" + std::to_string(::getpid()));
   fs::create_directories(prefix / "share" / "doc" / "ddp");
   std::string exe = (prefix / "bin" / "ddprun").string();
-  // Nothing installed yet: the source tree's copy (this is a build tree).
-  std::string fallback = documentation_path(exe);
+  // Nothing installed beside the build tree's ddprun: the source tree's copy.
+  const std::string fallback = documentation_path(DDPRUN_BIN);
   EXPECT_TRUE(fs::is_regular_file(fallback)) << fallback;
   EXPECT_EQ(fs::path(fallback).filename(), "launcher.md");
-  EXPECT_EQ(documentation_path(""), fallback);
+  // Nowhere to be found: where it is, in words.
+  EXPECT_EQ(documentation_path(exe), "docs/launcher.md in libddp's source (not installed beside this ddprun)");
   std::ofstream(prefix / "share" / "doc" / "ddp" / "launcher.md") << "# ddprun\n";
   EXPECT_EQ(documentation_path(exe), (prefix / "share" / "doc" / "ddp" / "launcher.md").string());
   fs::remove_all(prefix);
