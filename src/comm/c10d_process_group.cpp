@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "comm/before_shutdown.h"
+
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -56,8 +58,12 @@ compat::Backend& C10dProcessGroup::live(const char* op) const {
 }
 
 void C10dProcessGroup::shutdown() {
-  for (auto& weak : made_)
-    if (auto subgroup = weak.lock()) subgroup->shutdown();
+  for (auto& weak : made_) {
+    if (auto subgroup = weak.lock()) {
+      run_before_shutdown(*subgroup);
+      subgroup->shutdown();
+    }
+  }
   made_.clear();
   if (!backend_) return;
   compat::shutdown_backend(*backend_);

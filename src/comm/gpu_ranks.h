@@ -13,7 +13,10 @@ namespace ddp::detail {
 // The GPU of this rank: its LOCAL_RANK. `gpus` is the count this process
 // sees (CUDA_VISIBLE_DEVICES applied). A UsageError, prefixed with `who`,
 // where the node's ranks outnumber its GPUs or this rank's LOCAL_RANK has
-// none; `backend_asked` ("nccl" or "auto") says how NCCL was chosen.
+// none; `backend_asked` ("nccl" or "auto") says how NCCL was chosen. Under
+// Slurm or mpirun with CUDA_VISIBLE_DEVICES set, a rank that sees fewer
+// GPUs than the node has ranks was given its own by the launcher (Slurm's
+// --gpus-per-task): it takes GPU LOCAL_RANK modulo the count.
 int gpu_of_rank(const LaunchEnv& env, int gpus, const std::string& backend_asked, const std::string& who);
 
 }  // namespace ddp::detail

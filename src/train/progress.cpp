@@ -94,7 +94,9 @@ void Progress::update(double loss, int64_t samples) { update(std::optional<doubl
 
 void Progress::update(std::optional<double> loss, int64_t samples) {
   if (!enabled_) return;
-  const bool shows = shows_next();
+  // Without a loss nothing is drawn, even where time passed since the
+  // caller asked shows_next(): a line never shows a stale loss.
+  const bool shows = loss.has_value() && shows_next();
   ++step_;
   samples_ += samples;
   if (loss) loss_ = *loss;

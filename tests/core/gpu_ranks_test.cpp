@@ -3,19 +3,36 @@
 // without GPUs.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "comm/gpu_ranks.h"
 
 namespace {
 
-ddp::LaunchEnv node(int local_rank, int local_world_size) {
+ddp::LaunchEnv node(int local_rank, int local_world_size,
+                    ddp::LaunchEnv::Source source = ddp::LaunchEnv::Source::Torchrun) {
   ddp::LaunchEnv env;
   env.local_rank = local_rank;
   env.local_world_size = local_world_size;
-  env.source = ddp::LaunchEnv::Source::Torchrun;
+  env.source = source;
   return env;
 }
+
+// CUDA_VISIBLE_DEVICES as a test wants it, restored after.
+struct VisibleDevices {
+  explicit VisibleDevices(const char* value) {
+    if (const char* old = std::getenv("CUDA_VISIBLE_DEVICES")) saved = old;
+    if (value) ::setenv("CUDA_VISIBLE_DEVICES", value, 1);
+    else ::unsetenv("CUDA_VISIBLE_DEVICES");
+  }
+  ~VisibleDevices() {
+    if (saved) ::setenv("CUDA_VISIBLE_DEVICES", saved->c_str(), 1);
+    else ::unsetenv("CUDA_VISIBLE_DEVICES");
+  }
+  std::optional<std::string> saved;
+};
 
 std::string refusal(const ddp::LaunchEnv& env, int gpus, const std::string& backend) {
   try {
@@ -33,6 +50,7 @@ TEST(GpuRanks, EachRankTakesTheGpuOfItsLocalRank) {
 }
 
 TEST(GpuRanks, MoreRanksThanGpusAreRefusedOnEveryRankNamingBothWaysOut) {
+  VisibleDevices unset(nullptr);
   for (int local_rank : {0, 1}) {
     const std::string why = refusal(node(local_rank, 2), 1, "nccl");
     ASSERT_FALSE(why.empty()) << "local rank " << local_rank;
@@ -48,9 +66,22 @@ TEST(GpuRanks, MoreRanksThanGpusAreRefusedOnEveryRankNamingBothWaysOut) {
 // Under mpirun or Slurm the node's rank count may be unknown (1): a
 // LOCAL_RANK without a GPU of its own is refused all the same.
 TEST(GpuRanks, ALocalRankBeyondTheVisibleGpusIsRefused) {
-  const std::string why = refusal(node(2, 1), 2, "nccl");
+  VisibleDevices unset(nullptr);
+  const std::string why = refusal(node(2, 1, ddp::LaunchEnv::Source::Slurm), 2, "nccl");
   EXPECT_NE(why.find("this node has 3 ranks (LOCAL_RANK 2 of 3"), std::string::npos) << why;
   EXPECT_NE(why.find("2 GPUs"), std::string::npos) << why;
+}
+
+// ddprun and torchrun start a node's ranks with one environment: a
+// CUDA_VISIBLE_DEVICES there is every rank's, and two ranks on its one GPU
+// are refused. Slurm's --gpus-per-task gives each task a GPU of its own
+// through CUDA_VISIBLE_DEVICES: four tasks seeing one GPU each all run.
+TEST(GpuRanks, AGpuOfItsOwnPerTaskUnderSlurmOrMpirunIsTaken) {
+  VisibleDevices one("0");
+  EXPECT_FALSE(refusal(node(1, 2), 1, "nccl").empty()) << "ddprun: one environment for the node";
+  for (auto source : {ddp::LaunchEnv::Source::Slurm, ddp::LaunchEnv::Source::OpenMPI})
+    for (int local_rank = 0; local_rank < 4; ++local_rank)
+      EXPECT_EQ(ddp::detail::gpu_of_rank(node(local_rank, 4, source), 1, "nccl", ""), 0);
 }
 
 }  // namespace

@@ -70,38 +70,45 @@ class Prefetcher {
   using Batch = std::decay_t<decltype(*std::declval<Loader&>().begin())>;
 
   // `depth` batches at most wait gathered; next() waits at most `timeout`
-  // for one (then a DataError: a loader that hangs stops the program).
+  // for one, then throws a DataError (a loader that hangs stops the
+  // program; its thread, stuck in the loader, is left behind).
   Prefetcher(Loader& loader, torch::Device device, std::chrono::milliseconds timeout = std::chrono::minutes(30),
              size_t depth = 2)
-      : loader_(loader), copy_(device), timeout_(timeout), depth_(depth < 1 ? 1 : depth) {
-    thread_ = std::thread([this] { gather(); });
+      : state_(std::make_shared<State>(device, depth < 1 ? 1 : depth)), timeout_(timeout) {
+    thread_ = std::thread([state = state_, &loader] { gather(*state, loader); });
   }
   ~Prefetcher() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stop = true;
     }
-    changed_.notify_all();
-    thread_.join();
+    state_->changed.notify_all();
+    if (timed_out_)
+      thread_.detach();  // it touches only the shared state when (if) the loader returns
+    else
+      thread_.join();
   }
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
 
   // The next batch, its tensors usable on the device; nullopt after the last.
   std::optional<Batch> next() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!changed_.wait_for(lock, timeout_, [this] { return !queue_.empty() || done_; }))
+    State& s = *state_;
+    std::unique_lock<std::mutex> lock(s.mutex);
+    if (!s.changed.wait_for(lock, timeout_, [&s] { return !s.queue.empty() || s.done; })) {
+      timed_out_ = true;
       throw DataError("the data loader produced no batch within " + std::to_string(timeout_.count() / 1000) +
                       " s; check the dataset (a file on a hung network mount, a worker stuck in a transform)");
-    if (queue_.empty()) {
-      if (error_) std::rethrow_exception(error_);
+    }
+    if (s.queue.empty()) {
+      if (s.error) std::rethrow_exception(s.error);
       return std::nullopt;
     }
-    Item item = std::move(queue_.front());
-    queue_.pop_front();
+    Item item = std::move(s.queue.front());
+    s.queue.pop_front();
     lock.unlock();
-    changed_.notify_all();
-    if constexpr (detail::HasDataAndTarget<Batch>::value) copy_.use({item.batch.data, item.batch.target}, item.ready);
+    s.changed.notify_all();
+    if constexpr (detail::HasDataAndTarget<Batch>::value) s.copy.use({item.batch.data, item.batch.target}, item.ready);
     return std::move(item.batch);
   }
 
@@ -110,45 +117,56 @@ class Prefetcher {
     Batch batch;
     std::shared_ptr<void> ready;
   };
+  // What the thread and the training loop share; the thread holds it too.
+  struct State {
+    State(torch::Device device, size_t depth) : copy(device), depth(depth) {}
+    detail::DeviceCopy copy;
+    size_t depth;
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::deque<Item> queue;
+    bool stop = false, done = false;
+    std::exception_ptr error;
+  };
 
-  void gather() {
+  static void gather(State& s, Loader& loader) {
     try {
       torch::NoGradGuard no_grad;
-      for (auto it = loader_.begin(); it != loader_.end(); ++it) {
+      // torch::data's iterators fetch in begin() and ++: stop is checked
+      // before each fetch, so a loop that stopped early costs no batch more.
+      for (auto it = loader.begin(); it != loader.end();) {
         Item item{*it, nullptr};
         if constexpr (detail::HasDataAndTarget<Batch>::value) {
-          auto copies = copy_.start({item.batch.data, item.batch.target}, item.ready);
+          auto copies = s.copy.start({item.batch.data, item.batch.target}, item.ready);
           item.batch.data = copies[0];
           item.batch.target = copies[1];
         }
-        std::unique_lock<std::mutex> lock(mutex_);
-        changed_.wait(lock, [this] { return queue_.size() < depth_ || stop_; });
-        if (stop_) return;
-        queue_.push_back(std::move(item));
+        std::unique_lock<std::mutex> lock(s.mutex);
+        s.changed.wait(lock, [&s] { return s.queue.size() < s.depth || s.stop; });
+        if (s.stop) return;
+        s.queue.push_back(std::move(item));
         lock.unlock();
-        changed_.notify_all();
+        s.changed.notify_all();
+        lock.lock();
+        if (s.stop) return;
+        lock.unlock();
+        ++it;
       }
     } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      error_ = std::current_exception();
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.error = std::current_exception();
     }
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.done = true;
     }
-    changed_.notify_all();
+    s.changed.notify_all();
   }
 
-  Loader& loader_;
-  detail::DeviceCopy copy_;
+  std::shared_ptr<State> state_;
   std::chrono::milliseconds timeout_;
-  size_t depth_;
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<Item> queue_;
-  bool stop_ = false, done_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;  // last: it starts once the members above exist
+  bool timed_out_ = false;
+  std::thread thread_;
 };
 
 }  // namespace ddp

@@ -28,7 +28,7 @@ class Progress {
   // One step done: its loss and how many samples it took (all ranks together).
   void update(double loss, int64_t samples);
   // The same, where the loss is read only when shown: nullopt when
-  // shows_next() said the next update draws nothing.
+  // shows_next() said the next update draws nothing (then nothing is drawn).
   void update(std::optional<double> loss, int64_t samples);
   // Whether the next update() draws a line (and so needs its loss).
   bool shows_next() const;
