@@ -57,7 +57,7 @@ double Progress::samples_per_second() const {
 }
 
 double Progress::recent_samples_per_second() const {
-  if (ema_count_ == 0 || ema_seconds_ <= 0) return samples_per_second();
+  if (ema_seconds_ <= 0) return samples_per_second();  // no line drawn yet
   return ema_samples_ / ema_seconds_;  // the bias corrections of the two averages cancel
 }
 
@@ -117,7 +117,6 @@ void Progress::draw(std::chrono::steady_clock::time_point now) {
   const double seconds = std::chrono::duration<double>(now - last_draw_).count();
   ema_samples_ = kWeight * static_cast<double>(samples_ - drawn_samples_) + (1 - kWeight) * ema_samples_;
   ema_seconds_ = kWeight * seconds + (1 - kWeight) * ema_seconds_;
-  ++ema_count_;
   drawn_samples_ = samples_;
   last_draw_ = now;
 }

@@ -81,7 +81,7 @@ void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned
 // loop synchronises anyway (the ranks' checks, the epoch's end).
 class LossTally {
  public:
-  // The loss of this run's step `index` (0-based), over `samples` samples.
+  // The next step's loss (the first added is step index 0), over `samples` samples.
   void add(const at::Tensor& loss, int64_t samples);
   struct Read {
     double sum = 0;             // loss x samples, summed in float64

@@ -49,9 +49,8 @@ class Progress {
   std::string label_;
   int64_t total_, step_ = 0, samples_ = 0, drawn_samples_ = 0;
   double loss_ = 0;
-  // tqdm's EMA: sums weighted 0.3 for the newest interval, and how many.
+  // tqdm's EMA: sums weighted 0.3 for the newest interval.
   double ema_samples_ = 0, ema_seconds_ = 0;
-  int ema_count_ = 0;
   bool enabled_, interactive_;
   std::ostream* out_;
   std::chrono::steady_clock::time_point start_, last_draw_;
