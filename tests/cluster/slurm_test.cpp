@@ -176,9 +176,12 @@ class SlurmTemplates : public LauncherTest {
     EXPECT_NE(log.find("best test acc"), std::string::npos) << log;
     EXPECT_TRUE(fs::exists(run_dir(run) + "/model.pt"));
     EXPECT_EQ(lines_of(read_file(run_dir(run) + "/metrics.csv")).size(), static_cast<size_t>(epochs) + 1);
-    // Every rank's own lines, from each node.
-    for (const std::string& line : {"rank 0 of 2 on node1", "rank 1 of 2 on node2"})
-      EXPECT_NE(output.find(line), std::string::npos) << "missing '" << line << "' in the job's output:\n" << output;
+    // Every rank's own lines, one rank on each node (Slurm may place rank 0 on either).
+    const bool in_order = output.find("rank 0 of 2 on node1") != std::string::npos &&
+                          output.find("rank 1 of 2 on node2") != std::string::npos;
+    const bool swapped = output.find("rank 0 of 2 on node2") != std::string::npos &&
+                         output.find("rank 1 of 2 on node1") != std::string::npos;
+    EXPECT_TRUE(in_order || swapped) << "no 'rank R of 2 on nodeN' line from each rank on its own node:\n" << output;
   }
 
   inline static const std::string kScript = std::string(DDP_SOURCE_DIR) + "/tests/cluster/slurm_cluster.sh";
@@ -248,7 +251,16 @@ TEST_P(EachTemplate, ACancelledJobLeavesNothingBehind) {
       },
       60));
   for (const auto& p : left) ADD_FAILURE() << "left behind: pid " << p.pid << " (" << p.exe << ")";
-  EXPECT_NE(job_info(job).find("JobState=CANCELLED"), std::string::npos) << job_info(job);
+  // The job may still be COMPLETING after its processes ended: its final state follows.
+  std::string info;
+  EXPECT_TRUE(wait_for(
+      [&] {
+        info = job_info(job);
+        return info.find("JobState=COMPLETING") == std::string::npos;
+      },
+      60))
+      << info;
+  EXPECT_NE(info.find("JobState=CANCELLED"), std::string::npos) << info;
 }
 
 TEST_P(EachTemplate, APreemptionWarningCheckpointsRequeuesAndResumes) {
