@@ -1,16 +1,264 @@
 #!/usr/bin/python3
-"""The core's layout (issue 28), checked on the source tree:
+"""The core's layout, checked on the source tree:
   - no file in src/, include/ or launcher/ is over 600 lines;
+  - no function in a .cpp or .h there is over 60 lines, counted from the
+    first line of its signature to its closing brace (lambdas and local
+    classes count toward the function that holds them);
   - every folder of src/ and include/ddp/ has its line in that tree's README.md;
-  - every header starts with a comment that says what it is for;
-  - the old flat header paths are one-line forwarders to files that exist, and
-    nothing in the tree includes them (they are for users' code, until 1.0).
+  - every header starts with a comment that says what it is for.
 Usage: check_layout.py SOURCE_DIR. Prints each problem; exit 1 if any."""
+import bisect
 import os
 import re
 import sys
 
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 60
+
+
+def blank_out(text):
+    """The code alone: comments, preprocessor lines and the insides of string
+    and character literals become spaces, newlines kept, so that every brace
+    left is a brace of the code and every offset keeps its line."""
+    out = list(text)
+    n = len(text)
+    i = 0
+    line_start = True  # only whitespace since the last newline
+
+    def blank(a, b):
+        for k in range(a, b):
+            if out[k] != "\n":
+                out[k] = " "
+
+    while i < n:
+        c = text[i]
+        if c == "\n":
+            line_start = True
+            i += 1
+            continue
+        if line_start and c == "#":
+            # A directive, with its continuation lines; comments in it end it
+            # no later than they would end the line.
+            j = i
+            while j < n and text[j] != "\n":
+                if text.startswith("/*", j):
+                    end = text.find("*/", j + 2)
+                    j = n if end < 0 else end + 2
+                    continue
+                if text.startswith("//", j):
+                    break
+                if text[j] == "\\" and j + 1 < n and text[j + 1] == "\n":
+                    j += 2
+                    continue
+                j += 1
+            blank(i, j)
+            i = j
+            continue
+        if not c.isspace():
+            line_start = False
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            blank(i, j)
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            blank(i, j)
+            i = j
+        elif c == '"' and i > 0 and text[i - 1] == "R" and re.search(r"(?:^|[^\w])(?:u8|u|U|L)?R$", text[max(0, i - 4):i]):
+            m = re.compile(r'"([^()\\\s]{0,16})\(').match(text, i)
+            end = text.find(")" + m.group(1) + '"', m.end()) if m else -1
+            j = n if end < 0 else end + len(m.group(1)) + 2
+            blank(i + 1, j - 1)
+            i = j
+        elif c == '"' or (c == "'" and not in_number(text, i)):
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            blank(i + 1, min(j, n))
+            i = j + 1
+        else:
+            i += 1
+    return "".join(out)
+
+
+def in_number(text, i):
+    """Whether the quote at i is a digit separator (1'000'000)."""
+    j = i
+    while j > 0 and (text[j - 1].isalnum() or text[j - 1] in "_.'"):
+        j -= 1
+    return j < i and text[j].isdigit()
+
+
+def paren_depth(s):
+    depth = 0
+    for c in s:
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+    return depth
+
+
+def top_level(s):
+    """s with what parentheses and angle brackets hold left out: only what a
+    declaration says at its own level. `operator` and its symbol become one
+    word first, so that operator< or operator() opens nothing."""
+    s = re.sub(r"\boperator\s*(\(\s*\)|\[\s*\]|->\*?|[^\w\s(]+)", "operator_", s)
+    out = []
+    parens = angles = 0
+    for k, c in enumerate(s):
+        if c == "(":
+            parens += 1
+        elif c == ")":
+            parens -= 1
+            if parens == 0 and angles == 0:
+                out.append("()")
+            continue
+        elif parens == 0 and c == "<" and not s.startswith("<<", k) and s[k - 1:k] != "<":
+            angles += 1
+        elif parens == 0 and c == ">" and angles > 0 and s[k - 1:k] != "-":
+            angles -= 1
+            continue
+        if parens == 0 and angles == 0:
+            out.append(c)
+    return "".join(out)
+
+
+def without_template_prefix(s):
+    """s without a leading `template <...>` (or several), attributes and
+    access labels."""
+    s = re.sub(r"\b(public|private|protected)\s*:(?!:)", " ", s).strip()
+    while True:
+        m = re.match(r"template\s*<", s)
+        if m:
+            depth, k = 1, m.end()
+            while k < len(s) and depth:
+                depth += {"<": 1, ">": -1}.get(s[k], 0)
+                k += 1
+            s = s[k:].strip()
+            continue
+        m = re.match(r"\[\[.*?\]\]\s*", s, re.S)
+        if m:
+            s = s[m.end():]
+            continue
+        return s
+
+
+def classify(head):
+    """What the brace that follows `head` opens, at the level of namespaces
+    and class bodies: 'scope' (namespace, class, extern "C": declarations go
+    on inside), 'inline' (a braced value inside the head: a default argument,
+    a member's brace-initializer; the head goes on after it), 'function' (a
+    function's body), or 'other' (an enum's list, a variable's initializer)."""
+    if paren_depth(head) > 0:
+        return "inline"
+    h = without_template_prefix(head)
+    if re.match(r'(inline\s+)?namespace\b|extern\s*"', h):
+        return "scope"
+    if re.match(r"(typedef\s+)?(class|struct|union)\b", h):
+        return "scope"
+    if re.match(r"(typedef\s+)?enum\b", h):
+        return "other"
+    top = top_level(h)
+    if re.search(r"(?<![=!<>+\-*/%&|^])=(?!=)", top):
+        return "other"  # an initializer: ... = {...}
+    m = re.search(r"\(\)", top)
+    if not m:
+        return "other"  # Type name{...}
+    after = top[m.end():]
+    if re.match(r"\s*(noexcept\s*(\(\))?\s*)?:(?!:)", after):
+        # A constructor's initializer list: a brace right after a member's
+        # name is that member's value; any other opens the body.
+        return "inline" if re.search(r"[\w>]\s*$", head) else "function"
+    last = top.rfind("()")
+    rest = top[last + 2:]
+    if re.fullmatch(r"\s*((const|volatile|noexcept|override|final|&&?|try)\b\s*|&&?\s*)*(->.*)?", rest, re.S):
+        return "function"
+    return "other"
+
+
+def function_name(head):
+    h = without_template_prefix(head)
+    m = re.search(r"((?:[\w~]+\s*::\s*)*operator\s*(\(\s*\)|\[\s*\]|[^\w\s(]+|\s[\w:\s*&<>]+?))\s*\(", h)
+    if m:
+        return re.sub(r"\s+", "", m.group(1)) if "operator " not in m.group(1) else re.sub(r"\s+", " ", m.group(1))
+    # The first name followed by its parameters at the top level, not a
+    # decltype(...) or the like in the return type.
+    parens = angles = 0
+    for k, c in enumerate(h):
+        if c == "(":
+            before = h[:k].rstrip()
+            word = re.search(r"((?:[\w~]+\s*::\s*)*~?\w+)$", before)
+            if parens == 0 and angles == 0 and word and word.group(1) not in (
+                    "decltype", "alignas", "__attribute__", "__declspec", "noexcept"):
+                return re.sub(r"\s+", "", word.group(1))
+            parens += 1
+        elif c == ")":
+            parens -= 1
+        elif parens == 0 and c == "<":
+            angles += 1
+        elif parens == 0 and c == ">" and angles > 0 and h[k - 1:k] != "-":
+            angles -= 1
+    return "?"
+
+
+def matching_brace(code, i):
+    """The offset of the brace that closes the one at i, or -1."""
+    depth = 0
+    for k in range(i, len(code)):
+        if code[k] == "{":
+            depth += 1
+        elif code[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+    return -1
+
+
+def functions(text):
+    """(name, first line, last line) of every function defined in `text`, a
+    C++ file; or raises ValueError where its braces do not match."""
+    code = blank_out(text)
+    newlines = [k for k, c in enumerate(code) if c == "\n"]
+
+    def line(offset):
+        return bisect.bisect_left(newlines, offset) + 1
+
+    found = []
+    scopes = 0
+    head_start = 0
+    i = 0
+    while i < len(code):
+        c = code[i]
+        if c == ";":
+            head_start = i + 1
+        elif c == "}":
+            if scopes == 0:
+                raise ValueError(f"line {line(i)}: a closing brace that closes nothing")
+            scopes -= 1
+            head_start = i + 1
+        elif c == "{":
+            head = code[head_start:i]
+            kind = classify(head)
+            if kind == "scope":
+                scopes += 1
+                head_start = i + 1
+            else:
+                end = matching_brace(code, i)
+                if end < 0:
+                    raise ValueError(f"line {line(i)}: a brace that nothing closes")
+                if kind == "function":
+                    first = head_start + len(head) - len(head.lstrip())
+                    found.append((function_name(head), line(first), line(end)))
+                if kind != "inline":
+                    head_start = end + 1
+                i = end
+        i += 1
+    if scopes:
+        raise ValueError("a namespace or class that nothing closes")
+    return found
 
 
 def main():
@@ -20,18 +268,26 @@ def main():
     def files_under(*tops):
         for top in tops:
             for d, _, names in os.walk(os.path.join(root, top)):
-                for n in names:
+                for n in sorted(names):
                     yield os.path.join(d, n)
 
     code = [p for p in files_under("src", "include", "launcher") if p.endswith((".h", ".cpp"))]
     for p in code:
         with open(p, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+            text = f.read()
+        lines = text.splitlines()
         rel = os.path.relpath(p, root)
         if len(lines) > MAX_LINES:
             problems.append(f"{rel}: {len(lines)} lines, over {MAX_LINES}: split it by what owns which state")
         if p.endswith(".h") and not (lines and lines[0].startswith("//")):
             problems.append(f"{rel}: a header starts with a comment saying what it is for")
+        try:
+            for name, first, last in functions(text):
+                if last - first + 1 > MAX_FUNCTION_LINES:
+                    problems.append(f"{rel}:{first}: function {name} is {last - first + 1} lines, "
+                                    f"over {MAX_FUNCTION_LINES}: split it into named steps")
+        except ValueError as e:
+            problems.append(f"{rel}: cannot measure its functions: {e}")
 
     for tree in ("src", "include/ddp"):
         readme = os.path.join(root, tree, "README.md")
@@ -42,30 +298,9 @@ def main():
                 if f"`{rel}/`" not in text:
                     problems.append(f"{tree}/README.md: no line for the folder `{rel}/`")
 
-    forwarders = {}
-    inc = os.path.join(root, "include", "ddp")
-    for n in sorted(os.listdir(inc)):
-        p = os.path.join(inc, n)
-        if not n.endswith(".h") or not os.path.isfile(p):
-            continue
-        m = re.search(r'^#include "(ddp/[a-z]+/[a-z_]+\.h)"$', open(p, encoding="utf-8").read(), re.M)
-        if "Moved to" in open(p, encoding="utf-8").readline():
-            if not m or not os.path.exists(os.path.join(root, "include", m.group(1))):
-                problems.append(f"include/ddp/{n}: a forwarding header whose target does not exist")
-            forwarders[f"ddp/{n}"] = m.group(1) if m else None
-    pattern = re.compile(r'#include [<"](' + "|".join(re.escape(k) for k in forwarders) + r')[">]') if forwarders else None
-    for p in files_under("src", "include", "launcher", "tests", "examples", "bench", "fuzz"):
-        # forwarding_headers_test.cpp includes them on purpose: they must compile.
-        if not p.endswith((".h", ".cpp")) or os.path.dirname(p) == inc or p.endswith("forwarding_headers_test.cpp"):
-            continue
-        for i, line in enumerate(open(p, encoding="utf-8", errors="replace"), 1):
-            m = pattern.search(line) if pattern else None
-            if m:
-                problems.append(f"{os.path.relpath(p, root)}:{i}: includes the forwarding header {m.group(1)}; "
-                                f"include {forwarders[m.group(1)]}")
     for p in problems:
         print(p)
-    print(f"layout: {len(code)} source files, {len(forwarders)} forwarding headers, {len(problems)} problem(s)")
+    print(f"layout: {len(code)} source files, {len(problems)} problem(s)")
     return 1 if problems else 0
 
 
