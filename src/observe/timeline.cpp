@@ -1,13 +1,11 @@
 #include "ddp/observe/timeline.h"
 
+#include "runtime/atomic_file.h"
 #include "runtime/json_text.h"
 #include "runtime/parse_number.h"
 #include "usage_check.h"
 
-#include <fcntl.h>
 #include <unistd.h>
-
-#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -34,26 +32,14 @@ int64_t exchange(ProcessGroup& pg, int64_t value, int root) {
   return t.cpu().item<int64_t>();
 }
 
+// Through a temporary beside it, synced, then renamed: a reader sees the old
+// file or the whole new one (runtime/atomic_file.h).
 void write_file_atomically(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  ::unlink(tmp.c_str());  // a leftover, or a link: never written through
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  bool ok = fd >= 0;
-  for (size_t done = 0; ok && done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  if (fd >= 0) ok = ::close(fd) == 0 && ok;
-  if (!ok) {
-    if (fd >= 0) ::unlink(tmp.c_str());
+  if (detail::write_synced_temporary(tmp, text.data(), text.size()))
     throw UsageError("cannot write the timeline to '" + tmp + "'; check that its folder exists and is writable");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
+  if (detail::rename_synced(tmp, path))
     throw UsageError("cannot move the timeline into place at '" + path + "'");
-  }
 }
 
 }  // namespace

@@ -1,13 +1,11 @@
 #include "ddp/runtime/main_guard.h"
 
+#include "runtime/atomic_file.h"
 #include "runtime/json_text.h"
 
 #include <cxxabi.h>
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <exception>
@@ -46,24 +44,11 @@ std::string type_name(const std::exception& e) {
   return status == 0 && name ? name.get() : mangled;
 }
 
-
+// The launcher reads the file once the worker exits: it sees the old file or
+// the whole new one, synced to disk (runtime/atomic_file.h).
 bool write_whole_file(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  ::unlink(tmp.c_str());  // a leftover, or a link: never written through
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  bool ok = true;
-  for (size_t done = 0; ok && done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    ok = n > 0;
-    if (ok) done += static_cast<size_t>(n);
-  }
-  ok = ::close(fd) == 0 && ok;
-  // rename: a reader (the launcher) sees the old file or the whole new one.
-  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!ok) ::unlink(tmp.c_str());
-  return ok;
+  return !detail::write_synced_temporary(tmp, text.data(), text.size()) && !detail::rename_synced(tmp, path);
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <vector>
 
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 #include "ddp/train/run_dir.h"
 
 extern char** environ;

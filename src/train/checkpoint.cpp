@@ -1,6 +1,6 @@
 #include "ddp/train/checkpoint.h"
 
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 #include "checkpoint_extra.h"
 #include "ddp/comm/object_collectives.h"
 #include "ddp/train/preemption.h"

@@ -1,6 +1,6 @@
 #include "ddp/train/epoch_loop.h"
 
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 #include "ddp/train/run_dir.h"
 
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 #include "runtime/parse_number.h"
 
 #include <unistd.h>

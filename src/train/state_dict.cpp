@@ -1,6 +1,6 @@
 #include "ddp/train/state_dict.h"
 
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 #include "module_archive.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"

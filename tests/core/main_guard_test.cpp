@@ -1,6 +1,7 @@
 // guarded_main and record_error: the error file a launcher reads
 // (TORCHELASTIC_ERROR_FILE) in torchrun's JSON shape, written atomically,
-// and never a reason for the failing program to fail differently.
+// and never a reason for the failing program to fail differently; and the
+// atomic writer it shares with the timeline and the training kit.
 #include "ddp/runtime/main_guard.h"
 
 #include <gtest/gtest.h>
@@ -8,13 +9,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "ddp/errors.h"
+#include "runtime/atomic_file.h"
 
 namespace {
 
@@ -116,6 +120,48 @@ TEST_F(ErrorFile, NothingWithoutTheVariableAndNoHarmWhenUnwritable) {
   std::ofstream(file_) << std::string(10000, 'z');
   EXPECT_TRUE(ddp::record_error(std::runtime_error("short")));
   EXPECT_EQ(contents().find('z'), std::string::npos);
+}
+
+// The one atomic writer (runtime/atomic_file.h): a temporary beside the file,
+// synced and renamed; a link at either name is replaced, never written through.
+TEST_F(ErrorFile, AtomicWriterNeverWritesThroughALink) {
+  const std::string outside = (dir_ / "outside.txt").string();
+  std::ofstream(outside) << "keep";
+  const std::string target = (dir_ / "file.txt").string();
+  fs::create_symlink(outside, target + ".tmp");  // planted at the temporary's name
+  ddp::write_atomically(target, std::vector<char>{'n', 'e', 'w'});
+  fs::create_symlink(outside, file_);  // planted at the file's own name
+  const std::string tmp = file_ + ".part";
+  EXPECT_FALSE(ddp::detail::write_synced_temporary(tmp, "text", 4));
+  EXPECT_FALSE(ddp::detail::rename_synced(tmp, file_));
+  EXPECT_FALSE(fs::is_symlink(file_));
+  EXPECT_EQ(contents(), "text");
+  std::ifstream in(outside), written(target);
+  std::stringstream kept, text;
+  kept << in.rdbuf();
+  text << written.rdbuf();
+  EXPECT_EQ(kept.str(), "keep");
+  EXPECT_EQ(text.str(), "new");
+  EXPECT_FALSE(fs::exists(target + ".tmp"));
+  EXPECT_FALSE(fs::exists(tmp));
+}
+
+TEST_F(ErrorFile, AtomicWriterNamesTheStepThatFailed) {
+  const std::string missing = (dir_ / "no" / "such.txt").string();
+  const auto failure = ddp::detail::write_synced_temporary(missing + ".tmp", "x", 1);
+  EXPECT_EQ(failure.step, "open " + missing + ".tmp");
+  EXPECT_EQ(failure.err, ENOENT);
+  try {
+    ddp::write_atomically(missing, std::vector<char>{'x'});
+    ADD_FAILURE() << "no error for a missing folder";
+  } catch (const ddp::CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("writing " + missing + ": open " + missing + ".tmp failed (its folder ", 0), 0u)
+        << e.what();
+  }
+  std::ofstream(file_ + ".tmp") << "left over";
+  const auto renamed = ddp::detail::rename_synced(file_ + ".tmp", missing);
+  EXPECT_EQ(renamed.step, "rename");
+  EXPECT_FALSE(fs::exists(file_ + ".tmp")) << "a failed rename leaves no temporary";
 }
 
 }  // namespace

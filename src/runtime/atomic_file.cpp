@@ -1,4 +1,4 @@
-#include "atomic_file.h"
+#include "runtime/atomic_file.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,50 +30,55 @@ std::string reason(const std::string& path, int err) {
   return std::string(std::strerror(err)) + "; the previous file, if any, is untouched. Check free space and permissions";
 }
 
-void write_all(int fd, const char* data, size_t size, const std::string& path, const std::string& tmp) {
+// All of data to fd; 0, or the errno of the write that failed (EIO for one
+// that wrote nothing).
+int write_all(int fd, const char* data, size_t size) {
   for (size_t done = 0; done < size;) {
     const ssize_t n = ::write(fd, data + done, size - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = n < 0 ? errno : EIO;
-      ::close(fd);
-      if (!tmp.empty()) ::unlink(tmp.c_str());
-      throw CheckpointError("writing " + path + ": write failed (" + reason(path, err) + ")");
-    }
+    if (n <= 0) return n < 0 ? errno : EIO;
     done += static_cast<size_t>(n);
   }
+  return 0;
+}
+
+[[noreturn]] void throw_write_failure(const std::string& path, const detail::FileWriteFailure& failure) {
+  throw CheckpointError("writing " + path + ": " + failure.step + " failed (" + reason(path, failure.err) + ")");
 }
 
 }  // namespace
 
-std::string write_temporary(const std::string& path, const std::vector<char>& bytes) {
-  const std::string tmp = path + ".tmp";
-  auto fail = [&](const std::string& what) {
-    const int err = errno;
+namespace detail {
+
+FileWriteFailure write_synced_temporary(const std::string& tmp, const char* data, size_t size) {
+  auto fail = [&](std::string step, int err) {
     ::unlink(tmp.c_str());
-    throw CheckpointError("writing " + path + ": " + what + " failed (" + reason(path, err) + ")");
+    return FileWriteFailure{std::move(step), err};
   };
   // A leftover temporary (or a link planted in its place) goes first: unlink
   // removes a link, not its target. O_EXCL|O_NOFOLLOW then refuses anything
   // that appears in between.
   ::unlink(tmp.c_str());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) fail("open " + tmp);
-  write_all(fd, bytes.data(), bytes.size(), path, tmp);
-  if (::fsync(fd) != 0) {
+  if (fd < 0) return fail("open " + tmp, errno);
+  if (const int err = write_all(fd, data, size); err != 0) {
     ::close(fd);
-    fail("fsync");
+    return fail("write", err);
   }
-  if (::close(fd) != 0) fail("close");
-  return tmp;
+  if (::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return fail("fsync", err);
+  }
+  if (::close(fd) != 0) return fail("close", errno);
+  return {};
 }
 
-void replace_with_temporary(const std::string& path) {
-  const std::string tmp = path + ".tmp";
+FileWriteFailure rename_synced(const std::string& tmp, const std::string& path) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
-    throw CheckpointError("writing " + path + ": rename failed (" + reason(path, err) + ")");
+    return {"rename", err};
   }
   // The rename itself is durable only once the directory is.
   const int dfd = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -81,6 +86,19 @@ void replace_with_temporary(const std::string& path) {
     ::fsync(dfd);
     ::close(dfd);
   }
+  return {};
+}
+
+}  // namespace detail
+
+std::string write_temporary(const std::string& path, const std::vector<char>& bytes) {
+  const std::string tmp = path + ".tmp";
+  if (const auto failure = detail::write_synced_temporary(tmp, bytes.data(), bytes.size())) throw_write_failure(path, failure);
+  return tmp;
+}
+
+void replace_with_temporary(const std::string& path) {
+  if (const auto failure = detail::rename_synced(path + ".tmp", path)) throw_write_failure(path, failure);
 }
 
 void write_atomically(const std::string& path, const std::vector<char>& bytes) {
@@ -99,7 +117,10 @@ int open_append_no_follow(const std::string& path) {
 
 void append_no_follow(const std::string& path, const std::string& text) {
   const int fd = open_append_no_follow(path);
-  write_all(fd, text.data(), text.size(), path, "");
+  if (const int err = write_all(fd, text.data(), text.size()); err != 0) {
+    ::close(fd);
+    throw_write_failure(path, {"write", err});
+  }
   ::close(fd);
 }
 
