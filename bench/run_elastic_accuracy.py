@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Elastic jobs against unchanged ones (issue 31): the LeNet example on
+"""Elastic jobs against unchanged ones: the LeNet example on
 Fashion-MNIST, launched by ddprun over the c10d rendezvous on this machine
 (one ddprun per "node", one worker each, OMP_NUM_THREADS=1). First the
 run-to-run spread of an unchanged 2-node job, one run per --seeds; then each

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """libddp on one GPU: LeNet and ResNet-18 through ddprun with one worker,
 against PyTorch's DDP (through torchrun) and local training, it/s and peak
-GPU memory (issue 29's measurement).
+GPU memory (bench/results/gpu_h200.md).
 
   python3 bench/run_gpu_bench.py --build build-torch2 --rounds 3 --out gpu.csv
 

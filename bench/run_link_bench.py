@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""DDP measured across two hosts on limited links (issue 13): two network
+"""DDP measured across two hosts on limited links: two network
 namespaces joined by a veth pair, shaped with tc tbf at each --links rate (or
 unshaped: none), one rank per namespace (one core, OMP_NUM_THREADS=1), Gloo
 bound to the veth addresses. Needs root. Reuses Link and run_pair of

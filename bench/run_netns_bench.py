@@ -3,7 +3,7 @@
 veth pair, the link shaped with tc (tbf) on both ends, one rank per
 namespace, Gloo bound to the veth addresses. Needs root.
 
-  /usr/bin/python3 bench/run_netns_bench.py --rate 1gbit                       # issue 17's table
+  /usr/bin/python3 bench/run_netns_bench.py --rate 1gbit                       # the malloc-threshold table
   /usr/bin/python3 bench/run_netns_bench.py --rate 1gbit --rounds 5 --modes local,ddp,pytorch_ddp
 
 Every round runs each mode once as its own pair of processes (the order

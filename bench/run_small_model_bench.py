@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""libddp benchmark driver for the small-model regime (issue 10): the d2l.ai
+"""libddp benchmark driver for the small-model regime: the d2l.ai
 LeNet with sigmoids (61,706 parameters, about 18 ms of one core per step),
 batch 128 per rank of fixed random data, SGD lr 0.1, cross-entropy, one thread
 per rank, 2 ranks over Gloo on loopback, 10 warm-up and 60 timed steps, each
@@ -11,7 +11,7 @@ step written the plain way (zero_grad, forward, loss, backward, step).
 Every round runs each mode once as its own pair of processes (the order
 rotates from round to round). Every run is printed, with both ranks' it/s;
 the summary gives min, median and max over rounds of rank 0's it/s (the
-figure the issue measured) and checks the goals:
+figure first reported for this regime) and checks the goals:
   - libddp's slowest run >= PyTorch's DDP's median,
   - libddp's median >= 0.9 x local training's median.
 Modes: local, ddp, ddp_no_retain (DDPOptions::retain_step_memory(false):
