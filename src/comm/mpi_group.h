@@ -23,6 +23,7 @@
 
 #include "ddp/comm/process_group.h"
 #include "comm/c10d_compat.h"
+#include "comm/work_handle.h"
 
 namespace ddp::detail::mpi {
 
@@ -47,6 +48,24 @@ struct Runtime {
 Runtime& runtime();
 
 std::string error_string(int code);
+
+// The backend's one wait loop: polls `done` (one MPI_Test, under the
+// runtime's mutex) until it returns true or `deadline` passes, yielding for
+// the first 200 polls and then sleeping 50 us between them. False at the
+// deadline, with the runtime marked as holding an abandoned request (MPI
+// never finishes it: MPI_Finalize and MPI_Comm_free are skipped then).
+template <typename Done>
+bool poll_until(Done&& done, Clock::time_point deadline) {
+  for (int spins = 0;; ++spins) {
+    if (done()) return true;
+    if (Clock::now() >= deadline) {
+      runtime().abandoned = true;
+      return false;
+    }
+    if (spins < 200) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
 
 // Polls `request` until done or `deadline`; a timeout marks the runtime as
 // holding an abandoned request and throws CommError(who + what + advice).
@@ -101,19 +120,12 @@ class MpiWork final : public compat::Work {
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override {  // 0: c10d's kNoTimeout
     const auto limit = timeout.count() > 0 ? timeout : timeout_;
     const auto deadline = (timeout.count() > 0 ? Clock::now() : started_) + limit;
-    for (int spins = 0;; ++spins) {
-      if (isCompleted()) break;
-      if (Clock::now() >= deadline) {
-        runtime().abandoned = true;
-        throw std::runtime_error(
-            "not finished within the timeout of " + std::to_string(limit.count()) + " ms on rank " +
-            std::to_string(rank_) + ": some rank has not started this " + op_ +
-            " (stuck, dead, or running different collectives). Check every rank's log; if they are merely slow, "
-            "raise the timeout with ddp::ProcessGroupOptions().timeout(...)");
-      }
-      if (spins < 200) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    if (!poll_until([this] { return isCompleted(); }, deadline))
+      throw std::runtime_error(
+          "not finished within the timeout of " + std::to_string(limit.count()) + " ms on rank " +
+          std::to_string(rank_) + ": some rank has not started this " + op_ +
+          " (stuck, dead, or running different collectives). Check every rank's log; if they are merely slow, "
+          "raise the timeout with ddp::ProcessGroupOptions().timeout(...)");
     std::lock_guard<std::mutex> lock(finish_mutex_);
     if (!error_.empty()) throw std::runtime_error(op_ + " failed in MPI: " + error_);
     if (!copied_) {

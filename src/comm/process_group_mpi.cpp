@@ -80,25 +80,20 @@ void ensure_initialized(const std::string& who) {
 
 void wait_request(MPI_Request& request, Clock::time_point deadline, std::chrono::milliseconds timeout,
                   const std::string& who) {
-  Runtime& rt = runtime();
-  for (int spins = 0;; ++spins) {
-    {
-      std::lock_guard<std::mutex> lock(rt.mutex);
-      int flag = 0;
-      const int rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) throw CommError(who + "failed in MPI: " + error_string(rc));
-      if (flag) return;
-    }
-    if (Clock::now() >= deadline) {
-      rt.abandoned = true;
-      throw CommError(who + "not finished within the timeout of " + std::to_string(timeout.count()) +
-                      " ms: some rank has not joined it (check that every rank was started by the same mpirun "
-                      "and is not stuck; raise the timeout with ddp::ProcessGroupOptions().timeout(...) if they "
-                      "are merely slow)");
-    }
-    if (spins < 200) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
+  const bool done = poll_until(
+      [&] {
+        std::lock_guard<std::mutex> lock(runtime().mutex);
+        int flag = 0;
+        const int rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) throw CommError(who + "failed in MPI: " + error_string(rc));
+        return flag != 0;
+      },
+      deadline);
+  if (!done)
+    throw CommError(who + "not finished within the timeout of " + std::to_string(timeout.count()) +
+                    " ms: some rank has not joined it (check that every rank was started by the same mpirun "
+                    "and is not stuck; raise the timeout with ddp::ProcessGroupOptions().timeout(...) if they "
+                    "are merely slow)");
 }
 
 namespace {
@@ -153,7 +148,7 @@ Work MpiProcessGroup::allreduce(at::Tensor& tensor) {
   auto work = start(c10d::OpType::ALLREDUCE, "allreduce", tensor, [&](void* data, MPI_Request* request) {
     return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, request);
   });
-  return Work(work, "mpi allreduce", rank_);
+  return detail::make_work(work, "mpi allreduce", rank_);
 }
 
 Work MpiProcessGroup::broadcast(at::Tensor& tensor, int root) {
@@ -162,7 +157,7 @@ Work MpiProcessGroup::broadcast(at::Tensor& tensor, int root) {
   auto work = start(c10d::OpType::BROADCAST, "broadcast", tensor, [&](void* data, MPI_Request* request) {
     return MPI_Ibcast(data, bytes, MPI_BYTE, root, comm_, request);
   });
-  return Work(work, "mpi broadcast", rank_);
+  return detail::make_work(work, "mpi broadcast", rank_);
 }
 
 std::vector<at::Tensor> MpiProcessGroup::allgather(const at::Tensor& tensor) {
@@ -173,7 +168,7 @@ std::vector<at::Tensor> MpiProcessGroup::allgather(const at::Tensor& tensor) {
   auto work = start(c10d::OpType::ALLGATHER, "allgather", gathered, [&](void* data, MPI_Request* request) {
     return MPI_Iallgather(mine.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, request);
   });
-  Work(work, "mpi allgather", rank_).wait();
+  detail::make_work(work, "mpi allgather", rank_).wait();
   std::vector<at::Tensor> out;
   for (int r = 0; r < size_; ++r)
     out.push_back(gathered.narrow(0, r * mine.numel(), mine.numel()).view(tensor.sizes()).to(tensor.device()));
@@ -185,7 +180,7 @@ void MpiProcessGroup::barrier() {
   auto work = start(c10d::OpType::BARRIER, "barrier", none, [&](void*, MPI_Request* request) {
     return MPI_Ibarrier(comm_, request);
   });
-  Work(work, "mpi barrier", rank_).wait();
+  detail::make_work(work, "mpi barrier", rank_).wait();
 }
 
 namespace {
