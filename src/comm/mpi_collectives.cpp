@@ -62,240 +62,277 @@ Work MpiProcessGroup::collective(const CollectiveCall& call) {
   return start_collective(call, who);
 }
 
+namespace {
+
+using Kind = CollectiveCall::Kind;
+
+// A check of the call: UsageError(who + what) unless ok.
+void need(bool ok, const std::string& who, const std::string& what) {
+  if (!ok) throw UsageError(who + what);
+}
+
+void same_dtype(const std::vector<at::Tensor>& list, const at::Tensor& as, const char* what, const std::string& who) {
+  for (const auto& t : list)
+    need(t.scalar_type() == as.scalar_type(), who, std::string("every tensor of ") + what + " must be " +
+                                                     c10::toString(as.scalar_type()) + ", as the other side; got " +
+                                                     c10::toString(t.scalar_type()));
+}
+
+// MPI's operation for the call's ReduceOp on an integer or floating type.
+MPI_Op mpi_op_of(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::SUM: return MPI_SUM;
+    case ReduceOp::PRODUCT: return MPI_PROD;
+    case ReduceOp::MIN: return MPI_MIN;
+    case ReduceOp::MAX: return MPI_MAX;
+    case ReduceOp::BAND: return MPI_BAND;
+    case ReduceOp::BOR: return MPI_BOR;
+    case ReduceOp::BXOR: return MPI_BXOR;
+    case ReduceOp::AVG: break;
+  }
+  return MPI_SUM;
+}
+
+// The MPI type and operation that reduce `t` by the call's ReduceOp; half
+// and bfloat16 travel as two bytes, summed by our own operations.
+std::pair<MPI_Datatype, MPI_Op> reduction(const CollectiveCall& call, const at::Tensor& t, const std::string& who) {
+  if (call.op == ReduceOp::AVG)
+    throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch: reduce with ReduceOp::SUM and divide by "
+                     "dist::get_world_size(group)");
+  const bool integral = c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
+  if ((call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR) && !integral)
+    throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs an integer tensor, not " +
+                     c10::toString(t.scalar_type()));
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  switch (t.scalar_type()) {
+    case at::kFloat: type = MPI_FLOAT; break;
+    case at::kDouble: type = MPI_DOUBLE; break;
+    case at::kChar: type = MPI_INT8_T; break;
+    case at::kByte: type = MPI_UINT8_T; break;
+    case at::kShort: type = MPI_INT16_T; break;
+    case at::kInt: type = MPI_INT32_T; break;
+    case at::kLong: type = MPI_INT64_T; break;
+    case at::kHalf:
+    case at::kBFloat16:
+      need(call.op == ReduceOp::SUM, who, std::string("the mpi backend reduces ") + c10::toString(t.scalar_type()) +
+                                              " tensors by SUM only; convert to float for ReduceOp::" +
+                                              reduce_op_name(call.op));
+      return {runtime().two_bytes, t.scalar_type() == at::kHalf ? runtime().half_sum : runtime().bfloat16_sum};
+    default:
+      throw UsageError(who + "tensors of " + c10::toString(t.scalar_type()) +
+                       " cannot be reduced by the mpi backend; it reduces float, double, half and bfloat16 (SUM), "
+                       "int8, uint8, int16, int32 and int64 tensors");
+  }
+  return {type, mpi_op_of(call.op)};
+}
+
+// all_to_all_single's bytes per rank of `t`: its first dimension split
+// evenly, or by `splits`.
+std::vector<int64_t> split_bytes(const at::Tensor& t, const std::vector<int64_t>& splits, const char* which, int size,
+                                 const std::string& who) {
+  const int64_t n = t.dim() == 0 ? 1 : t.size(0);
+  const int64_t row = n == 0 ? 0 : nbytes(t) / n;
+  std::vector<int64_t> bytes;
+  if (splits.empty()) {
+    need(n % size == 0, who, std::string("the ") + which + " tensor's first dimension (" + std::to_string(n) +
+                                 ") does not divide by the world size; give split sizes");
+    bytes.assign(static_cast<size_t>(size), n / size * row);
+  } else {
+    need(static_cast<int>(splits.size()) == size && std::accumulate(splits.begin(), splits.end(), int64_t{0}) == n,
+         who, std::string("the ") + which + " split sizes must be one per rank and add up to the first dimension");
+    for (auto s : splits) bytes.push_back(s * row);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// MPI's count and displacement arrays, read until the collective ends: int
+// tensors that the work keeps.
+at::Tensor MpiProcessGroup::int_array(const std::vector<int64_t>& v, const char* op) const {
+  auto out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kInt));
+  for (size_t i = 0; i < v.size(); ++i) out.data_ptr<int>()[i] = count_of(v[i], op);
+  return out;
+}
+
 Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::string& who) {
-  using Kind = CollectiveCall::Kind;
-  const char* name = collective_name(call.kind);
-  const std::string op_name = std::string("mpi ") + name;
-  // MPI's count and displacement arrays, read until the collective ends: int
-  // tensors that the work keeps.
-  auto ints = [&](const std::vector<int64_t>& v) {
-    auto out = at::empty({static_cast<int64_t>(v.size())}, at::TensorOptions().dtype(at::kInt));
-    for (size_t i = 0; i < v.size(); ++i) out.data_ptr<int>()[i] = count_of(v[i], name);
-    return out;
-  };
-  auto need = [&](bool ok, const std::string& what) {
-    if (!ok) throw UsageError(who + what);
-  };
-  auto same_dtype = [&](const std::vector<at::Tensor>& list, const at::Tensor& as, const char* what) {
-    for (const auto& t : list)
-      need(t.scalar_type() == as.scalar_type(), std::string("every tensor of ") + what + " must be " +
-                                                    c10::toString(as.scalar_type()) + ", as the other side; got " +
-                                                    c10::toString(t.scalar_type()));
-  };
-  auto reduction = [&](const at::Tensor& t) {
-    if (call.op == ReduceOp::AVG)
-      throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch: reduce with ReduceOp::SUM and divide by "
-                       "dist::get_world_size(group)");
-    const bool integral = c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
-    if ((call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR) && !integral)
-      throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs an integer tensor, not " +
-                       c10::toString(t.scalar_type()));
-    MPI_Datatype type = MPI_DATATYPE_NULL;
-    MPI_Op op = MPI_SUM;
-    switch (t.scalar_type()) {
-      case at::kFloat: type = MPI_FLOAT; break;
-      case at::kDouble: type = MPI_DOUBLE; break;
-      case at::kChar: type = MPI_INT8_T; break;
-      case at::kByte: type = MPI_UINT8_T; break;
-      case at::kShort: type = MPI_INT16_T; break;
-      case at::kInt: type = MPI_INT32_T; break;
-      case at::kLong: type = MPI_INT64_T; break;
-      case at::kHalf:
-      case at::kBFloat16:
-        need(call.op == ReduceOp::SUM, std::string("the mpi backend reduces ") + c10::toString(t.scalar_type()) +
-                                           " tensors by SUM only; convert to float for ReduceOp::" +
-                                           reduce_op_name(call.op));
-        type = runtime().two_bytes;
-        op = t.scalar_type() == at::kHalf ? runtime().half_sum : runtime().bfloat16_sum;
-        return std::make_pair(type, op);
-      default:
-        throw UsageError(who + "tensors of " + c10::toString(t.scalar_type()) +
-                         " cannot be reduced by the mpi backend; it reduces float, double, half and bfloat16 (SUM), "
-                         "int8, uint8, int16, int32 and int64 tensors");
-    }
-    switch (call.op) {
-      case ReduceOp::SUM: op = MPI_SUM; break;
-      case ReduceOp::PRODUCT: op = MPI_PROD; break;
-      case ReduceOp::MIN: op = MPI_MIN; break;
-      case ReduceOp::MAX: op = MPI_MAX; break;
-      case ReduceOp::BAND: op = MPI_BAND; break;
-      case ReduceOp::BOR: op = MPI_BOR; break;
-      case ReduceOp::BXOR: op = MPI_BXOR; break;
-      case ReduceOp::AVG: break;
-    }
-    return std::make_pair(type, op);
-  };
-  const bool is_root = rank_ == call.root;
   c10::intrusive_ptr<MpiWork> work;
   switch (call.kind) {
     case Kind::AllReduce:
-    case Kind::Reduce: {
-      at::Tensor t = call.inputs.at(0);
-      const auto reduce_by = reduction(t);
-      const int count = count_of(t.numel(), name);
-      const bool all = call.kind == Kind::AllReduce;
-      work = start(all ? c10d::OpType::ALLREDUCE : c10d::OpType::REDUCE, name, t, [&](void* data, MPI_Request* r) {
-        const auto [type, op] = reduce_by;
-        if (all) return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, r);
-        return MPI_Ireduce(is_root ? MPI_IN_PLACE : data, data, count, type, op, call.root, comm_, r);
-      });
-      break;
-    }
-    case Kind::Broadcast: {
-      at::Tensor t = call.inputs.at(0);
-      const int bytes = count_of(nbytes(t), name);
-      work = start(c10d::OpType::BROADCAST, name, t, [&](void* data, MPI_Request* r) {
-        return MPI_Ibcast(data, bytes, MPI_BYTE, call.root, comm_, r);
-      });
-      break;
-    }
+    case Kind::Reduce: work = start_reduce(call, who); break;
+    case Kind::Broadcast: work = start_broadcast(call); break;
     case Kind::AllGather:
-    case Kind::Gather: {
-      const bool all = call.kind == Kind::AllGather;
-      const auto in = host(call.inputs.at(0));
-      std::vector<int64_t> counts;
-      if (all || is_root) {
-        need(static_cast<int>(call.outputs.size()) == size_,
-             "the output list has " + std::to_string(call.outputs.size()) + " tensors, not one per rank (" +
-                 std::to_string(size_) + ")");
-        for (const auto& t : call.outputs) counts.push_back(nbytes(t));
-        same_dtype(call.outputs, in, "the output list");
-        need(counts[rank_] == nbytes(in), "this rank's tensor does not match its place in the output list (size)");
-      }
-      const auto displs = offsets_of(counts);
-      auto flat = at::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})},
-                            at::TensorOptions().dtype(at::kByte));
-      const auto c = ints(counts), d = ints(displs);
-      const int mine = count_of(nbytes(in), name);
-      auto outputs = call.outputs;
-      work = start(all ? c10d::OpType::ALLGATHER : c10d::OpType::GATHER, name, flat,
-                   [&](void* data, MPI_Request* r) {
-                     if (all)
-                       return MPI_Iallgatherv(in.data_ptr(), mine, MPI_BYTE, data, c.data_ptr<int>(),
-                                              d.data_ptr<int>(), MPI_BYTE, comm_, r);
-                     return MPI_Igatherv(in.data_ptr(), mine, MPI_BYTE, data, is_root ? c.data_ptr<int>() : nullptr,
-                                         is_root ? d.data_ptr<int>() : nullptr, MPI_BYTE, call.root, comm_, r);
-                   },
-                   {in, c, d}, [flat, outputs, displs] { unflatten_into(flat, outputs, displs); });
-      break;
-    }
-    case Kind::AllGatherIntoTensor: {
-      const auto in = host(call.inputs.at(0));
-      at::Tensor out = call.outputs.at(0);
-      need(nbytes(out) == nbytes(in) * size_ && out.scalar_type() == in.scalar_type(),
-           "the output tensor must hold world size (" + std::to_string(size_) + ") times the input, of its dtype");
-      const int bytes = count_of(nbytes(in), name);
-      work = start(c10d::OpType::_ALLGATHER_BASE, name, out, [&](void* data, MPI_Request* r) {
-        return MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, r);
-      }, {in});
-      break;
-    }
-    case Kind::Scatter: {
-      at::Tensor out = call.outputs.at(0);
-      std::vector<int64_t> counts;
-      at::Tensor flat = at::empty({0}, at::TensorOptions().dtype(at::kByte));
-      if (is_root) {
-        need(static_cast<int>(call.inputs.size()) == size_,
-             "the scatter list has " + std::to_string(call.inputs.size()) + " tensors, not one per rank (" +
-                 std::to_string(size_) + ")");
-        for (const auto& t : call.inputs) counts.push_back(nbytes(t));
-        same_dtype(call.inputs, out, "the scatter list");
-        need(counts[rank_] == nbytes(out), "this rank's tensor does not match its place in the scatter list (size)");
-        flat = flat_bytes(call.inputs);
-      }
-      const auto c = ints(counts), d = ints(offsets_of(counts));
-      const int mine = count_of(nbytes(out), name);
-      work = start(c10d::OpType::SCATTER, name, out, [&](void* data, MPI_Request* r) {
-        return MPI_Iscatterv(flat.data_ptr(), is_root ? c.data_ptr<int>() : nullptr,
-                             is_root ? d.data_ptr<int>() : nullptr, MPI_BYTE, data, mine, MPI_BYTE, call.root, comm_,
-                             r);
-      }, {flat, c, d});
-      break;
-    }
+    case Kind::Gather: work = start_gather(call, who); break;
+    case Kind::AllGatherIntoTensor: work = start_all_gather_into_tensor(call, who); break;
+    case Kind::Scatter: work = start_scatter(call, who); break;
     case Kind::ReduceScatter:
-    case Kind::ReduceScatterTensor: {
-      at::Tensor out = call.outputs.at(0);
-      at::Tensor in;
-      if (call.kind == Kind::ReduceScatter) {
-        need(static_cast<int>(call.inputs.size()) == size_, "the input list needs one tensor per rank (" +
-                                                                std::to_string(size_) + ")");
-        for (const auto& t : call.inputs)
-          need(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(),
-               "every tensor of the input list must match the output in size and dtype");
-        in = at::cat([&] {
-          std::vector<at::Tensor> flat;
-          for (const auto& t : call.inputs) flat.push_back(host(t).reshape({-1}));
-          return flat;
-        }());
-      } else {
-        in = host(call.inputs.at(0));
-        need(in.numel() == out.numel() * size_ && in.scalar_type() == out.scalar_type(),
-             "the input tensor must hold world size (" + std::to_string(size_) + ") times the output, of its dtype");
-      }
-      const auto reduce_by = reduction(out);
-      const int count = count_of(out.numel(), name);
-      work = start(call.kind == Kind::ReduceScatter ? c10d::OpType::REDUCE_SCATTER : c10d::OpType::_REDUCE_SCATTER_BASE,
-                   name, out, [&](void* data, MPI_Request* r) {
-                     return MPI_Ireduce_scatter_block(in.data_ptr(), data, count, reduce_by.first, reduce_by.second,
-                                                      comm_, r);
-                   }, {in});
-      break;
-    }
+    case Kind::ReduceScatterTensor: work = start_reduce_scatter(call, who); break;
     case Kind::AllToAll:
-    case Kind::AllToAllSingle: {
-      std::vector<int64_t> send, recv;
-      at::Tensor in, out;
-      std::vector<at::Tensor> outputs;
-      if (call.kind == Kind::AllToAll) {
-        need(static_cast<int>(call.inputs.size()) == size_ && static_cast<int>(call.outputs.size()) == size_,
-             "the input and output lists need one tensor per rank (" + std::to_string(size_) + ")");
-        for (const auto& t : call.inputs) send.push_back(nbytes(t));
-        for (const auto& t : call.outputs) recv.push_back(nbytes(t));
-        same_dtype(call.inputs, call.outputs.at(0), "the input list");
-        same_dtype(call.outputs, call.outputs.at(0), "the output list");
-        in = flat_bytes(call.inputs);
-        out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, at::TensorOptions().dtype(at::kByte));
-        outputs = call.outputs;
-      } else {
-        in = host(call.inputs.at(0));
-        out = call.outputs.at(0);
-        same_dtype({in}, out, "the input");
-        auto rows = [&](const at::Tensor& t, const std::vector<int64_t>& splits, const char* which) {
-          const int64_t n = t.dim() == 0 ? 1 : t.size(0);
-          const int64_t row = n == 0 ? 0 : nbytes(t) / n;
-          std::vector<int64_t> bytes;
-          if (splits.empty()) {
-            need(n % size_ == 0, std::string("the ") + which + " tensor's first dimension (" + std::to_string(n) +
-                                     ") does not divide by the world size; give split sizes");
-            bytes.assign(static_cast<size_t>(size_), n / size_ * row);
-          } else {
-            need(static_cast<int>(splits.size()) == size_ &&
-                     std::accumulate(splits.begin(), splits.end(), int64_t{0}) == n,
-                 std::string("the ") + which + " split sizes must be one per rank and add up to the first dimension");
-            for (auto s : splits) bytes.push_back(s * row);
-          }
-          return bytes;
-        };
-        send = rows(in, call.input_split_sizes, "input");
-        recv = rows(out, call.output_split_sizes, "output");
-      }
-      const auto sc = ints(send), sd = ints(offsets_of(send)), rc = ints(recv), rd = ints(offsets_of(recv));
-      std::function<void()> after;
-      if (!outputs.empty()) after = [out, outputs, recv] { unflatten_into(out, outputs, offsets_of(recv)); };
-      work = start(call.kind == Kind::AllToAll ? c10d::OpType::ALLTOALL : c10d::OpType::ALLTOALL_BASE, name, out,
-                   [&](void* data, MPI_Request* r) {
-                     return MPI_Ialltoallv(in.data_ptr(), sc.data_ptr<int>(), sd.data_ptr<int>(), MPI_BYTE, data,
-                                           rc.data_ptr<int>(), rd.data_ptr<int>(), MPI_BYTE, comm_, r);
-                   }, {in, sc, sd, rc, rd}, std::move(after));
-      break;
-    }
+    case Kind::AllToAllSingle: work = start_all_to_all(call, who); break;
     case Kind::Barrier: {
       at::Tensor none;
-      work = start(c10d::OpType::BARRIER, name, none, [&](void*, MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
+      work = start(c10d::OpType::BARRIER, collective_name(call.kind), none,
+                   [&](void*, MPI_Request* r) { return MPI_Ibarrier(comm_, r); });
       break;
     }
   }
-  return Work(work, op_name, rank_);
+  return detail::make_work(work, std::string("mpi ") + collective_name(call.kind), rank_);
+}
+
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_reduce(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  const bool is_root = rank_ == call.root;
+  at::Tensor t = call.inputs.at(0);
+  const auto reduce_by = reduction(call, t, who);
+  const int count = count_of(t.numel(), name);
+  const bool all = call.kind == Kind::AllReduce;
+  return start(all ? c10d::OpType::ALLREDUCE : c10d::OpType::REDUCE, name, t, [&](void* data, MPI_Request* r) {
+    const auto [type, op] = reduce_by;
+    if (all) return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, op, comm_, r);
+    return MPI_Ireduce(is_root ? MPI_IN_PLACE : data, data, count, type, op, call.root, comm_, r);
+  });
+}
+
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_broadcast(const CollectiveCall& call) {
+  const char* name = collective_name(call.kind);
+  at::Tensor t = call.inputs.at(0);
+  const int bytes = count_of(nbytes(t), name);
+  return start(c10d::OpType::BROADCAST, name, t, [&](void* data, MPI_Request* r) {
+    return MPI_Ibcast(data, bytes, MPI_BYTE, call.root, comm_, r);
+  });
+}
+
+// all_gather and gather: the outputs, of any sizes, travel as one flat byte
+// buffer and are copied back once the collective ends.
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_gather(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  const bool is_root = rank_ == call.root;
+  const bool all = call.kind == Kind::AllGather;
+  const auto in = host(call.inputs.at(0));
+  std::vector<int64_t> counts;
+  if (all || is_root) {
+    need(static_cast<int>(call.outputs.size()) == size_, who,
+         "the output list has " + std::to_string(call.outputs.size()) + " tensors, not one per rank (" +
+             std::to_string(size_) + ")");
+    for (const auto& t : call.outputs) counts.push_back(nbytes(t));
+    same_dtype(call.outputs, in, "the output list", who);
+    need(counts[rank_] == nbytes(in), who, "this rank's tensor does not match its place in the output list (size)");
+  }
+  const auto displs = offsets_of(counts);
+  auto flat =
+      at::empty({std::accumulate(counts.begin(), counts.end(), int64_t{0})}, at::TensorOptions().dtype(at::kByte));
+  const auto c = int_array(counts, name), d = int_array(displs, name);
+  const int mine = count_of(nbytes(in), name);
+  auto outputs = call.outputs;
+  return start(all ? c10d::OpType::ALLGATHER : c10d::OpType::GATHER, name, flat,
+               [&](void* data, MPI_Request* r) {
+                 if (all)
+                   return MPI_Iallgatherv(in.data_ptr(), mine, MPI_BYTE, data, c.data_ptr<int>(), d.data_ptr<int>(),
+                                          MPI_BYTE, comm_, r);
+                 return MPI_Igatherv(in.data_ptr(), mine, MPI_BYTE, data, is_root ? c.data_ptr<int>() : nullptr,
+                                     is_root ? d.data_ptr<int>() : nullptr, MPI_BYTE, call.root, comm_, r);
+               },
+               {in, c, d}, [flat, outputs, displs] { unflatten_into(flat, outputs, displs); });
+}
+
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_all_gather_into_tensor(const CollectiveCall& call,
+                                                                          const std::string& who) {
+  const char* name = collective_name(call.kind);
+  const auto in = host(call.inputs.at(0));
+  at::Tensor out = call.outputs.at(0);
+  need(nbytes(out) == nbytes(in) * size_ && out.scalar_type() == in.scalar_type(), who,
+       "the output tensor must hold world size (" + std::to_string(size_) + ") times the input, of its dtype");
+  const int bytes = count_of(nbytes(in), name);
+  return start(c10d::OpType::_ALLGATHER_BASE, name, out, [&](void* data, MPI_Request* r) {
+    return MPI_Iallgather(in.data_ptr(), bytes, MPI_BYTE, data, bytes, MPI_BYTE, comm_, r);
+  }, {in});
+}
+
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_scatter(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  const bool is_root = rank_ == call.root;
+  at::Tensor out = call.outputs.at(0);
+  std::vector<int64_t> counts;
+  at::Tensor flat = at::empty({0}, at::TensorOptions().dtype(at::kByte));
+  if (is_root) {
+    need(static_cast<int>(call.inputs.size()) == size_, who,
+         "the scatter list has " + std::to_string(call.inputs.size()) + " tensors, not one per rank (" +
+             std::to_string(size_) + ")");
+    for (const auto& t : call.inputs) counts.push_back(nbytes(t));
+    same_dtype(call.inputs, out, "the scatter list", who);
+    need(counts[rank_] == nbytes(out), who, "this rank's tensor does not match its place in the scatter list (size)");
+    flat = flat_bytes(call.inputs);
+  }
+  const auto c = int_array(counts, name), d = int_array(offsets_of(counts), name);
+  const int mine = count_of(nbytes(out), name);
+  return start(c10d::OpType::SCATTER, name, out, [&](void* data, MPI_Request* r) {
+    return MPI_Iscatterv(flat.data_ptr(), is_root ? c.data_ptr<int>() : nullptr, is_root ? d.data_ptr<int>() : nullptr,
+                         MPI_BYTE, data, mine, MPI_BYTE, call.root, comm_, r);
+  }, {flat, c, d});
+}
+
+// reduce_scatter (a list, one tensor per rank, concatenated) and
+// reduce_scatter_tensor (one tensor of world size times the output).
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_reduce_scatter(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  at::Tensor out = call.outputs.at(0);
+  at::Tensor in;
+  if (call.kind == Kind::ReduceScatter) {
+    need(static_cast<int>(call.inputs.size()) == size_, who,
+         "the input list needs one tensor per rank (" + std::to_string(size_) + ")");
+    for (const auto& t : call.inputs)
+      need(t.numel() == out.numel() && t.scalar_type() == out.scalar_type(), who,
+           "every tensor of the input list must match the output in size and dtype");
+    std::vector<at::Tensor> flat;
+    for (const auto& t : call.inputs) flat.push_back(host(t).reshape({-1}));
+    in = at::cat(flat);
+  } else {
+    in = host(call.inputs.at(0));
+    need(in.numel() == out.numel() * size_ && in.scalar_type() == out.scalar_type(), who,
+         "the input tensor must hold world size (" + std::to_string(size_) + ") times the output, of its dtype");
+  }
+  const auto reduce_by = reduction(call, out, who);
+  const int count = count_of(out.numel(), name);
+  return start(call.kind == Kind::ReduceScatter ? c10d::OpType::REDUCE_SCATTER : c10d::OpType::_REDUCE_SCATTER_BASE,
+               name, out, [&](void* data, MPI_Request* r) {
+                 return MPI_Ireduce_scatter_block(in.data_ptr(), data, count, reduce_by.first, reduce_by.second,
+                                                  comm_, r);
+               }, {in});
+}
+
+// all_to_all (lists, flattened to bytes and copied back after) and
+// all_to_all_single (one tensor each way, split by rows).
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_all_to_all(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  std::vector<int64_t> send, recv;
+  at::Tensor in, out;
+  std::vector<at::Tensor> outputs;
+  if (call.kind == Kind::AllToAll) {
+    need(static_cast<int>(call.inputs.size()) == size_ && static_cast<int>(call.outputs.size()) == size_, who,
+         "the input and output lists need one tensor per rank (" + std::to_string(size_) + ")");
+    for (const auto& t : call.inputs) send.push_back(nbytes(t));
+    for (const auto& t : call.outputs) recv.push_back(nbytes(t));
+    same_dtype(call.inputs, call.outputs.at(0), "the input list", who);
+    same_dtype(call.outputs, call.outputs.at(0), "the output list", who);
+    in = flat_bytes(call.inputs);
+    out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, at::TensorOptions().dtype(at::kByte));
+    outputs = call.outputs;
+  } else {
+    in = host(call.inputs.at(0));
+    out = call.outputs.at(0);
+    same_dtype({in}, out, "the input", who);
+    send = split_bytes(in, call.input_split_sizes, "input", size_, who);
+    recv = split_bytes(out, call.output_split_sizes, "output", size_, who);
+  }
+  const auto sc = int_array(send, name), sd = int_array(offsets_of(send), name);
+  const auto rc = int_array(recv, name), rd = int_array(offsets_of(recv), name);
+  std::function<void()> after;
+  if (!outputs.empty()) after = [out, outputs, recv] { unflatten_into(out, outputs, offsets_of(recv)); };
+  return start(call.kind == Kind::AllToAll ? c10d::OpType::ALLTOALL : c10d::OpType::ALLTOALL_BASE, name, out,
+               [&](void* data, MPI_Request* r) {
+                 return MPI_Ialltoallv(in.data_ptr(), sc.data_ptr<int>(), sd.data_ptr<int>(), MPI_BYTE, data,
+                                       rc.data_ptr<int>(), rd.data_ptr<int>(), MPI_BYTE, comm_, r);
+               }, {in, sc, sd, rc, rd}, std::move(after));
 }
 
 std::shared_ptr<ProcessGroup> MpiProcessGroup::new_subgroup(const std::vector<int>& ranks,

@@ -186,7 +186,17 @@ class MpiProcessGroup final : public ProcessGroup {
                                              std::chrono::milliseconds timeout) override;
 
  private:
+  // mpi_collectives.cpp: start_collective starts the call by its kind, a
+  // step each; `who` prefixes their errors.
   Work start_collective(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_reduce(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_broadcast(const CollectiveCall& call);
+  c10::intrusive_ptr<MpiWork> start_gather(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_all_gather_into_tensor(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_scatter(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_reduce_scatter(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_all_to_all(const CollectiveCall& call, const std::string& who);
+  at::Tensor int_array(const std::vector<int64_t>& v, const char* op) const;
   void live(const char* op) const {
     if (comm_ == MPI_COMM_NULL)
       throw UsageError("rank " + std::to_string(rank_) + ": " + op +
