@@ -14,6 +14,7 @@
 #include "comm/comm_threads.h"
 #include "comm/gpu_ranks.h"
 #include "comm/before_shutdown.h"
+#include "comm/work_handle.h"
 #include "runtime/parse_number.h"
 #include "comm/process_group_mpi.h"
 #include "comm/store_bind.h"
@@ -26,20 +27,17 @@ namespace ddp {
 
 // ---- Work -------------------------------------------------------------------
 
-Work::Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank)
-    : work_(std::move(work)), op_(std::move(op)), rank_(rank) {}
-Work::~Work() = default;
-Work::Work(Work&&) noexcept = default;
-Work& Work::operator=(Work&&) noexcept = default;
-Work::Work(const Work&) = default;
-Work& Work::operator=(const Work&) = default;
+const std::string& Work::op() const {
+  static const std::string none;
+  return handle_ ? handle_->op : none;
+}
 
 void Work::wait() {
-  if (!work_) return;
+  if (!handle_) return;
   try {
-    work_->wait();
+    handle_->work->wait();
   } catch (const std::exception& e) {
-    throw CommError("rank " + std::to_string(rank_) + ": " + op_ + " failed: " + e.what() +
+    throw CommError("rank " + std::to_string(handle_->rank) + ": " + handle_->op + " failed: " + e.what() +
                     "\n  (a peer may have died or be stuck; its own log says why. The process group's "
                     "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))"
                     "\n  If ranks may have different numbers of batches (uneven inputs), a rank that finished "
@@ -50,10 +48,10 @@ void Work::wait() {
 }
 
 bool Work::on_complete(std::function<void()> fn) {
-  if (!work_) return false;
+  if (!handle_) return false;
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
-    future = work_->getFuture();
+    future = handle_->work->getFuture();
   } catch (const std::exception&) {
     return false;  // c10d::Work's default: this backend has no future
   }
@@ -234,6 +232,140 @@ void set_nccl_async_error_handling() {
   ::setenv(compat::kNcclAsyncErrorHandling, other ? other : "1", 0);
 }
 
+// tcp://HOST:PORT names rank 0's store in place of MASTER_ADDR and
+// MASTER_PORT; env:// keeps the launch environment's.
+void apply_init_method(const std::string& init, const std::string& who, LaunchEnv& env) {
+  if (init.rfind("tcp://", 0) == 0) {
+    std::string hostport = init.substr(6);
+    size_t colon = hostport.rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw UsageError(who + "init_method '" + init + "' must be tcp://HOST:PORT");
+    env.master_addr = hostport.substr(0, colon);
+    const auto port = parse_integer(hostport.substr(colon + 1), 1, 65535);
+    if (!port) throw UsageError(who + "init_method '" + init + "' has no valid port (1-65535)");
+    env.master_port = static_cast<uint16_t>(*port);
+  } else if (init != "env://") {
+    throw UsageError(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
+  }
+}
+
+// "auto": nccl where a GPU is visible, else gloo.
+std::string chosen_backend(const ProcessGroupOptions& options, const std::string& who) {
+  std::string backend = options.backend();
+  if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
+  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
+    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo, nccl or mpi");
+  return backend;
+}
+
+// The mpi backend: our own group, on a process that Open MPI's mpirun started.
+std::shared_ptr<ProcessGroup> make_mpi_group([[maybe_unused]] const LaunchEnv& env,
+                                             [[maybe_unused]] std::chrono::milliseconds timeout,
+                                             const std::string& who) {
+#ifdef DDP_WITH_MPI
+  if (env.source != LaunchEnv::Source::OpenMPI)
+    throw UsageError(who + "the mpi backend needs a process started by Open MPI's mpirun, and this one was not "
+                     "(no OMPI_COMM_WORLD_RANK in its environment; its launch environment is '" + env.source_name() +
+                     "'): run mpirun -np N ./program, or choose the gloo backend");
+  torch::Device device(torch::kCPU);
+#ifdef DDP_WITH_CUDA
+  // CUDA tensors are staged through host memory (process_group_mpi.cpp).
+  if (has_gpu()) {
+    const auto index = static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count());
+    c10::cuda::set_device(index);
+    device = torch::Device(torch::kCUDA, index);
+  }
+#endif
+  return detail::make_mpi_process_group(env, timeout, device, who);
+#else
+  throw UsageError(who + "the mpi backend is not compiled into this libddp (CMake found no MPI when it was "
+                   "built, or it was configured with -DDDP_WITH_MPI=OFF): install Open MPI (Debian: libopenmpi-dev "
+                   "openmpi-bin) and rebuild, or choose the gloo backend");
+#endif
+}
+
+// An mpirun job across hosts without MASTER_ADDR (LaunchEnv left it
+// empty): rank 0's address, and each rank's interface towards it, are
+// learned over MPI itself. The interface, or "" when MASTER_ADDR was set.
+std::string learn_master_if_unset(LaunchEnv& env, [[maybe_unused]] std::chrono::milliseconds timeout,
+                                  const std::string& who) {
+  std::string learned_interface;
+  if (env.master_addr.empty()) {
+#ifdef DDP_WITH_MPI
+    const auto route = detail::learn_master_route_over_mpi(timeout, who);
+    env.master_addr = route.master_addr;
+    learned_interface = route.interfaces.at(static_cast<size_t>(env.rank));
+#else
+    throw LaunchEnvError(who + "MASTER_ADDR is not set; set it to the host of rank 0 on every rank");
+#endif
+  }
+  return learned_interface;
+}
+
+// The rendezvous store (rank 0 serves it, the others join), and the group's
+// view of it under a prefix of its own: the job's id and a fresh generation.
+struct GroupStore {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string prefix;
+  c10::intrusive_ptr<c10d::Store> prefixed;
+};
+
+GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, const std::string& who) {
+  GroupStore out;
+  out.store = env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
+  if (!env.job_id.empty()) check_same_job(*out.store, env, who, timeout);
+  int generation;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    generation = g_generation++;
+  }
+  out.prefix = "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
+  out.prefixed = c10::make_intrusive<c10d::PrefixStore>(out.prefix, out.store);
+  return out;
+}
+
+c10::intrusive_ptr<compat::Backend> connect_gloo([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& prefixed,
+                                                 [[maybe_unused]] const LaunchEnv& env,
+                                                 [[maybe_unused]] std::chrono::milliseconds timeout,
+                                                 [[maybe_unused]] const std::string& learned_interface,
+                                                 [[maybe_unused]] detail::GlooDevices& gloo_devices) {
+#ifdef USE_C10D_GLOO
+  // The device starts Gloo's event-loop thread, the group its workers:
+  // found by the threads each adds, named, and the loop moved to
+  // SCHED_IDLE when asked (comm_threads.h says why).
+  const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
+  const auto before_device = detail::thread_ids();
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(gloo_device(env, learned_interface));
+  gloo_devices = opts->devices;
+  const auto before_group = detail::thread_ids();
+  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
+  for (pid_t tid : detail::new_threads(before_device, before_group))
+    detail::tune_comm_thread(tid, "gloo-loop", idle_loop);
+  for (pid_t tid : detail::new_threads(before_group, detail::thread_ids()))
+    detail::tune_comm_thread(tid, "gloo-worker", false, compat::kGlooWorkersNameThemselves);
+  return pg;
+#else
+  throw UsageError("this LibTorch was built without Gloo");
+#endif
+}
+
+// NCCL on this rank's GPU, which becomes the group's device.
+c10::intrusive_ptr<compat::Backend> connect_nccl([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& prefixed,
+                                                 [[maybe_unused]] const LaunchEnv& env,
+                                                 [[maybe_unused]] std::chrono::milliseconds timeout,
+                                                 [[maybe_unused]] int gpu, [[maybe_unused]] torch::Device& device) {
+#ifdef USE_C10D_NCCL
+  c10::cuda::set_device(static_cast<c10::DeviceIndex>(gpu));
+  device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpu));
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  return c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
+#else
+  throw UsageError("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
+#endif
+}
+
 }  // namespace
 
 ProcessGroupOptions& ProcessGroupOptions::backend(std::string name) {
@@ -269,24 +401,8 @@ std::shared_ptr<ProcessGroup> init_process_group(const ProcessGroupOptions& opti
 std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const ProcessGroupOptions& options) {
   LaunchEnv env = env_in;
   const std::string who = "rank " + std::to_string(env.rank) + ": init_process_group: ";
-  const std::string& init = options.init_method();
-  if (init.rfind("tcp://", 0) == 0) {
-    std::string hostport = init.substr(6);
-    size_t colon = hostport.rfind(':');
-    if (colon == std::string::npos || colon == 0)
-      throw UsageError(who + "init_method '" + init + "' must be tcp://HOST:PORT");
-    env.master_addr = hostport.substr(0, colon);
-    const auto port = parse_integer(hostport.substr(colon + 1), 1, 65535);
-    if (!port) throw UsageError(who + "init_method '" + init + "' has no valid port (1-65535)");
-    env.master_port = static_cast<uint16_t>(*port);
-  } else if (init != "env://") {
-    throw UsageError(who + "init_method '" + init + "' is not supported; use env:// or tcp://HOST:PORT");
-  }
-
-  std::string backend = options.backend();
-  if (backend == "auto") backend = has_gpu() ? "nccl" : "gloo";
-  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
-    throw UsageError(who + "unknown backend '" + backend + "'; use auto, gloo, nccl or mpi");
+  apply_init_method(options.init_method(), who, env);
+  const std::string backend = chosen_backend(options, who);
   const auto timeout = options.timeout();
   [[maybe_unused]] int gpu = -1;
   if (backend == "nccl") {
@@ -294,89 +410,18 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
     gpu = detail::gpu_of_rank(env, visible_gpus(), options.backend(), who);
     set_nccl_async_error_handling();
   }
+  if (backend == "mpi") return adopt(make_mpi_group(env, timeout, who));
 
-  if (backend == "mpi") {
-#ifdef DDP_WITH_MPI
-    if (env.source != LaunchEnv::Source::OpenMPI)
-      throw UsageError(who + "the mpi backend needs a process started by Open MPI's mpirun, and this one was not "
-                       "(no OMPI_COMM_WORLD_RANK in its environment; its launch environment is '" + env.source_name() +
-                       "'): run mpirun -np N ./program, or choose the gloo backend");
-    torch::Device device(torch::kCPU);
-#ifdef DDP_WITH_CUDA
-    // CUDA tensors are staged through host memory (process_group_mpi.cpp).
-    if (has_gpu()) {
-      const auto index = static_cast<c10::DeviceIndex>(env.local_rank % torch::cuda::device_count());
-      c10::cuda::set_device(index);
-      device = torch::Device(torch::kCUDA, index);
-    }
-#endif
-    return adopt(detail::make_mpi_process_group(env, timeout, device, who));
-#else
-    throw UsageError(who + "the mpi backend is not compiled into this libddp (CMake found no MPI when it was "
-                     "built, or it was configured with -DDDP_WITH_MPI=OFF): install Open MPI (Debian: libopenmpi-dev "
-                     "openmpi-bin) and rebuild, or choose the gloo backend");
-#endif
-  }
-
-  // An mpirun job across hosts without MASTER_ADDR (LaunchEnv left it
-  // empty): rank 0's address, and each rank's interface towards it, are
-  // learned over MPI itself.
-  std::string learned_interface;
-  if (env.master_addr.empty()) {
-#ifdef DDP_WITH_MPI
-    const auto route = detail::learn_master_route_over_mpi(timeout, who);
-    env.master_addr = route.master_addr;
-    learned_interface = route.interfaces.at(static_cast<size_t>(env.rank));
-#else
-    throw LaunchEnvError(who + "MASTER_ADDR is not set; set it to the host of rank 0 on every rank");
-#endif
-  }
-  c10::intrusive_ptr<c10d::Store> store =
-      env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
-  if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
-  int generation;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    generation = g_generation++;
-  }
-  const std::string prefix =
-      "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
-  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
-
+  const std::string learned_interface = learn_master_if_unset(env, timeout, who);
+  const GroupStore store = group_store(env, timeout, who);
   torch::Device device(torch::kCPU);
   c10::intrusive_ptr<compat::Backend> pg;
   detail::GlooDevices gloo_devices;
   try {
-    if (backend == "gloo") {
-#ifdef USE_C10D_GLOO
-      // The device starts Gloo's event-loop thread, the group its workers:
-      // found by the threads each adds, named, and the loop moved to
-      // SCHED_IDLE when asked (comm_threads.h says why).
-      const bool idle_loop = detail::gloo_loop_idle_from_environment(env.rank);
-      const auto before_device = detail::thread_ids();
-      auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-      opts->devices.push_back(gloo_device(env, learned_interface));
-      gloo_devices = opts->devices;
-      const auto before_group = detail::thread_ids();
-      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, env.rank, env.world_size, opts);
-      for (pid_t tid : detail::new_threads(before_device, before_group))
-        detail::tune_comm_thread(tid, "gloo-loop", idle_loop);
-      for (pid_t tid : detail::new_threads(before_group, detail::thread_ids()))
-        detail::tune_comm_thread(tid, "gloo-worker", false, compat::kGlooWorkersNameThemselves);
-#else
-      throw UsageError("this LibTorch was built without Gloo");
-#endif
-    } else {
-#ifdef USE_C10D_NCCL
-      c10::cuda::set_device(static_cast<c10::DeviceIndex>(gpu));
-      device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpu));
-      auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = timeout;
-      pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, env.rank, env.world_size, opts);
-#else
-      throw UsageError("this build has no NCCL (LibTorch without CUDA); use --backend gloo");
-#endif
-    }
+    if (backend == "gloo")
+      pg = connect_gloo(store.prefixed, env, timeout, learned_interface, gloo_devices);
+    else
+      pg = connect_nccl(store.prefixed, env, timeout, gpu, device);
   } catch (const UsageError& e) {
     throw UsageError(who + e.what());
   } catch (const std::exception& e) {
@@ -384,7 +429,7 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
                     " ranks within the timeout: " + e.what() +
                     "\n  (check that every rank was started, and GLOO_SOCKET_IFNAME when hosts have several interfaces)");
   }
-  return adopt(std::make_shared<detail::C10dProcessGroup>(store, pg, backend, device, timeout, prefix,
+  return adopt(std::make_shared<detail::C10dProcessGroup>(store.store, pg, backend, device, timeout, store.prefix,
                                                           std::move(gloo_devices)));
 }
 
