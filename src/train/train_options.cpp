@@ -142,13 +142,9 @@ std::vector<std::string> join_amp_value(int argc, char** argv) {
   return args;
 }
 
-}  // namespace
-
-TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
-                                 const po::options_description* extra) {
-  po::options_description kit("Training options");
-  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
-  std::string amp;
+// The kit's options, bound to `o` (and --bucket-cap-mb's and --amp's text
+// to the strings, read once parsed).
+void add_kit_options(po::options_description& kit, TrainOptions& o, std::string& bucket_cap, std::string& amp) {
   // clang-format off
   kit.add_options()
     ("help,h", "print this help and exit")
@@ -192,17 +188,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     ("log-samples", po::bool_switch(&o.log_samples()),
        "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt");
   // clang-format on
-  // The kit's options the program implements; the others stay unknown.
-  po::options_description common("Training options");
-  for (const auto& option : kit.options())
-    if (!o.supported() || o.supported()->count(option->long_name())) common.add(option);
-  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "example";
-  po::options_description own(program + " options");
-  detail::bind_program_options(o.program_options(), own);
-  po::options_description all;
-  all.add(common);
-  if (!o.program_options().empty()) all.add(own);
-  if (extra) all.add(*extra);
+}
+
+po::variables_map parse_command_line(int argc, char** argv, const po::options_description& all) {
   po::variables_map vm;
   try {
     // No positional arguments: a stray word ("--amp yes", "--epochs 3 4") is an error, not ignored.
@@ -212,19 +200,21 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   } catch (const po::error& e) {
     throw UsageError(std::string(e.what()) + " (see --help)");
   }
-  if (vm.count("help")) {
-    std::cout << "usage: " << program << " [options]\n  start it with: ddprun --nproc-per-node N " << (argc > 0 ? argv[0] : "example")
-              << " [options]\n\n"
-              << all << std::endl;
-    std::exit(0);
-  }
+  return vm;
+}
+
+// One of --batch-size and --global-batch-size: the one given wins.
+void settle_batch_sizes(const po::variables_map& vm, TrainOptions& o) {
   const bool batch_given = vm.count("batch-size") && !vm["batch-size"].defaulted();
   const bool global_given = vm.count("global-batch-size") && !vm["global-batch-size"].defaulted();
   if (batch_given && !global_given) o.global_batch_size(0);
   if (global_given && !batch_given) o.batch_size(0);
   if (batch_given && global_given)
     throw UsageError("give --batch-size (per process) or --global-batch-size, not both");
-  detail::check_program_options(o.program_options());
+}
+
+// The values' ranges, and --amp's dtype by its names.
+void check_values(const po::variables_map& vm, const std::string& amp, TrainOptions& o) {
   if (o.epochs() < 0) throw UsageError("--epochs must be >= 0");
   if (o.batch_size() < 0 || o.global_batch_size() < 0) throw UsageError("batch sizes must be positive");
   // Boost reads "inf" and "nan" as numbers: a run would train on NaN.
@@ -244,7 +234,9 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
   if (o.timeline_skew_every() < 0) throw UsageError("--timeline-skew-every must be >= 0");
-  if (o.timeline_skew_every() > 0) o.timeline(true);
+}
+
+void set_bucket_cap(const std::string& bucket_cap, TrainOptions& o) {
   if (bucket_cap == "auto") {
     o.bucket_cap_auto(true);
   } else {
@@ -252,17 +244,54 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
     if (!mb) throw UsageError("--bucket-cap-mb must be a number of MiB or auto, got '" + bucket_cap + "'");
     o.bucket_cap_mb(*mb).bucket_cap_auto(false);
   }
-  // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
-  o.process_group_options();
-  o.ddp_options();
-  // DistributedDataParallel reads the variable; every rank parses the same
-  // command line, so all agree.
+}
+
+// DistributedDataParallel reads the variable; every rank parses the same
+// command line, so all agree.
+void export_timeline_variables(const TrainOptions& o) {
   if (o.timeline() && std::getenv("DDP_TIMELINE") == nullptr) {
     const auto file = (std::filesystem::path(o.run_dir()) / "timeline.json").string();
     ::setenv("DDP_TIMELINE", file.c_str(), 1);
   }
   if (o.timeline_skew_every() > 0 && std::getenv("DDP_TIMELINE_SKEW_EVERY") == nullptr)
     ::setenv("DDP_TIMELINE_SKEW_EVERY", std::to_string(o.timeline_skew_every()).c_str(), 1);
+}
+
+}  // namespace
+
+TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
+                                 const po::options_description* extra) {
+  po::options_description kit("Training options");
+  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
+  std::string amp;
+  add_kit_options(kit, o, bucket_cap, amp);
+  // The kit's options the program implements; the others stay unknown.
+  po::options_description common("Training options");
+  for (const auto& option : kit.options())
+    if (!o.supported() || o.supported()->count(option->long_name())) common.add(option);
+  const std::string program = argc > 0 ? std::filesystem::path(argv[0]).filename().string() : "example";
+  po::options_description own(program + " options");
+  detail::bind_program_options(o.program_options(), own);
+  po::options_description all;
+  all.add(common);
+  if (!o.program_options().empty()) all.add(own);
+  if (extra) all.add(*extra);
+  const po::variables_map vm = parse_command_line(argc, argv, all);
+  if (vm.count("help")) {
+    std::cout << "usage: " << program << " [options]\n  start it with: ddprun --nproc-per-node N " << (argc > 0 ? argv[0] : "example")
+              << " [options]\n\n"
+              << all << std::endl;
+    std::exit(0);
+  }
+  settle_batch_sizes(vm, o);
+  detail::check_program_options(o.program_options());
+  check_values(vm, amp, o);
+  if (o.timeline_skew_every() > 0) o.timeline(true);
+  set_bucket_cap(bucket_cap, o);
+  // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
+  o.process_group_options();
+  o.ddp_options();
+  export_timeline_variables(o);
   return o;
 }
 
