@@ -265,6 +265,125 @@ void rotate_in(const std::string& path, const std::vector<char>& bytes) {
   remember_good(path);
 }
 
+// The checkpoint's pickled dict: the model, the optimizer's archive, where
+// the run is, every rank's generator, the config and the extras, and the
+// loss scaler's state where there is one.
+std::vector<char> checkpoint_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                                   const TrainState& state, int world_size, const std::vector<at::Tensor>& all_rng) {
+  std::ostringstream optimizer_bytes;
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  archive.save_to(optimizer_bytes);
+
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kFormat));
+  d.insert("version", kVersion);
+  d.insert("model", detail::to_ivalue(state_dict(model)));
+  d.insert("optimizer", bytes_tensor(optimizer_bytes.str()));
+  d.insert("epoch", state.epoch);
+  d.insert("step", state.step);
+  d.insert("sampler_epoch", state.sampler_epoch);
+  d.insert("epoch_step", state.epoch_step);
+  d.insert("epoch_samples", state.epoch_samples);
+  d.insert("world_size", static_cast<int64_t>(world_size));
+  c10::List<at::Tensor> rng_list;
+  for (auto& t : all_rng) rng_list.push_back(t.cpu());
+  d.insert("rng_states", rng_list);
+  c10::Dict<std::string, std::string> config;
+  for (auto& [k, v] : state.config) config.insert(k, v);
+  d.insert("config", config);
+  d.insert("extra", detail::extra_to_ivalue(state.extra));
+  if (const auto scaler = state.scaler ? state.scaler->state_dict() : std::nullopt) {
+    // PyTorch's GradScaler.state_dict(), key for key.
+    c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
+    s.insert("scale", scaler->scale);
+    s.insert("growth_factor", scaler->growth_factor);
+    s.insert("backoff_factor", scaler->backoff_factor);
+    s.insert("growth_interval", scaler->growth_interval);
+    s.insert("_growth_tracker", scaler->growth_tracker);
+    d.insert("scaler", s);
+  }
+  return torch::pickle_save(d);
+}
+
+// Rank 0's read of the checkpoint into `bytes`, checked; the previous one
+// (`used` then names it) when the newest is damaged. "" or why neither reads.
+std::string read_with_fallback(const std::string& path, std::vector<char>& bytes, std::string& used) {
+  std::string error;
+  try {
+    bytes = pickle::read_file(path);
+    parse_checkpoint(bytes, path);
+  } catch (const std::exception& first) {
+    const std::string prev = previous_checkpoint_path(path);
+    error = first.what();
+    if (std::filesystem::exists(prev)) {
+      try {
+        bytes = pickle::read_file(prev);
+        parse_checkpoint(bytes, prev);
+        std::cout << "notice: " << first.what() << "\nnotice: resuming from the previous checkpoint " << prev
+                  << " instead" << std::endl;
+        used = prev;
+        error.clear();
+      } catch (const std::exception& second) {
+        error += "\n  and the previous checkpoint " + prev + " is no better: " + second.what();
+      }
+    }
+  }
+  return error;
+}
+
+// Where the run is (epoch, step, the data position, the world it ran on)
+// and its config, each checked against its range.
+TrainState read_position(const pickle::ValuePtr& root, const std::string& used) {
+  TrainState state;
+  state.last_checkpoint = used;
+  state.epoch = get_count(root, "epoch", used, 0, kMaxEpochs);
+  state.step = get_count(root, "step", used, 0, kMaxSteps);
+  state.sampler_epoch = get_count(root, "sampler_epoch", used, 0, kMaxEpochs);
+  // Absent from checkpoints written at an epoch's end by older versions.
+  state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
+  state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
+  if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
+  state.config = read_config(root, used);
+  return state;
+}
+
+void load_optimizer(const pickle::ValuePtr& root, const std::string& used, torch::optim::Optimizer& optimizer,
+                    const torch::Device& device, const ProcessGroup& pg) {
+  auto opt = root->get("optimizer");
+  if (!opt || !opt->is_tensor()) throw CheckpointError(used + ": checkpoint has no optimizer state");
+  const std::string opt_bytes = tensor_bytes(opt->tensor);
+  // Read as data only (module_archive.h): LibTorch's own reader would run
+  // the archive's code.
+  auto archive = module_archive::read(opt_bytes.data(), opt_bytes.size(), used + ": its optimizer state", device);
+  try {
+    optimizer.load(archive);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    throw CheckpointError(rank_tag(pg) + ": " + used + ": the optimizer state does not fit this optimizer (" +
+                          msg.substr(0, msg.find('\n')) + "); was it written with another optimizer or model?");
+  }
+}
+
+// This rank's generator; with another world size, the old ranks' round-robin.
+void load_rng_state(const pickle::ValuePtr& root, const std::string& used, int world_size, const ProcessGroup& pg) {
+  auto rng = root->get("rng_states");
+  if (!rng || rng->kind != pickle::Value::Kind::List || rng->items.empty()) return;
+  if (rng->items.size() != static_cast<size_t>(world_size))
+    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" holds " +
+                          std::to_string(rng->items.size()) + " generator states for a world of " +
+                          std::to_string(world_size) + "; a corrupt or crafted file?");
+  const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
+  if (!mine->is_tensor()) return;
+  try {
+    set_cpu_rng_state(mine->tensor.contiguous());
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" is not a CPU generator "
+                          "state (" + msg.substr(0, msg.find('\n')) + "); corrupt file?");
+  }
+}
+
 }  // namespace
 
 std::string previous_checkpoint_path(const std::string& path) {
@@ -298,42 +417,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
     return;
   }
   if (error.empty()) try {
-    std::ostringstream optimizer_bytes;
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    archive.save_to(optimizer_bytes);
-
-    c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-    d.insert("format", std::string(kFormat));
-    d.insert("version", kVersion);
-    d.insert("model", detail::to_ivalue(state_dict(model)));
-    d.insert("optimizer", bytes_tensor(optimizer_bytes.str()));
-    d.insert("epoch", state.epoch);
-    d.insert("step", state.step);
-    d.insert("sampler_epoch", state.sampler_epoch);
-    d.insert("epoch_step", state.epoch_step);
-    d.insert("epoch_samples", state.epoch_samples);
-    d.insert("world_size", static_cast<int64_t>(pg.size()));
-    c10::List<at::Tensor> rng_list;
-    for (auto& t : all_rng) rng_list.push_back(t.cpu());
-    d.insert("rng_states", rng_list);
-    c10::Dict<std::string, std::string> config;
-    for (auto& [k, v] : state.config) config.insert(k, v);
-    d.insert("config", config);
-    d.insert("extra", detail::extra_to_ivalue(state.extra));
-    if (const auto scaler = state.scaler ? state.scaler->state_dict() : std::nullopt) {
-      // PyTorch's GradScaler.state_dict(), key for key.
-      c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
-      s.insert("scale", scaler->scale);
-      s.insert("growth_factor", scaler->growth_factor);
-      s.insert("backoff_factor", scaler->backoff_factor);
-      s.insert("growth_interval", scaler->growth_interval);
-      s.insert("_growth_tracker", scaler->growth_tracker);
-      d.insert("scaler", s);
-    }
-    const auto bytes = torch::pickle_save(d);
-
-    rotate_in(path, bytes);
+    rotate_in(path, checkpoint_bytes(model, optimizer, state, pg.size(), all_rng));
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -353,28 +437,7 @@ TrainState load_checkpoint(
   // Rank 0 reads (and checks) the file, then everyone gets its bytes.
   std::vector<char> bytes;
   std::string used = path;
-  std::string error;
-  if (pg.rank() == 0) {
-    try {
-      bytes = pickle::read_file(path);
-      parse_checkpoint(bytes, path);
-    } catch (const std::exception& first) {
-      const std::string prev = previous_checkpoint_path(path);
-      error = first.what();
-      if (std::filesystem::exists(prev)) {
-        try {
-          bytes = pickle::read_file(prev);
-          parse_checkpoint(bytes, prev);
-          std::cout << "notice: " << first.what() << "\nnotice: resuming from the previous checkpoint " << prev
-                    << " instead" << std::endl;
-          used = prev;
-          error.clear();
-        } catch (const std::exception& second) {
-          error += "\n  and the previous checkpoint " + prev + " is no better: " + second.what();
-        }
-      }
-    }
-  }
+  const std::string error = pg.rank() == 0 ? read_with_fallback(path, bytes, used) : std::string();
   share_verdict(pg, error.empty(), "to read the checkpoint " + path);
   if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": cannot resume: " + error);
   {
@@ -385,17 +448,8 @@ TrainState load_checkpoint(
 
   auto root = parse_checkpoint(bytes, used);
   if (pg.rank() == 0) remember_good(used);
-  TrainState state;
+  TrainState state = read_position(root, used);
   state.scaler = scaler;
-  state.last_checkpoint = used;
-  state.epoch = get_count(root, "epoch", used, 0, kMaxEpochs);
-  state.step = get_count(root, "step", used, 0, kMaxSteps);
-  state.sampler_epoch = get_count(root, "sampler_epoch", used, 0, kMaxEpochs);
-  // Absent from checkpoints written at an epoch's end by older versions.
-  state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
-  state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
-  if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
-  state.config = read_config(root, used);
   // Before the model: a changed option names itself, not a shape mismatch.
   if (check_config) check_config(state.config, used);
   state.extra = detail::extra_from_pickle(root->get("extra"), used);
@@ -409,43 +463,10 @@ TrainState load_checkpoint(
     device = p.device();
     break;
   }
-  if (optimizer) {
-    auto opt = root->get("optimizer");
-    if (!opt || !opt->is_tensor()) throw CheckpointError(used + ": checkpoint has no optimizer state");
-    const std::string opt_bytes = tensor_bytes(opt->tensor);
-    // Read as data only (module_archive.h): LibTorch's own reader would run
-    // the archive's code.
-    auto archive = module_archive::read(opt_bytes.data(), opt_bytes.size(), used + ": its optimizer state", device);
-    try {
-      optimizer->load(archive);
-    } catch (const std::exception& e) {
-      std::string msg = e.what();
-      throw CheckpointError(rank_tag(pg) + ": " + used + ": the optimizer state does not fit this optimizer (" +
-                            msg.substr(0, msg.find('\n')) + "); was it written with another optimizer or model?");
-    }
-  }
-
+  if (optimizer) load_optimizer(root, used, *optimizer, device, pg);
   if (scaler && scaler->is_enabled()) load_scaler(root, used, *scaler, pg);
-
   if (!root->get("epoch_samples") && state.epoch_step > 0) state.epoch_samples = old_epoch_samples(state, used);
-
-  // This rank's generator; with another world size, the old ranks' round-robin.
-  if (auto rng = root->get("rng_states"); rng && rng->kind == pickle::Value::Kind::List && !rng->items.empty()) {
-    if (rng->items.size() != static_cast<size_t>(state.world_size))
-      throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" holds " +
-                            std::to_string(rng->items.size()) + " generator states for a world of " +
-                            std::to_string(state.world_size) + "; a corrupt or crafted file?");
-    const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
-    if (mine->is_tensor()) {
-      try {
-        set_cpu_rng_state(mine->tensor.contiguous());
-      } catch (const std::exception& e) {
-        std::string msg = e.what();
-        throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" is not a CPU generator "
-                              "state (" + msg.substr(0, msg.find('\n')) + "); corrupt file?");
-      }
-    }
-  }
+  load_rng_state(root, used, state.world_size, pg);
   if (state.world_size != pg.size() && pg.rank() == 0)
     std::cout << "notice: " << used << " was written by " << state.world_size << " ranks; resuming with "
               << pg.size() << ". The model and optimizer carry over (a ZeRO optimizer takes each rank's share of "
