@@ -34,6 +34,38 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
+// The collectives that reduce, by the call's ReduceOp.
+c10::intrusive_ptr<c10d::Work> start_reduction(compat::Backend& backend, const CollectiveCall& call,
+                                               std::vector<at::Tensor>& in, std::vector<at::Tensor>& out) {
+  using Kind = CollectiveCall::Kind;
+  switch (call.kind) {
+    case Kind::AllReduce: {
+      c10d::AllreduceOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend.allreduce(in, opts);
+    }
+    case Kind::Reduce: {
+      c10d::ReduceOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      opts.rootRank = call.root;
+      return backend.reduce(in, opts);
+    }
+    case Kind::ReduceScatter: {
+      std::vector<std::vector<at::Tensor>> lists{in};
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend.reduce_scatter(out, lists, opts);
+    }
+    case Kind::ReduceScatterTensor: {
+      c10d::ReduceScatterOptions opts;
+      opts.reduceOp = to_c10d(call.op);
+      return backend._reduce_scatter_base(out.at(0), in.at(0), opts);
+    }
+    default: break;
+  }
+  throw UsageError("unknown collective");
+}
+
 }  // namespace
 
 C10dProcessGroup::C10dProcessGroup(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<compat::Backend> backend,
@@ -71,7 +103,7 @@ void C10dProcessGroup::shutdown() {
 }
 
 Work C10dProcessGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
-  return Work(std::move(work), name_ + " " + op, rank());
+  return detail::make_work(std::move(work), name_ + " " + op, rank());
 }
 
 Work C10dProcessGroup::allreduce(at::Tensor& tensor) {
@@ -106,17 +138,10 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& cal
   auto in = call.inputs;
   auto out = call.outputs;
   switch (call.kind) {
-    case Kind::AllReduce: {
-      c10d::AllreduceOptions opts;
-      opts.reduceOp = to_c10d(call.op);
-      return backend.allreduce(in, opts);
-    }
-    case Kind::Reduce: {
-      c10d::ReduceOptions opts;
-      opts.reduceOp = to_c10d(call.op);
-      opts.rootRank = call.root;
-      return backend.reduce(in, opts);
-    }
+    case Kind::AllReduce:
+    case Kind::Reduce:
+    case Kind::ReduceScatter:
+    case Kind::ReduceScatterTensor: return start_reduction(backend, call, in, out);
     case Kind::Broadcast: {
       c10d::BroadcastOptions opts;
       opts.rootRank = call.root;
@@ -140,17 +165,6 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& cal
       c10d::ScatterOptions opts;
       opts.rootRank = call.root;
       return backend.scatter(out, lists, opts);
-    }
-    case Kind::ReduceScatter: {
-      std::vector<std::vector<at::Tensor>> lists{in};
-      c10d::ReduceScatterOptions opts;
-      opts.reduceOp = to_c10d(call.op);
-      return backend.reduce_scatter(out, lists, opts);
-    }
-    case Kind::ReduceScatterTensor: {
-      c10d::ReduceScatterOptions opts;
-      opts.reduceOp = to_c10d(call.op);
-      return backend._reduce_scatter_base(out.at(0), in.at(0), opts);
     }
     case Kind::AllToAll: return backend.alltoall(out, in);
     case Kind::AllToAllSingle: {
@@ -191,7 +205,7 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
                      "\n  (c10d refused it before it started; where PyTorch's backend lacks an operation, "
                      "docs/api.md's table of ddp::dist says which backend has it)");
   }
-  return Work(std::move(work), name_ + " " + op, rank());
+  return detail::make_work(std::move(work), name_ + " " + op, rank());
 }
 
 std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<int>& ranks,
