@@ -259,77 +259,70 @@ ServedStore serve_everywhere(const std::string& host, const c10d::TCPStoreOption
   return out;
 }
 
-}  // namespace
-
-ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions opts) {
-  const std::string host = strip_brackets(host_in);
-  const std::string port_text = std::to_string(opts.port);
-  AddrInfo ai;
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &ai.head); rc != 0)
-    throw ListenError(ListenError::Kind::Unresolved,
-                      "'" + host + "' does not resolve on this host (" + ::gai_strerror(rc) + ")");
-
-  // A name (not "localhost") that resolves to loopback here names this
-  // machine for the others, who resolve it elsewhere (DNS): Debian's
-  // /etc/hosts maps the machine's own name to 127.0.1.1.
-  if (!is_numeric_address(host) && host != "localhost" && is_loopback(ai.head->ai_addr))
-    return serve_everywhere(host_in, opts,
-                            "'" + host + "' resolves to " + numeric(ai.head->ai_addr, ai.head->ai_addrlen) +
-                                " (loopback) on this host only; the store listens on every interface so that the "
-                                "other hosts reach it (set the address itself to listen on it alone)");
-
+// The first of the host's addresses that binds, and where; an address in
+// use, or another failure, is a ListenError. `not_local`: none is this
+// machine's.
+struct Bound {
   Fd listener;
   std::string listening_on;
-  bool in_use = false, not_local = false;
+  bool not_local = false;
+};
+
+Bound bind_first(const addrinfo* head, const std::string& port_text) {
+  Bound out;
+  bool in_use = false;
   std::string other;
-  for (const addrinfo* p = ai.head; p && !listener; p = p->ai_next) {
+  for (const addrinfo* p = head; p && !out.listener; p = p->ai_next) {
     int err = 0;
-    listener = bind_to(p->ai_addr, p->ai_addrlen, err);
-    if (listener) {
-      listening_on = numeric(p->ai_addr, p->ai_addrlen);
+    out.listener = bind_to(p->ai_addr, p->ai_addrlen, err);
+    if (out.listener) {
+      out.listening_on = numeric(p->ai_addr, p->ai_addrlen);
     } else if (err == EADDRINUSE) {
       in_use = true;
-      listening_on = numeric(p->ai_addr, p->ai_addrlen);
+      out.listening_on = numeric(p->ai_addr, p->ai_addrlen);
     } else if (err == EADDRNOTAVAIL) {
-      not_local = true;
+      out.not_local = true;
     } else {
       other = numeric(p->ai_addr, p->ai_addrlen) + ": " + std::strerror(err);
     }
   }
   if (in_use)
-    throw ListenError(ListenError::Kind::InUse, "port " + port_text + " on " + listening_on +
+    throw ListenError(ListenError::Kind::InUse, "port " + port_text + " on " + out.listening_on +
                                                     " is already in use (another job's store, or an earlier run "
                                                     "that has not exited)");
-  if (!listener && !other.empty())
+  if (!out.listener && !other.empty())
     throw ListenError(ListenError::Kind::Other, "cannot bind " + other);
+  return out;
+}
 
-  if (!listener && not_local) {
-    // Not one of this machine's addresses: a NAT or a container's port
-    // mapping may still lead it here. Listen everywhere if this machine
-    // reaches its own listener through that address, as the others must.
-    int err = 0;
-    Fd probe = bind_wildcard(opts.port, err);
-    if (!probe || ::listen(probe.get(), 16) != 0)
-      throw ListenError(err == EADDRINUSE ? ListenError::Kind::InUse : ListenError::Kind::Other,
-                        "port " + port_text + " on every interface: " + std::strerror(err ? err : errno));
-    std::string why;
-    const auto budget = std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10));
-    if (!reaches(ai.head, probe.get(), budget, why))
-      throw ListenError(ListenError::Kind::NotLocal, "'" + host + "' is not an address of this host, and this host " +
-                                                         "does not reach it on port " + port_text + " either (" +
-                                                         why + ")");
-    const uint16_t port = bound_port(probe.get());
-    probe = Fd();  // c10d binds the wildcard itself
-    opts.port = port;
-    return serve_everywhere(host_in, opts,
-                            "'" + host + "' is not an address of this host, but leads here (NAT or a port "
-                            "mapping?); the store listens on every interface");
-  }
+// Not one of this machine's addresses: a NAT or a container's port
+// mapping may still lead it here. Listen everywhere if this machine
+// reaches its own listener through that address, as the others must.
+ServedStore serve_through_mapping(const addrinfo* head, const std::string& host, const std::string& host_in,
+                                  c10d::TCPStoreOptions opts) {
+  const std::string port_text = std::to_string(opts.port);
+  int err = 0;
+  Fd probe = bind_wildcard(opts.port, err);
+  if (!probe || ::listen(probe.get(), 16) != 0)
+    throw ListenError(err == EADDRINUSE ? ListenError::Kind::InUse : ListenError::Kind::Other,
+                      "port " + port_text + " on every interface: " + std::strerror(err ? err : errno));
+  std::string why;
+  const auto budget = std::min<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10));
+  if (!reaches(head, probe.get(), budget, why))
+    throw ListenError(ListenError::Kind::NotLocal, "'" + host + "' is not an address of this host, and this host " +
+                                                       "does not reach it on port " + port_text + " either (" +
+                                                       why + ")");
+  const uint16_t port = bound_port(probe.get());
+  probe = Fd();  // c10d binds the wildcard itself
+  opts.port = port;
+  return serve_everywhere(host_in, opts,
+                          "'" + host + "' is not an address of this host, but leads here (NAT or a port "
+                          "mapping?); the store listens on every interface");
+}
 
+// The store's server on `listener`, bound to `listening_on`.
+ServedStore serve_on(Fd listener, const std::string& listening_on, const std::string& host_in,
+                     c10d::TCPStoreOptions opts) {
   if (opts.port == 0) opts.port = bound_port(listener.get());
   ServedStore out;
   out.listening_on = listening_on + ":" + std::to_string(opts.port);
@@ -355,6 +348,34 @@ ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions op
   out.store = c10::make_intrusive<c10d::TCPStore>(host_in, opts);
 #endif
   return out;
+}
+
+}  // namespace
+
+ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions opts) {
+  const std::string host = strip_brackets(host_in);
+  const std::string port_text = std::to_string(opts.port);
+  AddrInfo ai;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  if (int rc = ::getaddrinfo(host.c_str(), port_text.c_str(), &hints, &ai.head); rc != 0)
+    throw ListenError(ListenError::Kind::Unresolved,
+                      "'" + host + "' does not resolve on this host (" + ::gai_strerror(rc) + ")");
+
+  // A name (not "localhost") that resolves to loopback here names this
+  // machine for the others, who resolve it elsewhere (DNS): Debian's
+  // /etc/hosts maps the machine's own name to 127.0.1.1.
+  if (!is_numeric_address(host) && host != "localhost" && is_loopback(ai.head->ai_addr))
+    return serve_everywhere(host_in, opts,
+                            "'" + host + "' resolves to " + numeric(ai.head->ai_addr, ai.head->ai_addrlen) +
+                                " (loopback) on this host only; the store listens on every interface so that the "
+                                "other hosts reach it (set the address itself to listen on it alone)");
+
+  Bound bound = bind_first(ai.head, port_text);
+  if (!bound.listener && bound.not_local) return serve_through_mapping(ai.head, host, host_in, opts);
+  return serve_on(std::move(bound.listener), bound.listening_on, host_in, opts);
 }
 
 }  // namespace ddp::store_bind
