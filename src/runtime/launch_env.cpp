@@ -106,6 +106,76 @@ void read_master(const Reader& r, LaunchEnv& env, std::optional<std::string> fal
          "; set MASTER_PORT to a free port on the master (ddprun and torchrun do)");
 }
 
+// A Slurm task (srun): its rank, its node's share of the job's tasks, and
+// rank 0's host, the first of the step's (or the job's) node list.
+void read_slurm(const Reader& r, const LaunchEnv::Lookup& lookup, LaunchEnv& env) {
+  env.source = LaunchEnv::Source::Slurm;
+  env.rank = r.required("SLURM_PROCID", "this is a Slurm task");
+  env.world_size = r.required("SLURM_NTASKS", "SLURM_PROCID is set", 1);
+  if (env.world_size > 1 && !r.has("SLURM_STEP_ID") && !r.has("SLURM_STEPID"))
+    fail("Slurm's variables say " + std::to_string(env.world_size) +
+         " tasks (SLURM_NTASKS) but this process is not one of them: there is no job step (SLURM_STEP_ID is "
+         "unset), as in a batch script that runs the program itself. Launch it with srun (srun ./train ...), "
+         "or one ddprun per node (srun --ntasks-per-node 1 ddprun ...)");
+  env.local_rank = r.required("SLURM_LOCALID", "SLURM_PROCID is set");
+  const auto here = slurm_tasks_on_node(lookup);
+  env.local_world_size = here ? here->count : env.world_size;
+  check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here ? here->from.c_str() : "SLURM_NTASKS");
+  env.job_id = slurm_job_id(lookup);
+  std::optional<std::string> master;
+  for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
+    auto nodes = r.str(list);
+    if (!nodes) continue;
+    try {
+      master = first_host(*nodes);
+    } catch (const LaunchEnvError& e) {
+      fail(std::string(list) + ": " + e.what());
+    }
+    break;
+  }
+  read_master(r, env, master);
+}
+
+// A process of Open MPI's mpirun.
+void read_open_mpi(const Reader& r, LaunchEnv& env) {
+  env.source = LaunchEnv::Source::OpenMPI;
+  env.rank = r.required("OMPI_COMM_WORLD_RANK", "this is an Open MPI process");
+  env.world_size = r.required("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK is set", 1);
+  env.local_rank = r.integer("OMPI_COMM_WORLD_LOCAL_RANK").value_or(env.rank);
+  env.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(env.world_size);
+  check(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (auto ns = r.str("PMIX_NAMESPACE"); ns && !ns->empty()) env.job_id = "mpi:" + *ns;
+  // Single-node mpirun needs no MASTER_ADDR: loopback is the only sane default.
+  std::optional<std::string> master;
+  if (env.local_world_size == env.world_size) master = "127.0.0.1";
+#ifdef DDP_WITH_MPI
+  // Across hosts, a build with MPI learns rank 0's address over MPI
+  // itself (init_process_group); this Torch- and MPI-free reader only
+  // says so.
+  if (!master && !r.has("MASTER_ADDR")) {
+    master = "";
+    env.master_over_mpi = true;
+  }
+#endif
+  read_master(r, env, master, "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port> ...");
+}
+
+void read_pmi(const Reader& r, LaunchEnv& env) {
+  // MPICH's and Intel MPI's Hydra; MPI_LOCALRANKID/MPI_LOCALNRANKS are theirs too.
+  env.source = LaunchEnv::Source::PMI;
+  env.rank = r.required("PMI_RANK", "this is an MPICH or Intel MPI process");
+  env.world_size = r.required("PMI_SIZE", "PMI_RANK is set", 1);
+  const auto local_rank = r.integer("MPI_LOCALRANKID");
+  const auto local_size = r.integer("MPI_LOCALNRANKS", 1);
+  env.local_rank = local_rank.value_or(env.rank);
+  env.local_world_size = local_size.value_or(env.world_size);
+  check(env, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  std::optional<std::string> master;
+  if (local_size && *local_size == env.world_size) master = "127.0.0.1";
+  read_master(r, env, master, "mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <free port> ...");
+}
+
 }  // namespace
 
 LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
@@ -120,66 +190,11 @@ LaunchEnv LaunchEnv::from_lookup(const Lookup& lookup) {
     check(env, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
     read_master(r, env, std::nullopt);
   } else if (r.has("SLURM_PROCID")) {
-    env.source = Source::Slurm;
-    env.rank = r.required("SLURM_PROCID", "this is a Slurm task");
-    env.world_size = r.required("SLURM_NTASKS", "SLURM_PROCID is set", 1);
-    if (env.world_size > 1 && !r.has("SLURM_STEP_ID") && !r.has("SLURM_STEPID"))
-      fail("Slurm's variables say " + std::to_string(env.world_size) +
-           " tasks (SLURM_NTASKS) but this process is not one of them: there is no job step (SLURM_STEP_ID is "
-           "unset), as in a batch script that runs the program itself. Launch it with srun (srun ./train ...), "
-           "or one ddprun per node (srun --ntasks-per-node 1 ddprun ...)");
-    env.local_rank = r.required("SLURM_LOCALID", "SLURM_PROCID is set");
-    const auto here = slurm_tasks_on_node(lookup);
-    env.local_world_size = here ? here->count : env.world_size;
-    check(env, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", here ? here->from.c_str() : "SLURM_NTASKS");
-    env.job_id = slurm_job_id(lookup);
-    std::optional<std::string> master;
-    for (const char* list : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}) {
-      auto nodes = r.str(list);
-      if (!nodes) continue;
-      try {
-        master = first_host(*nodes);
-      } catch (const LaunchEnvError& e) {
-        fail(std::string(list) + ": " + e.what());
-      }
-      break;
-    }
-    read_master(r, env, master);
+    read_slurm(r, lookup, env);
   } else if (r.has("OMPI_COMM_WORLD_RANK")) {
-    env.source = Source::OpenMPI;
-    env.rank = r.required("OMPI_COMM_WORLD_RANK", "this is an Open MPI process");
-    env.world_size = r.required("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK is set", 1);
-    env.local_rank = r.integer("OMPI_COMM_WORLD_LOCAL_RANK").value_or(env.rank);
-    env.local_world_size = r.integer("OMPI_COMM_WORLD_LOCAL_SIZE", 1).value_or(env.world_size);
-    check(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-          "OMPI_COMM_WORLD_LOCAL_SIZE");
-    if (auto ns = r.str("PMIX_NAMESPACE"); ns && !ns->empty()) env.job_id = "mpi:" + *ns;
-    // Single-node mpirun needs no MASTER_ADDR: loopback is the only sane default.
-    std::optional<std::string> master;
-    if (env.local_world_size == env.world_size) master = "127.0.0.1";
-#ifdef DDP_WITH_MPI
-    // Across hosts, a build with MPI learns rank 0's address over MPI
-    // itself (init_process_group); this Torch- and MPI-free reader only
-    // says so.
-    if (!master && !r.has("MASTER_ADDR")) {
-      master = "";
-      env.master_over_mpi = true;
-    }
-#endif
-    read_master(r, env, master, "mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<free port> ...");
+    read_open_mpi(r, env);
   } else if (r.has("PMI_RANK")) {
-    // MPICH's and Intel MPI's Hydra; MPI_LOCALRANKID/MPI_LOCALNRANKS are theirs too.
-    env.source = Source::PMI;
-    env.rank = r.required("PMI_RANK", "this is an MPICH or Intel MPI process");
-    env.world_size = r.required("PMI_SIZE", "PMI_RANK is set", 1);
-    const auto local_rank = r.integer("MPI_LOCALRANKID");
-    const auto local_size = r.integer("MPI_LOCALNRANKS", 1);
-    env.local_rank = local_rank.value_or(env.rank);
-    env.local_world_size = local_size.value_or(env.world_size);
-    check(env, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
-    std::optional<std::string> master;
-    if (local_size && *local_size == env.world_size) master = "127.0.0.1";
-    read_master(r, env, master, "mpiexec -genv MASTER_ADDR <host of rank 0> -genv MASTER_PORT <free port> ...");
+    read_pmi(r, env);
   } else {
     read_master(r, env, std::string("127.0.0.1"));
   }
