@@ -240,53 +240,58 @@ class Rebuilder {
       case Kind::Float: out = v->f; break;
       case Kind::String: out = v->s; break;
       case Kind::Tensor: out = tensor(v); break;
-      case Kind::Tuple: {
-        const auto* tt = want && want->kind() == c10::TypeKind::TupleType ? &want->expectRef<c10::TupleType>() : nullptr;
-        if (tt && tt->elements().size() != v->items.size()) fail("a tuple whose length differs from its type's");
-        std::vector<c10::IValue> xs;
-        for (size_t i = 0; i < v->items.size(); ++i)
-          xs.push_back(to_ivalue(v->items[i], tt ? tt->elements()[i] : nullptr, depth + 1));
-        out = c10::ivalue::Tuple::create(std::move(xs));
-        break;
-      }
-      case Kind::List: {
-        c10::TypePtr elem = want && want->kind() == c10::TypeKind::ListType
-                                ? want->expectRef<c10::ListType>().getElementType()
-                                : nullptr;
-        std::vector<c10::IValue> xs;
-        for (const auto& item : v->items) xs.push_back(to_ivalue(item, elem, depth + 1));
-        if (!elem) elem = xs.empty() ? c10::AnyType::get() : xs[0].type();
-        c10::impl::GenericList list(elem);
-        for (auto& x : xs) {
-          if (!x.type()->isSubtypeOf(*elem)) fail("a list whose items are not all of type " + elem->str());
-          list.push_back(std::move(x));
-        }
-        out = list;
-        break;
-      }
-      case Kind::Dict: {
-        c10::TypePtr key_type, value_type;
-        if (want && want->kind() == c10::TypeKind::DictType) {
-          key_type = want->expectRef<c10::DictType>().getKeyType();
-          value_type = want->expectRef<c10::DictType>().getValueType();
-        }
-        std::vector<std::pair<c10::IValue, c10::IValue>> kvs;
-        for (const auto& [k, x] : v->dict) kvs.emplace_back(to_ivalue(k, key_type, depth + 1), to_ivalue(x, value_type, depth + 1));
-        if (!key_type) key_type = kvs.empty() ? c10::StringType::get() : kvs[0].first.type();
-        if (!value_type) value_type = kvs.empty() ? c10::AnyType::get() : kvs[0].second.type();
-        c10::impl::GenericDict dict(key_type, value_type);
-        for (auto& [k, x] : kvs) {
-          if (!k.type()->isSubtypeOf(*key_type) || !x.type()->isSubtypeOf(*value_type))
-            fail("a dict whose entries are not all of type Dict[" + key_type->str() + ", " + value_type->str() + "]");
-          if (!dict.insert(std::move(k), std::move(x)).second) fail("a dict with a key twice");
-        }
-        out = dict;
-        break;
-      }
+      case Kind::Tuple: out = tuple_to_ivalue(v, want, depth); break;
+      case Kind::List: out = list_to_ivalue(v, want, depth); break;
+      case Kind::Dict: out = dict_to_ivalue(v, want, depth); break;
       default: fail("it holds " + describe(v));
     }
     if (want && !out.type()->isSubtypeOf(*want)) fail("a value that is not of its tagged type " + want->str());
     return out;
+  }
+
+  // A tuple, a list and a dict, item by item, each item of the type that
+  // `want` gives it (when it gives one).
+  c10::IValue tuple_to_ivalue(const ValuePtr& v, const c10::TypePtr& want, uint32_t depth) {
+    const auto* tt = want && want->kind() == c10::TypeKind::TupleType ? &want->expectRef<c10::TupleType>() : nullptr;
+    if (tt && tt->elements().size() != v->items.size()) fail("a tuple whose length differs from its type's");
+    std::vector<c10::IValue> xs;
+    for (size_t i = 0; i < v->items.size(); ++i)
+      xs.push_back(to_ivalue(v->items[i], tt ? tt->elements()[i] : nullptr, depth + 1));
+    return c10::ivalue::Tuple::create(std::move(xs));
+  }
+
+  c10::IValue list_to_ivalue(const ValuePtr& v, const c10::TypePtr& want, uint32_t depth) {
+    c10::TypePtr elem = want && want->kind() == c10::TypeKind::ListType
+                            ? want->expectRef<c10::ListType>().getElementType()
+                            : nullptr;
+    std::vector<c10::IValue> xs;
+    for (const auto& item : v->items) xs.push_back(to_ivalue(item, elem, depth + 1));
+    if (!elem) elem = xs.empty() ? c10::AnyType::get() : xs[0].type();
+    c10::impl::GenericList list(elem);
+    for (auto& x : xs) {
+      if (!x.type()->isSubtypeOf(*elem)) fail("a list whose items are not all of type " + elem->str());
+      list.push_back(std::move(x));
+    }
+    return list;
+  }
+
+  c10::IValue dict_to_ivalue(const ValuePtr& v, const c10::TypePtr& want, uint32_t depth) {
+    c10::TypePtr key_type, value_type;
+    if (want && want->kind() == c10::TypeKind::DictType) {
+      key_type = want->expectRef<c10::DictType>().getKeyType();
+      value_type = want->expectRef<c10::DictType>().getValueType();
+    }
+    std::vector<std::pair<c10::IValue, c10::IValue>> kvs;
+    for (const auto& [k, x] : v->dict) kvs.emplace_back(to_ivalue(k, key_type, depth + 1), to_ivalue(x, value_type, depth + 1));
+    if (!key_type) key_type = kvs.empty() ? c10::StringType::get() : kvs[0].first.type();
+    if (!value_type) value_type = kvs.empty() ? c10::AnyType::get() : kvs[0].second.type();
+    c10::impl::GenericDict dict(key_type, value_type);
+    for (auto& [k, x] : kvs) {
+      if (!k.type()->isSubtypeOf(*key_type) || !x.type()->isSubtypeOf(*value_type))
+        fail("a dict whose entries are not all of type Dict[" + key_type->str() + ", " + value_type->str() + "]");
+      if (!dict.insert(std::move(k), std::move(x)).second) fail("a dict with a key twice");
+    }
+    return dict;
   }
 
   Declared declared_;
