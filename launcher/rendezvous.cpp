@@ -8,7 +8,6 @@
 #include <climits>
 #include <random>
 #include <sstream>
-#include <thread>
 #include <vector>
 
 #include "errors.h"
@@ -218,9 +217,9 @@ class StoreRendezvous : public Rendezvous {
   // pings the server and would wait on a silent one), signals read between.
   void connect_client(Clock::time_point deadline, const Tick& tick) {
     std::string last;
-    for (;;) {
+    auto connected = [&] {
       const auto left = deadline - Clock::now();
-      if (left <= Clock::duration::zero()) throw silent("its answer to a new connection", last);
+      if (left <= Clock::duration::zero()) return false;
       try {
         auto c = ddp::store_client::connect(
             c_.host, options(false),
@@ -228,13 +227,13 @@ class StoreRendezvous : public Rendezvous {
             &SignalChannel::termination_pending);
         store_ = c.store;
         store_sockets_ = c.sockets;
-        return;
+        return true;
       } catch (const std::exception& e) {
         last = first_line(e.what());
+        return false;
       }
-      tick();
-      std::this_thread::sleep_for(kStorePoll);
-    }
+    };
+    if (!wait_until(deadline, tick, kStorePoll, connected)) throw silent("its answer to a new connection", last);
   }
 
   c10d::TCPStoreOptions options(bool server) const {
@@ -389,74 +388,108 @@ class StoreRendezvous : public Rendezvous {
   }
 
   Assignment do_join(int round, int nproc, const Tick& tick) {
-    auto started = Clock::now();
-    auto deadline = started + seconds(c_.conf.join_timeout);
-    std::string round_key = base() + "round";
-    // A node arriving while the others restart joins their round.
+    const auto started = Clock::now();
+    const auto deadline = started + seconds(c_.conf.join_timeout);
+    enter_round(round);
+    const std::string me_info = std::to_string(nproc) + " " + this_hostname() + " " + std::to_string(::getpid()) +
+                                " " + std::to_string(std::random_device{}());
+    if (c_.dynamic)
+      join_by_arrival(me_info, started, deadline, tick);
+    else
+      take_node_rank(me_info);
+    const std::vector<std::string> node_keys = wait_for_every_node(started, deadline, tick);
+    Assignment a = assignment_from(node_keys);
+    agree_on_master(a, deadline, tick);
+    gone_ = 0;
+    alive_seen_.assign(n_, -1);
+    alive_changed_.assign(n_, Clock::now());
+    next_keep_alive_ = Clock::now();
+    return a;
+  }
+
+  // A node arriving while the others restart joins their round.
+  void enter_round(int round) {
+    const std::string round_key = base() + "round";
     if (store_->check({round_key})) round = std::max(round, stored_number(round_key, 0, INT_MAX));
     round_ = round;
     store_->set(round_key, bytes(std::to_string(round)));
-    std::string me_info = std::to_string(nproc) + " " + this_hostname() + " " + std::to_string(::getpid()) + " " +
-                          std::to_string(std::random_device{}());
+  }
 
-    if (!c_.dynamic) {
-      n_ = c_.max_nodes;
-      me_ = c_.node_rank;
-      std::string got = text(store_->compareSet(key("node/" + std::to_string(me_)), {}, bytes(me_info)));
-      if (got != me_info)
-        throw LaunchError("node rank " + std::to_string(me_) + " of run '" + c_.run_id + "' is already taken (by " +
-                          host_of(got) + "): give every node a different --node-rank");
-    } else {
-      for (;;) {
-        int idx = static_cast<int>(store_->add(key("joined"), 1)) - 1;
-        int n = 0;
-        if (closed_count(n) && idx >= n) {
-          // The round runs already: wait to be let in at a later one.
-          wait_for_admission(n, deadline, tick);
-          continue;
-        }
-        store_->set(key("node/" + std::to_string(idx)), bytes(me_info));
-        // The group closes when MAX nodes are in, or last_call_timeout after
-        // MIN were: whoever sees that first writes the final count, and the
-        // compare-and-set makes that one decision binding for every node.
-        std::optional<Clock::time_point> min_reached;
-        int joined = 0;
-        auto closed = [&] {
-          if (closed_count(n)) return true;
-          joined = static_cast<int>(store_->add(key("joined"), 0));
-          int count = 0;
-          if (joined >= c_.max_nodes) {
-            count = c_.max_nodes;
-          } else if (joined >= c_.min_nodes) {
-            if (!min_reached) min_reached = Clock::now();
-            if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) count = joined;
-          }
-          if (count == 0) return false;
-          store_->compareSet(key("closed"), {}, bytes(std::to_string(count)));
-          return closed_count(n);
-        };
-        Notice waiting{started + kQuietJoin, [&] {
-                         say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" +
-                             std::to_string(joined) + " of " + std::to_string(c_.min_nodes) + "-" +
-                             std::to_string(c_.max_nodes) + " so far)");
-                       }};
-        if (!wait_until(deadline, tick, kStorePoll, closed, waiting))
-          throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
-                            " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
-                            std::to_string(static_cast<int>(c_.conf.join_timeout)) +
-                            " s (" + std::to_string(c_.min_nodes - joined) + " missing); start ddprun on the other "
-                            "nodes, or lower --nnodes MIN");
-        if (idx >= n) {
-          wait_for_admission(n, deadline, tick);
-          continue;
-        }
-        n_ = n;
-        me_ = idx;
-        break;
+  // Static rendezvous: this node is --node-rank of --nnodes, unless another
+  // node has that rank already.
+  void take_node_rank(const std::string& me_info) {
+    n_ = c_.max_nodes;
+    me_ = c_.node_rank;
+    std::string got = text(store_->compareSet(key("node/" + std::to_string(me_)), {}, bytes(me_info)));
+    if (got != me_info)
+      throw LaunchError("node rank " + std::to_string(me_) + " of run '" + c_.run_id + "' is already taken (by " +
+                        host_of(got) + "): give every node a different --node-rank");
+  }
+
+  // c10d rendezvous: nodes are ranked by arrival; one that comes after the
+  // round closed waits to be let in at a later one.
+  void join_by_arrival(const std::string& me_info, Clock::time_point started, Clock::time_point deadline,
+                       const Tick& tick) {
+    for (;;) {
+      int idx = static_cast<int>(store_->add(key("joined"), 1)) - 1;
+      int n = 0;
+      if (closed_count(n) && idx >= n) {
+        // The round runs already: wait to be let in at a later one.
+        wait_for_admission(n, deadline, tick);
+        continue;
       }
+      store_->set(key("node/" + std::to_string(idx)), bytes(me_info));
+      n = wait_for_close(started, deadline, tick);
+      if (idx >= n) {
+        wait_for_admission(n, deadline, tick);
+        continue;
+      }
+      n_ = n;
+      me_ = idx;
+      return;
     }
+  }
 
-    // Everyone's worker count, for WORLD_SIZE and this node's rank offset.
+  // The group closes when MAX nodes are in, or last_call_timeout after MIN
+  // were: whoever sees that first writes the final count, and the
+  // compare-and-set makes that one decision binding for every node. Returns
+  // that count.
+  int wait_for_close(Clock::time_point started, Clock::time_point deadline, const Tick& tick) {
+    std::optional<Clock::time_point> min_reached;
+    int joined = 0;
+    int n = 0;
+    auto closed = [&] {
+      if (closed_count(n)) return true;
+      joined = static_cast<int>(store_->add(key("joined"), 0));
+      int count = 0;
+      if (joined >= c_.max_nodes) {
+        count = c_.max_nodes;
+      } else if (joined >= c_.min_nodes) {
+        if (!min_reached) min_reached = Clock::now();
+        if (Clock::now() - *min_reached >= seconds(c_.conf.last_call_timeout)) count = joined;
+      }
+      if (count == 0) return false;
+      store_->compareSet(key("closed"), {}, bytes(std::to_string(count)));
+      return closed_count(n);
+    };
+    Notice waiting{started + kQuietJoin, [&] {
+                     say("waiting for nodes to join run '" + c_.run_id + "' at " + where() + " (" +
+                         std::to_string(joined) + " of " + std::to_string(c_.min_nodes) + "-" +
+                         std::to_string(c_.max_nodes) + " so far)");
+                   }};
+    if (!wait_until(deadline, tick, kStorePoll, closed, waiting))
+      throw LaunchError("only " + std::to_string(joined) + " of at least " + std::to_string(c_.min_nodes) +
+                        " nodes joined run '" + c_.run_id + "' at " + where() + " within " +
+                        std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (" +
+                        std::to_string(c_.min_nodes - joined) + " missing); start ddprun on the other "
+                        "nodes, or lower --nnodes MIN");
+    return n;
+  }
+
+  // Waits until every node of the round has written its line; returns the
+  // keys of those lines, by node rank.
+  std::vector<std::string> wait_for_every_node(Clock::time_point started, Clock::time_point deadline,
+                                               const Tick& tick) {
     std::vector<std::string> node_keys;
     for (int i = 0; i < n_; ++i) node_keys.push_back(key("node/" + std::to_string(i)));
     Notice waiting{started + kQuietJoin,
@@ -469,6 +502,12 @@ class StoreRendezvous : public Rendezvous {
                         std::to_string(static_cast<int>(c_.conf.join_timeout)) +
                         " s; start ddprun on every node with the same --master-addr/--master-port");
     }
+    return node_keys;
+  }
+
+  // Everyone's worker count, for WORLD_SIZE and this node's rank offset; the
+  // hosts, for messages.
+  Assignment assignment_from(const std::vector<std::string>& node_keys) {
     Assignment a;
     a.round = round_;
     a.group_rank = me_;
@@ -483,9 +522,12 @@ class StoreRendezvous : public Rendezvous {
       if (i < me_) a.rank_offset += count;
       a.world_size += count;
     }
+    return a;
+  }
 
-    // Node 0 picks the workers' master port on its own machine and tells
-    // the others; the store's port stays the store's.
+  // Node 0 picks the workers' master port on its own machine and tells
+  // the others; the store's port stays the store's.
+  void agree_on_master(Assignment& a, Clock::time_point deadline, const Tick& tick) {
     std::string master_key = key("master");
     if (me_ == 0) {
       std::string addr = c_.master_addr;
@@ -503,12 +545,6 @@ class StoreRendezvous : public Rendezvous {
     if (space == 0 || space == std::string::npos) throw foreign_value(master_key, master, "an address and a port");
     a.master_addr = master.substr(0, space);
     a.master_port = number_in(master_key, master.substr(space + 1), 1, 65535);
-
-    gone_ = 0;
-    alive_seen_.assign(n_, -1);
-    alive_changed_.assign(n_, Clock::now());
-    next_keep_alive_ = Clock::now();
-    return a;
   }
 
   static std::string host_of(const std::string& info) {
