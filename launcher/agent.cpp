@@ -188,55 +188,14 @@ Agent::State Agent::start_workers() {
 }
 
 Agent::State Agent::monitor_workers(const Events& e) {
-  if (e.signo && SignalChannel::is_warning(e.signo)) {
-    say("received " + signal_name(e.signo) + "; forwarding it to the workers, which go on unless they stop");
-    signal_running(e.signo);
-    return State::Healthy;
-  }
-  if (e.signo) {
-    // Forward what ddprun got to every worker; no restart follows.
-    say("received " + signal_name(e.signo) + "; forwarding it to the workers");
-    record_stop_signal(e.signo);
-    begin_stop(e.signo);
-    return State::Unhealthy;
-  }
+  if (e.signo) return forward_signal(e.signo);
   look_for_stopped();
   for (size_t i = 0; i < workers_.size(); ++i)
     if (failed(*workers_[i].process) && !workers_[i].reported) {
       workers_[i].reported = true;
       local_failures_.push_back(i);
     }
-  if (!local_failures_.empty()) {
-    const Worker& first = workers_[local_failures_.front()];
-    const int code = exit_code_of(*first.process->exit_status());
-    // 75: the worker stopped for preemption with its state saved; the job
-    // script requeues on it, and a restart here would only be killed.
-    FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
-    if (auto error = read_error_file(first.error_file)) r.message = error->message;
-    // A worker stopped meanwhile is why the others timed out: it is the cause.
-    if ((stalled_ = first_stopped())) r.text = stalled_text(first);
-    try {
-      failure_ = rdzv_->report_failure(r);
-    } catch (const LaunchError& e) {
-      // The other nodes cannot be told (a link or the store host is down);
-      // they learn it from their own workers' timeouts. This node still
-      // stops its workers and says why they failed.
-      say(std::string(e.what()) + "; the other nodes are not told of this failure");
-      failure_ = r;
-    }
-    if (failure_->membership) {
-      // Another node already stopped the group to admit waiting nodes; these
-      // workers ended because their peers did (75: they checkpointed).
-      say("stopping the workers to let nodes join: " + failure_->text);
-      begin_stop(SIGTERM);
-      return State::Unhealthy;
-    }
-    if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
-    say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
-        std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
-    begin_stop(SIGTERM);
-    return State::Unhealthy;
-  }
+  if (!local_failures_.empty()) return stop_for_local_failure();
   if (all_exited()) {
     end_group();
     rdzv_->mark_done();
@@ -252,6 +211,51 @@ Agent::State Agent::monitor_workers(const Events& e) {
     return State::Unhealthy;
   }
   return State::Healthy;
+}
+
+Agent::State Agent::forward_signal(int signo) {
+  if (SignalChannel::is_warning(signo)) {
+    say("received " + signal_name(signo) + "; forwarding it to the workers, which go on unless they stop");
+    signal_running(signo);
+    return State::Healthy;
+  }
+  // Forward what ddprun got to every worker; no restart follows.
+  say("received " + signal_name(signo) + "; forwarding it to the workers");
+  record_stop_signal(signo);
+  begin_stop(signo);
+  return State::Unhealthy;
+}
+
+Agent::State Agent::stop_for_local_failure() {
+  const Worker& first = workers_[local_failures_.front()];
+  const int code = exit_code_of(*first.process->exit_status());
+  // 75: the worker stopped for preemption with its state saved; the job
+  // script requeues on it, and a restart here would only be killed.
+  FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
+  if (auto error = read_error_file(first.error_file)) r.message = error->message;
+  // A worker stopped meanwhile is why the others timed out: it is the cause.
+  if ((stalled_ = first_stopped())) r.text = stalled_text(first);
+  try {
+    failure_ = rdzv_->report_failure(r);
+  } catch (const LaunchError& e) {
+    // The other nodes cannot be told (a link or the store host is down);
+    // they learn it from their own workers' timeouts. This node still
+    // stops its workers and says why they failed.
+    say(std::string(e.what()) + "; the other nodes are not told of this failure");
+    failure_ = r;
+  }
+  if (failure_->membership) {
+    // Another node already stopped the group to admit waiting nodes; these
+    // workers ended because their peers did (75: they checkpointed).
+    say("stopping the workers to let nodes join: " + failure_->text);
+    begin_stop(SIGTERM);
+    return State::Unhealthy;
+  }
+  if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
+  say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
+      std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
+  begin_stop(SIGTERM);
+  return State::Unhealthy;
 }
 
 Agent::State Agent::stop_workers(const Events& e) {

@@ -84,6 +84,11 @@ class Agent {
   State stopped();
   int leave();
 
+  // monitor_workers' steps: a signal to ddprun goes on to the workers; a
+  // worker of this node failed (the failure is reported to the other nodes).
+  State forward_signal(int signo);
+  State stop_for_local_failure();
+
   // What the handlers share.
   void say_settings() const;
   void start_worker(int local_rank, const std::string& attempt_dir);
@@ -113,6 +118,11 @@ class Agent {
   // The failure's text when stalled_ is set: the stopped rank, then `first`.
   std::string stalled_text(const Worker& first) const;
   void print_summary() const;
+  // print_summary's parts (agent_summary.cpp): one worker's block (its time,
+  // rank, exit code, logs and error file), and the section on the cause.
+  std::string summary_block(const Worker& w, bool failure = true) const;
+  std::string preemption_section(bool root_here) const;
+  std::string root_cause_section(bool root_here, bool stalled_here) const;
 
   Options o_;
   SignalChannel& signals_;
