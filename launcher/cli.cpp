@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "ddp/runtime/hostlist.h"
+#include "cli_flags.h"
 #include "ddp/runtime/launch_env.h"
 #include "errors.h"
 #include "gpus.h"
@@ -33,31 +34,6 @@ namespace po = boost::program_options;
 
 namespace ddprun {
 namespace {
-
-const char* const kUsage = R"(Usage: ddprun [options] PROGRAM [ARGS...]
-       ddprun [options] -- PROGRAM [ARGS...]
-
-Starts PROGRAM once per worker with torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-TORCHELASTIC_*), supervises the workers, and stops all of them when one fails.
-Every flag also has torchrun's underscore spelling (--nproc_per_node) and an
-environment default PET_<FLAG> (PET_NPROC_PER_NODE=4). Under Slurm, --nnodes,
---node-rank and --master-addr default from the step's SLURM_STEP_NUM_NODES,
-SLURM_NODEID and the first host of SLURM_STEP_NODELIST (else the job's
-SLURM_NNODES and SLURM_JOB_NODELIST).
-
-Examples:
-  ddprun --nproc-per-node gpu ./train --epochs 10        one worker per visible GPU
-  ddprun --standalone --nproc-per-node 4 ./train         one node, free port on loopback
-  ddprun --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 ./train
-  ddprun --nnodes 1:4 --rdzv-backend c10d --rdzv-endpoint node0:29400 --rdzv-id job42 ./train
-  srun --ntasks-per-node 1 ddprun --nproc-per-node gpu --master-port 29500 ./train
-  ddprun --nproc-per-node 8 --log-dir logs --tee 3 --local-ranks-filter 0 ./train
-
-Exit status: the first failing worker's exit code (128+N if it died by signal N),
-2 for a command-line error, 1 for another launcher error, 128+N if ddprun itself
-received signal N.
-)";
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -86,40 +62,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   std::istringstream in(s);
   while (std::getline(in, cur, sep)) out.push_back(cur);
   return out;
-}
-
-po::options_description make_description() {
-  po::options_description d("Options", 100, 50);
-  auto str = [](const char* def) { return po::value<std::string>()->default_value(def); };
-  // clang-format off
-  d.add_options()
-    ("help,h", "show this help and exit")
-    ("version", "show ddprun's version and exit")
-    ("nproc-per-node", str("1"), "workers on this node: N, auto (visible GPUs, else CPUs), gpu (visible GPUs), cpu (CPUs)")
-    ("nnodes", str("1:1"), "number of nodes N, or MIN:MAX for c10d rendezvous")
-    ("node-rank", str("0"), "this node's rank in [0, nnodes) (static rendezvous)")
-    ("master-addr", str("127.0.0.1"), "host of node 0 (static rendezvous); IPv6 as [::1]")
-    ("master-port", str("29500"), "port on node 0: single node, the workers' MASTER_PORT; several nodes, the rendezvous store")
-    ("standalone", po::bool_switch(), "one node on loopback with a free port; ignores --rdzv-*, --master-*")
-    ("rdzv-backend", str("static"), "static (fixed --nnodes, --node-rank) or c10d (TCPStore at --rdzv-endpoint, nodes ranked by join order)")
-    ("rdzv-endpoint", str(""), "HOST[:PORT] of the c10d store (default port 29400); for static it replaces --master-addr/--master-port")
-    ("rdzv-id", str("none"), "run id shared by every node (TORCHELASTIC_RUN_ID)")
-    ("rdzv-conf", str(""), "KEY=VALUE,... : join_timeout (600 s), last_call_timeout (30 s), close_timeout (30 s), keep_alive_interval (5 s), keep_alive_max_attempt (3), is_host (auto)")
-    ("local-addr", str(""), "address other nodes reach this node at, if it hosts the workers' master (c10d)")
-    ("max-restarts", str("0"), "restart the whole worker group (every node) up to this many times after a failure")
-    ("monitor-interval", str("0.1"), "seconds between checks of the other nodes' state (local exits are seen at once)")
-    ("term-timeout", str("30"), "seconds between SIGTERM and SIGKILL when stopping workers (env DDPRUN_TERM_TIMEOUT)")
-    ("role", str("default"), "worker role name (ROLE_NAME)")
-    ("log-dir", str(""), "keep each worker's stdout and stderr in LOG_DIR/RUN_ID_XXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log")
-    ("redirects,r", str("0"), "send streams to the log files only: 0 none, 1 stdout, 2 stderr, 3 both; or per local rank 0:1,1:2")
-    ("tee,t", str("0"), "copy streams to the log files as well as the console (same syntax as --redirects)")
-    ("local-ranks-filter", str(""), "show only these local ranks on the console, e.g. 0 or 0,2 (files keep everything)")
-    ("no-python", po::bool_switch(), "run PROGRAM directly even if it ends in .py")
-    ("module,m", po::bool_switch(), "PROGRAM is a Python module: run PYTHON -u -m PROGRAM (PYTHON_EXEC, else the first of python3, /usr/bin/python3, python that imports torch)")
-    ("run-path", po::bool_switch(), "(torchrun only; rejected)")
-    ("start-method", str("spawn"), "(accepted for torchrun compatibility; workers are always fork+exec'd)");
-  // clang-format on
-  return d;
 }
 
 // "--nproc_per_node=4" -> "--nproc-per-node=4": one spelling for Boost.
@@ -327,15 +269,15 @@ std::pair<std::string, int> parse_endpoint(const std::string& text, int default_
   return {host, p};
 }
 
-std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out) {
-  po::options_description desc = make_description();
-  SplitArgs args = split_args(argc, argv, desc);
+namespace {
 
+// The flags on the command line, then PET_<FLAG> from the environment for
+// the flags not on it (as torchrun reads them).
+po::variables_map read_flags(const std::vector<std::string>& flags, const po::options_description& desc) {
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(args.flags).options(desc).run(), vm);
-    // torchrun reads PET_<FLAG> for any flag not on the command line; store()
-    // keeps values already given, so the command line wins.
+    po::store(po::command_line_parser(flags).options(desc).run(), vm);
+    // store() keeps values already given, so the command line wins.
     po::store(po::parse_environment(desc,
                                     [&](const std::string& var) -> std::string {
                                       std::string name;
@@ -353,86 +295,91 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   } catch (const po::error& e) {
     usage(e.what());
   }
+  return vm;
+}
+
+// Prints --help or --version if asked; returns whether it did.
+bool printed_help_or_version(const po::variables_map& vm, const po::options_description& desc, std::ostream& out) {
   if (vm.count("help")) {
     std::error_code ec;
     out << kUsage << "\n" << desc << "\nDocumentation: "
         << documentation_path(std::filesystem::read_symlink("/proc/self/exe", ec).string()) << "\n";
-    return std::nullopt;
+    return true;
   }
   if (vm.count("version")) {
     out << version_line() << "\n";
-    return std::nullopt;
+    return true;
   }
-  // Before anything else: several ddpruns of one step on this node must all
-  // stop now, not meet in rendezvous.
-  check_one_ddprun_per_node(ddp::LaunchEnv::process_environment);
+  return false;
+}
 
-  auto str = [&](const char* name) { return vm[name].as<std::string>(); };
-  auto given = [&](const char* name) { return vm.count(name) && !vm[name].defaulted(); };
+// The parsed flags, read by name.
+class Flags {
+ public:
+  explicit Flags(const po::variables_map& vm) : vm_(vm) {}
+  std::string str(const char* name) const { return vm_[name].as<std::string>(); }
+  bool on(const char* name) const { return vm_[name].as<bool>(); }
+  // On the command line or in the environment, not the default.
+  bool given(const char* name) const { return vm_.count(name) && !vm_[name].defaulted(); }
 
-  Options o;
-  if (args.command.empty()) usage("no PROGRAM given: ddprun [options] PROGRAM [ARGS...]");
-  if (vm["run-path"].as<bool>())
-    usage("--run-path runs a script inside torchrun's Python interpreter; ddprun cannot: use 'ddprun python3 SCRIPT'");
+ private:
+  const po::variables_map& vm_;
+};
 
-  o.standalone = vm["standalone"].as<bool>();
-  o.nproc_spec = lower(str("nproc-per-node"));
-  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") {
-    o.nproc = to_int(o.nproc_spec, "--nproc-per-node");
-    if (o.nproc < 1) usage("--nproc-per-node must be at least 1, or auto, gpu or cpu; got '" + o.nproc_spec + "'");
-  }
-
-  std::string nnodes = str("nnodes");
-  bool nnodes_given = given("nnodes");
-  std::string master_addr = str("master-addr");
-  bool master_addr_given = given("master-addr");
-  int node_rank = to_int(str("node-rank"), "--node-rank");
-  bool node_rank_given = given("node-rank");
+// Where the nodes are, as the flags (or Slurm, for the flags left out) say,
+// before it is checked against the rendezvous backend.
+struct NodeFlags {
+  std::string nnodes;
+  std::string master_addr;
+  int node_rank = 0;
   int master_port_default = 0;  // set under Slurm when --master-port was not given
+};
 
-  // Under srun each node's ddprun sees its own SLURM_NODEID; only flags the
-  // user left out are filled in, so explicit flags always win. The step's
-  // variables come first: a step may run on part of the allocation.
+// Under srun each node's ddprun sees its own SLURM_NODEID; only flags the
+// user left out are filled in, so explicit flags always win. The step's
+// variables come first: a step may run on part of the allocation.
+void take_slurm_defaults(const Flags& f, NodeFlags& n, std::vector<std::string>& notes) {
   auto first_set = [](std::initializer_list<const char*> names) -> std::pair<const char*, const char*> {
-    for (const char* n : names)
-      if (const char* v = std::getenv(n)) return {n, v};
+    for (const char* name : names)
+      if (const char* v = std::getenv(name)) return {name, v};
     return {nullptr, nullptr};
   };
   const auto [nnodes_var, s_nnodes] = first_set({"SLURM_STEP_NUM_NODES", "SLURM_NNODES"});
   const char* s_nodeid = std::getenv("SLURM_NODEID");
   const auto [nodelist_var, s_nodelist] = first_set({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"});
-  if (!o.standalone && (s_nnodes || s_nodeid || s_nodelist)) {
-    std::vector<std::string> taken;
-    if (s_nnodes && !nnodes_given) {
-      nnodes = s_nnodes;
-      taken.push_back("--nnodes " + nnodes + " (" + nnodes_var + ")");
-    }
-    if (s_nodeid && !node_rank_given) {
-      node_rank = to_int(s_nodeid, "SLURM_NODEID");
-      taken.push_back("--node-rank " + std::to_string(node_rank) + " (SLURM_NODEID)");
-    }
-    if (s_nodelist && !master_addr_given && !given("rdzv-endpoint")) {
-      try {
-        master_addr = ddp::first_host(s_nodelist);
-      } catch (const std::exception& e) {
-        usage(std::string(nodelist_var) + ": " + e.what() + "; pass --master-addr instead");
-      }
-      taken.push_back("--master-addr " + master_addr + " (first host of " + nodelist_var + ")");
-    }
-    // Jobs sharing a node must not meet on 29500: the port comes from the
-    // job and step, as the library's own default does (ddp/runtime/launch_env.h).
-    const std::string job_id = ddp::slurm_job_id(ddp::LaunchEnv::process_environment);
-    if (!job_id.empty() && !given("master-port") && !given("rdzv-endpoint")) {
-      master_port_default = ddp::default_port_for_job(job_id);
-      taken.push_back("--master-port " + std::to_string(master_port_default) + " (from SLURM_JOB_ID and SLURM_STEP_ID)");
-    }
-    if (!taken.empty()) {
-      std::string note = "under Slurm:";
-      for (size_t i = 0; i < taken.size(); ++i) note += (i ? ", " : " ") + taken[i];
-      o.notes.push_back(note);
-    }
+  if (!s_nnodes && !s_nodeid && !s_nodelist) return;
+  std::vector<std::string> taken;
+  if (s_nnodes && !f.given("nnodes")) {
+    n.nnodes = s_nnodes;
+    taken.push_back("--nnodes " + n.nnodes + " (" + nnodes_var + ")");
   }
+  if (s_nodeid && !f.given("node-rank")) {
+    n.node_rank = to_int(s_nodeid, "SLURM_NODEID");
+    taken.push_back("--node-rank " + std::to_string(n.node_rank) + " (SLURM_NODEID)");
+  }
+  if (s_nodelist && !f.given("master-addr") && !f.given("rdzv-endpoint")) {
+    try {
+      n.master_addr = ddp::first_host(s_nodelist);
+    } catch (const std::exception& e) {
+      usage(std::string(nodelist_var) + ": " + e.what() + "; pass --master-addr instead");
+    }
+    taken.push_back("--master-addr " + n.master_addr + " (first host of " + nodelist_var + ")");
+  }
+  // Jobs sharing a node must not meet on 29500: the port comes from the
+  // job and step, as the library's own default does (ddp/runtime/launch_env.h).
+  const std::string job_id = ddp::slurm_job_id(ddp::LaunchEnv::process_environment);
+  if (!job_id.empty() && !f.given("master-port") && !f.given("rdzv-endpoint")) {
+    n.master_port_default = ddp::default_port_for_job(job_id);
+    taken.push_back("--master-port " + std::to_string(n.master_port_default) + " (from SLURM_JOB_ID and SLURM_STEP_ID)");
+  }
+  if (taken.empty()) return;
+  std::string note = "under Slurm:";
+  for (size_t i = 0; i < taken.size(); ++i) note += (i ? ", " : " ") + taken[i];
+  notes.push_back(note);
+}
 
+// --nnodes N or MIN:MAX.
+void parse_nnodes(const std::string& nnodes, Options& o) {
   auto parts = split(nnodes, ':');
   if (parts.size() == 1) {
     o.min_nodes = o.max_nodes = to_int(parts[0], "--nnodes");
@@ -444,27 +391,33 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
   }
   if (o.min_nodes < 1 || o.min_nodes > o.max_nodes)
     usage("--nnodes " + nnodes + ": need 1 <= MIN <= MAX");
+}
 
-  o.rdzv_backend = lower(str("rdzv-backend"));
+// --rdzv-*, --local-addr, --master-addr and --master-port, each on its own.
+void parse_rendezvous_flags(const Flags& f, const NodeFlags& n, Options& o) {
+  o.rdzv_backend = lower(f.str("rdzv-backend"));
   if (o.rdzv_backend != "static" && o.rdzv_backend != "c10d")
     usage("--rdzv-backend must be static or c10d, got '" + o.rdzv_backend + "'");
-  o.run_id = str("rdzv-id");
+  o.run_id = f.str("rdzv-id");
   if (o.run_id.empty()) usage("--rdzv-id must not be empty");
-  o.rdzv_conf = parse_rdzv_conf(str("rdzv-conf"), o.notes);
-  o.local_addr = str("local-addr");
-  o.master_addr = master_addr;
-  o.master_port = master_port_default ? master_port_default : to_int(str("master-port"), "--master-port");
+  o.rdzv_conf = parse_rdzv_conf(f.str("rdzv-conf"), o.notes);
+  o.local_addr = f.str("local-addr");
+  o.master_addr = n.master_addr;
+  o.master_port = n.master_port_default ? n.master_port_default : to_int(f.str("master-port"), "--master-port");
   if (o.master_port < 1 || o.master_port > 65535)
     usage("--master-port " + std::to_string(o.master_port) + " is not in [1, 65535]");
   if (o.master_addr.size() > 2 && o.master_addr.front() == '[' && o.master_addr.back() == ']')
     o.master_addr = o.master_addr.substr(1, o.master_addr.size() - 2);
   if (o.master_addr.empty()) usage("--master-addr must not be empty");
+}
 
-  std::string endpoint = str("rdzv-endpoint");
+// What --standalone, or the rendezvous backend, makes of the node flags.
+void settle_nodes(const Flags& f, const NodeFlags& n, Options& o) {
+  std::string endpoint = f.str("rdzv-endpoint");
   if (o.standalone) {
-    if (nnodes_given && o.max_nodes > 1)
-      usage("--standalone runs exactly one node; drop --nnodes " + nnodes + " or --standalone");
-    if (given("rdzv-backend") || given("rdzv-endpoint") || given("rdzv-id"))
+    if (f.given("nnodes") && o.max_nodes > 1)
+      usage("--standalone runs exactly one node; drop --nnodes " + n.nnodes + " or --standalone");
+    if (f.given("rdzv-backend") || f.given("rdzv-endpoint") || f.given("rdzv-id"))
       o.notes.push_back("--standalone: ignoring --rdzv-backend/--rdzv-endpoint/--rdzv-id (as torchrun does)");
     o.min_nodes = o.max_nodes = 1;
     o.rdzv_backend = "static";
@@ -475,28 +428,32 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     std::tie(o.endpoint_host, o.endpoint_port) = parse_endpoint(endpoint, 29400, "--rdzv-endpoint");
   } else {
     if (o.min_nodes != o.max_nodes)
-      usage("static rendezvous needs a fixed --nnodes N, not " + nnodes + "; use --rdzv-backend c10d for MIN:MAX");
+      usage("static rendezvous needs a fixed --nnodes N, not " + n.nnodes + "; use --rdzv-backend c10d for MIN:MAX");
     if (!endpoint.empty()) {
       auto ep = parse_endpoint(endpoint, o.master_port, "--rdzv-endpoint");
       o.master_addr = ep.first;
       o.master_port = ep.second;
     }
-    if (node_rank < 0 || node_rank >= o.max_nodes)
-      usage("--node-rank " + std::to_string(node_rank) + " is not in [0, " + std::to_string(o.max_nodes) +
+    if (n.node_rank < 0 || n.node_rank >= o.max_nodes)
+      usage("--node-rank " + std::to_string(n.node_rank) + " is not in [0, " + std::to_string(o.max_nodes) +
             "); give each node a rank below --nnodes");
-    o.node_rank = node_rank;
+    o.node_rank = n.node_rank;
   }
+}
 
-  o.max_restarts = to_int(str("max-restarts"), "--max-restarts");
+// The flags for restarts, stopping, roles and the workers' output.
+void parse_worker_flags(const Flags& f, Options& o) {
+  o.max_restarts = to_int(f.str("max-restarts"), "--max-restarts");
   if (o.max_restarts < 0) usage("--max-restarts must be >= 0");
-  o.monitor_interval = to_seconds(str("monitor-interval"), "--monitor-interval");
+  o.monitor_interval = to_seconds(f.str("monitor-interval"), "--monitor-interval");
   if (o.monitor_interval <= 0) usage("--monitor-interval must be above 0 seconds");
-  o.term_timeout = to_seconds(str("term-timeout"), given("term-timeout") ? "--term-timeout" : "DDPRUN_TERM_TIMEOUT");
-  o.role = str("role");
-  o.log_dir = str("log-dir");
-  o.redirects = StdSpec::parse(str("redirects"), "--redirects");
-  o.tee = StdSpec::parse(str("tee"), "--tee");
-  std::string filter = str("local-ranks-filter");
+  o.term_timeout =
+      to_seconds(f.str("term-timeout"), f.given("term-timeout") ? "--term-timeout" : "DDPRUN_TERM_TIMEOUT");
+  o.role = f.str("role");
+  o.log_dir = f.str("log-dir");
+  o.redirects = StdSpec::parse(f.str("redirects"), "--redirects");
+  o.tee = StdSpec::parse(f.str("tee"), "--tee");
+  std::string filter = f.str("local-ranks-filter");
   if (!filter.empty()) {
     std::set<int> ranks;
     for (const auto& r : split(filter, ',')) {
@@ -506,35 +463,72 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     }
     o.local_ranks_filter = ranks;
   }
-  if (given("start-method") && str("start-method") != "spawn" && str("start-method") != "fork" &&
-      str("start-method") != "forkserver")
+  if (f.given("start-method") && f.str("start-method") != "spawn" && f.str("start-method") != "fork" &&
+      f.str("start-method") != "forkserver")
     usage("--start-method must be spawn, fork or forkserver");
+}
 
-  // torchrun runs PROGRAM with Python unless --no-python; ddprun runs it
-  // directly unless it is a .py script or --module is given.
-  o.program = args.command[0];
-  bool module = vm["module"].as<bool>();
-  bool no_python = vm["no-python"].as<bool>();
+// torchrun runs PROGRAM with Python unless --no-python; ddprun runs it
+// directly unless it is a .py script or --module is given.
+void resolve_command(const Flags& f, const std::vector<std::string>& command, Options& o) {
+  o.program = command[0];
+  bool module = f.on("module");
+  bool no_python = f.on("no-python");
   if (module && no_python) usage("--module and --no-python contradict each other");
-  if (module || (!no_python && ends_with(o.program, ".py"))) {
-    if (!module && ::access(o.program.c_str(), R_OK) != 0)
-      usage("cannot read script '" + o.program + "': " + std::strerror(errno));
-    const char* py = std::getenv("PYTHON_EXEC");
-    std::string interpreter;
-    if (py && *py) {
-      interpreter = resolve_program(py);  // the user's choice, as torchrun: not second-guessed
-    } else {
-      PythonChoice choice = choose_python(search_path(), kPythonCheckTimeout);
-      interpreter = choice.path;
-      if (!choice.note.empty()) o.notes.push_back(choice.note);
-    }
-    o.command = {interpreter, "-u"};
-    if (module) o.command.push_back("-m");
-    o.command.insert(o.command.end(), args.command.begin(), args.command.end());
-  } else {
-    o.command = args.command;
+  if (!module && (no_python || !ends_with(o.program, ".py"))) {
+    o.command = command;
     o.command[0] = resolve_program(o.program);
+    return;
   }
+  if (!module && ::access(o.program.c_str(), R_OK) != 0)
+    usage("cannot read script '" + o.program + "': " + std::strerror(errno));
+  const char* py = std::getenv("PYTHON_EXEC");
+  std::string interpreter;
+  if (py && *py) {
+    interpreter = resolve_program(py);  // the user's choice, as torchrun: not second-guessed
+  } else {
+    PythonChoice choice = choose_python(search_path(), kPythonCheckTimeout);
+    interpreter = choice.path;
+    if (!choice.note.empty()) o.notes.push_back(choice.note);
+  }
+  o.command = {interpreter, "-u"};
+  if (module) o.command.push_back("-m");
+  o.command.insert(o.command.end(), command.begin(), command.end());
+}
+
+}  // namespace
+
+std::optional<Options> parse_command_line(int argc, const char* const* argv, std::ostream& out) {
+  const po::options_description desc = make_description();
+  const SplitArgs args = split_args(argc, argv, desc);
+  const po::variables_map vm = read_flags(args.flags, desc);
+  if (printed_help_or_version(vm, desc, out)) return std::nullopt;
+  // Before anything else: several ddpruns of one step on this node must all
+  // stop now, not meet in rendezvous.
+  check_one_ddprun_per_node(ddp::LaunchEnv::process_environment);
+
+  const Flags f(vm);
+  Options o;
+  if (args.command.empty()) usage("no PROGRAM given: ddprun [options] PROGRAM [ARGS...]");
+  if (f.on("run-path"))
+    usage("--run-path runs a script inside torchrun's Python interpreter; ddprun cannot: use 'ddprun python3 SCRIPT'");
+
+  o.standalone = f.on("standalone");
+  o.nproc_spec = lower(f.str("nproc-per-node"));
+  if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") {
+    o.nproc = to_int(o.nproc_spec, "--nproc-per-node");
+    if (o.nproc < 1) usage("--nproc-per-node must be at least 1, or auto, gpu or cpu; got '" + o.nproc_spec + "'");
+  }
+  NodeFlags n;
+  n.nnodes = f.str("nnodes");
+  n.master_addr = f.str("master-addr");
+  n.node_rank = to_int(f.str("node-rank"), "--node-rank");
+  if (!o.standalone) take_slurm_defaults(f, n, o.notes);
+  parse_nnodes(n.nnodes, o);
+  parse_rendezvous_flags(f, n, o);
+  settle_nodes(f, n, o);
+  parse_worker_flags(f, o);
+  resolve_command(f, args.command, o);
   return o;
 }
 
