@@ -53,96 +53,120 @@ class Unpickler {
   ValuePtr run() {
     while (true) {
       const uint8_t op = u8();
-      switch (op) {
-        case 0x80: u8(); break;                  // PROTO
-        case 0x95: bytes(8); break;              // FRAME
-        case '.':                                 // STOP
-          if (stack_.size() != 1) fail("unbalanced stack at STOP");
-          return stack_.back();
-        case '(': charge(sizeof(size_t)); marks_.push_back(stack_.size()); break;
-        case '0': pop(); break;
-        case '1': pop_mark(); break;
-        case '2': push(top()); break;
-        case 'N': push(make(Kind::None)); break;
-        case 0x88: case 0x89: { auto v = make(Kind::Bool); v->b = op == 0x88; push(v); break; }
-        case 'J': { int32_t x; std::memcpy(&x, bytes(4), 4); push_int(x); break; }
-        case 'K': push_int(u8()); break;
-        case 'M': { uint16_t x; std::memcpy(&x, bytes(2), 2); push_int(x); break; }
-        case 0x8a: {                              // LONG1: little-endian two's complement
-          const size_t n = u8();
-          const auto* b = reinterpret_cast<const uint8_t*>(bytes(n));
-          if (n > 8) fail("integer wider than 64 bits");
-          uint64_t x = 0;
-          for (size_t k = 0; k < n; ++k) x |= uint64_t(b[k]) << (8 * k);
-          if (n > 0 && n < 8 && (b[n - 1] & 0x80)) x |= ~uint64_t(0) << (8 * n);
-          push_int(static_cast<int64_t>(x));
-          break;
-        }
-        case 'I': { auto line = readline(); push_int(line == "01" ? 1 : line == "00" ? 0 : std::stoll(line)); break; }
-        case 'G': {                               // big-endian double
-          const auto* b = reinterpret_cast<const uint8_t*>(bytes(8));
-          uint64_t x = 0;
-          for (int k = 0; k < 8; ++k) x = (x << 8) | b[k];
-          auto v = make(Kind::Float);
-          std::memcpy(&v->f, &x, 8);
-          push(v);
-          break;
-        }
-        case 'X': case 'B': case 'T': { uint32_t n; std::memcpy(&n, bytes(4), 4); push_str(bytes(n), n); break; }
-        case 0x8c: case 'C': case 'U': { size_t n = u8(); push_str(bytes(n), n); break; }
-        case 0x8d: case 0x8e: { uint64_t n; std::memcpy(&n, bytes(8), 8); push_str(bytes(n), n); break; }
-        case ')': push(make(Kind::Tuple)); break;
-        case 't': push(container(Kind::Tuple, pop_mark())); break;
-        case 0x85: case 0x86: case 0x87: {
-          const size_t n = op - 0x84u;
-          if (stack_.size() < n) fail("stack underflow");
-          std::vector<ValuePtr> xs(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
-          stack_.resize(stack_.size() - n);
-          push(container(Kind::Tuple, std::move(xs)));
-          break;
-        }
-        case ']': case 0x8f: push(make(Kind::List)); break;
-        case 'l': push(container(Kind::List, pop_mark())); break;
-        case 'a': { auto x = pop(); auto l = list_of(top()); nest(*l, x); charge(kSlot); l->items.push_back(x); break; }
-        case 'e': case 0x90: {
-          auto xs = pop_mark();
-          auto l = list_of(top());
-          charge(kSlot * xs.size());
-          for (auto& x : xs) nest(*l, x);
-          l->items.insert(l->items.end(), xs.begin(), xs.end());
-          break;
-        }
-        case '}': push(make(Kind::Dict)); break;
-        case 'd': { auto v = make(Kind::Dict); set_items(v, pop_mark()); push(v); break; }
-        case 's': { auto val = pop(); auto key = pop(); set_items(top(), {key, val}); break; }
-        case 'u': { auto xs = pop_mark(); set_items(top(), xs); break; }
-        case 'c': { auto module = readline(); auto name = readline(); push_global(module + "." + name); break; }
-        case 0x93: {                              // STACK_GLOBAL
-          auto name = pop(), module = pop();
-          push_global(module->s + "." + name->s);
-          break;
-        }
-        case 'R': { auto args = pop(); auto fn = pop(); push(reduce(fn, args)); break; }
-        case 0x81: { auto args = pop(); auto cls = pop(); auto v = container(Kind::Object, args->items); v->s = cls->s; push(v); break; }
-        case 'b': { auto state = pop(); build(top(), state); break; }
-        case 'q': put_memo(u8()); break;
-        case 'r': { uint32_t k; std::memcpy(&k, bytes(4), 4); put_memo(k); break; }
-        case 0x94: put_memo(memo_.size()); break;
-        case 'p': put_memo(std::stoull(readline())); break;
-        case 'h': push(memo(u8())); break;
-        case 'j': { uint32_t k; std::memcpy(&k, bytes(4), 4); push(memo(k)); break; }
-        case 'g': push(memo(std::stoull(readline()))); break;
-        case 'Q': push(persistent_load(pop())); break;
-        default: {
-          char buf[64];
-          std::snprintf(buf, sizeof buf, "unknown pickle opcode 0x%02x at byte %zu", op, pos_ - 1);
-          fail(buf);
-        }
+      if (op == '.') {  // STOP
+        if (stack_.size() != 1) fail("unbalanced stack at STOP");
+        return stack_.back();
+      }
+      if (!basic_op(op) && !container_op(op) && !object_op(op)) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "unknown pickle opcode 0x%02x at byte %zu", op, pos_ - 1);
+        fail(buf);
       }
     }
   }
 
  private:
+  // One opcode each; false for an opcode of another group. Framing, the
+  // stack and its marks, None, booleans, integers, floats and strings:
+  bool basic_op(uint8_t op) {
+    switch (op) {
+      case 0x80: u8(); break;                  // PROTO
+      case 0x95: bytes(8); break;              // FRAME
+      case '(': charge(sizeof(size_t)); marks_.push_back(stack_.size()); break;
+      case '0': pop(); break;
+      case '1': pop_mark(); break;
+      case '2': push(top()); break;
+      case 'N': push(make(Kind::None)); break;
+      case 0x88: case 0x89: { auto v = make(Kind::Bool); v->b = op == 0x88; push(v); break; }
+      case 'J': { int32_t x; std::memcpy(&x, bytes(4), 4); push_int(x); break; }
+      case 'K': push_int(u8()); break;
+      case 'M': { uint16_t x; std::memcpy(&x, bytes(2), 2); push_int(x); break; }
+      case 0x8a: {                              // LONG1: little-endian two's complement
+        const size_t n = u8();
+        const auto* b = reinterpret_cast<const uint8_t*>(bytes(n));
+        if (n > 8) fail("integer wider than 64 bits");
+        uint64_t x = 0;
+        for (size_t k = 0; k < n; ++k) x |= uint64_t(b[k]) << (8 * k);
+        if (n > 0 && n < 8 && (b[n - 1] & 0x80)) x |= ~uint64_t(0) << (8 * n);
+        push_int(static_cast<int64_t>(x));
+        break;
+      }
+      case 'I': { auto line = readline(); push_int(line == "01" ? 1 : line == "00" ? 0 : std::stoll(line)); break; }
+      case 'G': {                               // big-endian double
+        const auto* b = reinterpret_cast<const uint8_t*>(bytes(8));
+        uint64_t x = 0;
+        for (int k = 0; k < 8; ++k) x = (x << 8) | b[k];
+        auto v = make(Kind::Float);
+        std::memcpy(&v->f, &x, 8);
+        push(v);
+        break;
+      }
+      case 'X': case 'B': case 'T': { uint32_t n; std::memcpy(&n, bytes(4), 4); push_str(bytes(n), n); break; }
+      case 0x8c: case 'C': case 'U': { size_t n = u8(); push_str(bytes(n), n); break; }
+      case 0x8d: case 0x8e: { uint64_t n; std::memcpy(&n, bytes(8), 8); push_str(bytes(n), n); break; }
+      default: return false;
+    }
+    return true;
+  }
+
+  // Tuples, lists and dicts:
+  bool container_op(uint8_t op) {
+    switch (op) {
+      case ')': push(make(Kind::Tuple)); break;
+      case 't': push(container(Kind::Tuple, pop_mark())); break;
+      case 0x85: case 0x86: case 0x87: {
+        const size_t n = op - 0x84u;
+        if (stack_.size() < n) fail("stack underflow");
+        std::vector<ValuePtr> xs(stack_.end() - static_cast<std::ptrdiff_t>(n), stack_.end());
+        stack_.resize(stack_.size() - n);
+        push(container(Kind::Tuple, std::move(xs)));
+        break;
+      }
+      case ']': case 0x8f: push(make(Kind::List)); break;
+      case 'l': push(container(Kind::List, pop_mark())); break;
+      case 'a': { auto x = pop(); auto l = list_of(top()); nest(*l, x); charge(kSlot); l->items.push_back(x); break; }
+      case 'e': case 0x90: {
+        auto xs = pop_mark();
+        auto l = list_of(top());
+        charge(kSlot * xs.size());
+        for (auto& x : xs) nest(*l, x);
+        l->items.insert(l->items.end(), xs.begin(), xs.end());
+        break;
+      }
+      case '}': push(make(Kind::Dict)); break;
+      case 'd': { auto v = make(Kind::Dict); set_items(v, pop_mark()); push(v); break; }
+      case 's': { auto val = pop(); auto key = pop(); set_items(top(), {key, val}); break; }
+      case 'u': { auto xs = pop_mark(); set_items(top(), xs); break; }
+      default: return false;
+    }
+    return true;
+  }
+
+  // Globals, calls and objects, the memo, and persistent ids (storages):
+  bool object_op(uint8_t op) {
+    switch (op) {
+      case 'c': { auto module = readline(); auto name = readline(); push_global(module + "." + name); break; }
+      case 0x93: {                              // STACK_GLOBAL
+        auto name = pop(), module = pop();
+        push_global(module->s + "." + name->s);
+        break;
+      }
+      case 'R': { auto args = pop(); auto fn = pop(); push(reduce(fn, args)); break; }
+      case 0x81: { auto args = pop(); auto cls = pop(); auto v = container(Kind::Object, args->items); v->s = cls->s; push(v); break; }
+      case 'b': { auto state = pop(); build(top(), state); break; }
+      case 'q': put_memo(u8()); break;
+      case 'r': { uint32_t k; std::memcpy(&k, bytes(4), 4); put_memo(k); break; }
+      case 0x94: put_memo(memo_.size()); break;
+      case 'p': put_memo(std::stoull(readline())); break;
+      case 'h': push(memo(u8())); break;
+      case 'j': { uint32_t k; std::memcpy(&k, bytes(4), 4); push(memo(k)); break; }
+      case 'g': push(memo(std::stoull(readline()))); break;
+      case 'Q': push(persistent_load(pop())); break;
+      default: return false;
+    }
+    return true;
+  }
+
   // What one more reference to a value costs (a shared_ptr in a vector).
   static constexpr uint64_t kSlot = sizeof(ValuePtr);
 
