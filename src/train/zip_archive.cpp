@@ -104,65 +104,92 @@ Archive::Archive(const char* data, size_t size, std::string what) : data_(data),
   uint64_t p = cd_offset;
   entries_.reserve(static_cast<size_t>(count));
   for (uint64_t i = 0; i < count; ++i) {
-    const std::string nth = "central directory entry " + std::to_string(i);
-    if (!within(p, kCentralSize, cd_stop) || le(data_ + p, 4) != kCentralSig) fail(nth + " is damaged");
-    const char* c = data_ + p;
-    const uint64_t flags = le(c + 8, 2), method = le(c + 10, 2), name_len = le(c + 28, 2), extra_len = le(c + 30, 2),
-                   comment_len = le(c + 32, 2);
-    const uint64_t record = kCentralSize + name_len + extra_len + comment_len;
-    if (!within(p, record, cd_stop)) fail(nth + "'s name or extra field runs past the central directory");
-    Entry e;
-    e.name.assign(c + kCentralSize, name_len);
-    e.crc32 = static_cast<uint32_t>(le(c + 16, 4));
-    uint64_t csize = le(c + 20, 4), usize = le(c + 24, 4), local = le(c + 42, 4), disk = le(c + 34, 2);
-    // Zip64: the fields saturated in the fixed part follow in the extra field, in this order.
-    for (uint64_t x = 0; x + 4 <= extra_len;) {
-      const char* f = c + kCentralSize + name_len + x;
-      const uint64_t id = le(f, 2), len = le(f + 2, 2);
-      if (x + 4 + len > extra_len) fail("entry " + e.name + "'s extra field is damaged");
-      if (id == 0x0001) {
-        uint64_t at = 4;
-        for (uint64_t* field : {&usize, &csize, &local}) {
-          if (*field != 0xffffffff) continue;
-          if (at + 8 > 4 + len) fail("entry " + e.name + "'s zip64 field is too short");
-          *field = le(f + at, 8);
-          at += 8;
-        }
-      }
-      x += 4 + len;
-    }
-    p += record;
-
-    const std::string entry = "entry " + e.name;
-    if (!names.insert(e.name).second) fail("two entries named " + e.name);
-    if (flags & 0x41) fail(entry + " is encrypted");
-    if (disk != 0) fail(entry + " is on another disk");
-    if (method != 0 && method != 8)
-      fail(entry + " is compressed with method " + std::to_string(method) +
-           "; PyTorch stores entries uncompressed (LibTorch deflates code), so another tool re-packed the file: load "
-           "it in Python and save it again with torch.save");
-    if (method == 0 && csize != usize) fail(entry + " is stored but its compressed and uncompressed sizes differ");
-    if (method == 8 && usize / 1032 > csize + 1)  // deflate's best ratio is about 1032:1
-      fail(entry + " claims to inflate " + std::to_string(csize) + " bytes to " + std::to_string(usize));
-    // The local header and the bytes after it come before the central directory.
-    if (!within(local, kLocalSize, cd_offset) || le(data_ + local, 4) != kLocalSig)
-      fail(entry + "'s local header offset " + std::to_string(local) + " is outside the file or points at no header");
-    const char* h = data_ + local;
-    const uint64_t local_name = le(h + 26, 2), local_extra = le(h + 28, 2);
-    if (!within(local + kLocalSize, local_name, cd_offset) ||
-        std::string(h + kLocalSize, local_name) != e.name || le(h + 8, 2) != method)
-      fail(entry + "'s local header belongs to another entry or is damaged");
-    e.data_offset = local + kLocalSize + local_name + local_extra;
-    e.size = usize;
-    e.compressed_size = csize;
-    e.method = static_cast<uint16_t>(method);
-    if (!within(e.data_offset, csize, cd_offset))
-      fail(entry + "'s " + std::to_string(csize) + " bytes at offset " + std::to_string(e.data_offset) +
-           " run past the end of the data");
-    entries_.push_back(std::move(e));
+    CentralRecord r = read_central_record(p, i, cd_stop);
+    if (!names.insert(r.entry.name).second) fail("two entries named " + r.entry.name);
+    entries_.push_back(checked_entry(std::move(r), cd_offset));
   }
-  // What inflating may take: PyTorch deflates only small code files, so a
-  // few times the file (and at least 64 MiB) is plenty; a zip bomb is not.
+  check_inflated_total();
+  verified_.assign(entries_.size(), false);
+  inflated_.resize(entries_.size());
+  if (!entries_.empty()) {
+    const auto slash = entries_[0].name.find('/');
+    if (slash != std::string::npos) prefix_ = entries_[0].name.substr(0, slash + 1);
+  }
+}
+
+// The i-th record, at p; p moves past it.
+Archive::CentralRecord Archive::read_central_record(uint64_t& p, uint64_t i, uint64_t cd_stop) const {
+  const std::string nth = "central directory entry " + std::to_string(i);
+  if (!within(p, kCentralSize, cd_stop) || le(data_ + p, 4) != kCentralSig) fail(nth + " is damaged");
+  const char* c = data_ + p;
+  CentralRecord r;
+  r.flags = le(c + 8, 2);
+  r.method = le(c + 10, 2);
+  const uint64_t name_len = le(c + 28, 2), extra_len = le(c + 30, 2), comment_len = le(c + 32, 2);
+  const uint64_t record = kCentralSize + name_len + extra_len + comment_len;
+  if (!within(p, record, cd_stop)) fail(nth + "'s name or extra field runs past the central directory");
+  Entry& e = r.entry;
+  e.name.assign(c + kCentralSize, name_len);
+  e.crc32 = static_cast<uint32_t>(le(c + 16, 4));
+  r.csize = le(c + 20, 4);
+  r.usize = le(c + 24, 4);
+  r.local = le(c + 42, 4);
+  r.disk = le(c + 34, 2);
+  // Zip64: the fields saturated in the fixed part follow in the extra field, in this order.
+  for (uint64_t x = 0; x + 4 <= extra_len;) {
+    const char* f = c + kCentralSize + name_len + x;
+    const uint64_t id = le(f, 2), len = le(f + 2, 2);
+    if (x + 4 + len > extra_len) fail("entry " + e.name + "'s extra field is damaged");
+    if (id == 0x0001) {
+      uint64_t at = 4;
+      for (uint64_t* field : {&r.usize, &r.csize, &r.local}) {
+        if (*field != 0xffffffff) continue;
+        if (at + 8 > 4 + len) fail("entry " + e.name + "'s zip64 field is too short");
+        *field = le(f + at, 8);
+        at += 8;
+      }
+    }
+    x += 4 + len;
+  }
+  p += record;
+  return r;
+}
+
+// The entry, once its method, sizes and local header check out.
+Entry Archive::checked_entry(CentralRecord r, uint64_t cd_offset) const {
+  Entry e = std::move(r.entry);
+  const uint64_t method = r.method, csize = r.csize, usize = r.usize, local = r.local;
+  const std::string entry = "entry " + e.name;
+  if (r.flags & 0x41) fail(entry + " is encrypted");
+  if (r.disk != 0) fail(entry + " is on another disk");
+  if (method != 0 && method != 8)
+    fail(entry + " is compressed with method " + std::to_string(method) +
+         "; PyTorch stores entries uncompressed (LibTorch deflates code), so another tool re-packed the file: load "
+         "it in Python and save it again with torch.save");
+  if (method == 0 && csize != usize) fail(entry + " is stored but its compressed and uncompressed sizes differ");
+  if (method == 8 && usize / 1032 > csize + 1)  // deflate's best ratio is about 1032:1
+    fail(entry + " claims to inflate " + std::to_string(csize) + " bytes to " + std::to_string(usize));
+  // The local header and the bytes after it come before the central directory.
+  if (!within(local, kLocalSize, cd_offset) || le(data_ + local, 4) != kLocalSig)
+    fail(entry + "'s local header offset " + std::to_string(local) + " is outside the file or points at no header");
+  const char* h = data_ + local;
+  const uint64_t local_name = le(h + 26, 2), local_extra = le(h + 28, 2);
+  if (!within(local + kLocalSize, local_name, cd_offset) ||
+      std::string(h + kLocalSize, local_name) != e.name || le(h + 8, 2) != method)
+    fail(entry + "'s local header belongs to another entry or is damaged");
+  e.data_offset = local + kLocalSize + local_name + local_extra;
+  e.size = usize;
+  e.compressed_size = csize;
+  e.method = static_cast<uint16_t>(method);
+  if (!within(e.data_offset, csize, cd_offset))
+    fail(entry + "'s " + std::to_string(csize) + " bytes at offset " + std::to_string(e.data_offset) +
+         " run past the end of the data");
+  return e;
+}
+
+// What inflating may take: PyTorch deflates only small code files, so a
+// few times the file (and at least 64 MiB) is plenty; a zip bomb is not.
+void Archive::check_inflated_total() const {
   uint64_t inflated = 0;
   const Entry* largest = nullptr;
   for (const auto& e : entries_)
@@ -176,12 +203,6 @@ Archive::Archive(const char* data, size_t size, std::string what) : data_(data),
          " bytes) would inflate to " + std::to_string(inflated) + " bytes, more than " +
          std::to_string(limit) + " for a file of " + std::to_string(size_) +
          " bytes; PyTorch stores tensor data uncompressed, so this is not a file it wrote");
-  verified_.assign(entries_.size(), false);
-  inflated_.resize(entries_.size());
-  if (!entries_.empty()) {
-    const auto slash = entries_[0].name.find('/');
-    if (slash != std::string::npos) prefix_ = entries_[0].name.substr(0, slash + 1);
-  }
 }
 
 std::string Archive::inflate(const Entry& e) const {

@@ -64,6 +64,15 @@ class Archive {
   [[noreturn]] void fail(const std::string& why) const;
   std::string inflate(const Entry& e) const;
   void read_end_record(uint64_t& count, uint64_t& cd_offset, uint64_t& cd_size, uint64_t& cd_end) const;
+  // One record of the central directory as it stands (its zip64 fields
+  // filled in), before its checks: `entry` has its name and CRC-32.
+  struct CentralRecord {
+    Entry entry;
+    uint64_t flags, method, csize, usize, local, disk;
+  };
+  CentralRecord read_central_record(uint64_t& p, uint64_t i, uint64_t cd_stop) const;
+  Entry checked_entry(CentralRecord r, uint64_t cd_offset) const;
+  void check_inflated_total() const;
 
   const char* data_;
   size_t size_;
