@@ -67,7 +67,7 @@
 #endif
 #include "ddp/parallel/default_hooks.h"
 #include "ddp/parallel/powersgd_hook.h"
-#include "byte_counting_group.h"
+#include "../tests/support/fake_process_group.h"
 #include "lenet_bench_args.h"
 #include "models.h"
 #include "rss.h"
@@ -193,7 +193,7 @@ struct Trainer {
   double elapsed_ms = 0, proc_cpu_ms = 0, main_cpu_ms = 0;
   long minor_faults = 0;  // page faults of the whole process during timed steps
   // --hook: bytes the hook handed to all-reduce since the last step began.
-  std::shared_ptr<int64_t> hook_bytes = std::make_shared<int64_t>(0);
+  std::shared_ptr<ddp::testing::CollectiveCounts> hook_counts = std::make_shared<ddp::testing::CollectiveCounts>();
   int64_t hook_bytes_last = 0;
   int timed = 0;
   int warmup_steps = 0;
@@ -220,7 +220,7 @@ struct Trainer {
       if (a.hook == "powersgd") {
         // PowerSGD's collectives are its own (the uncompressed gradients, P,
         // Q): a group that counts their bytes sees what it sends.
-        auto counting = std::make_shared<bench::ByteCountingGroup>(pg, hook_bytes);
+        auto counting = std::make_shared<ddp::testing::CountingGroup>(pg, hook_counts);
         model->register_comm_hook(
             ddp::hooks::PowerSGDState(
                 counting, ddp::hooks::PowerSGDOptions().matrix_approximation_rank(a.powersgd_rank).start_powerSGD_iter(2)),
@@ -229,10 +229,10 @@ struct Trainer {
         // Counts what each bucket sends: the bucket's size for allreduce_hook,
         // its float16 copy (2 bytes an element) for fp16_compress_hook.
         const bool fp16 = a.hook == "fp16";
-        model->register_comm_hook(pg, [fp16, counter = hook_bytes](const std::shared_ptr<ddp::ProcessGroup>& g,
+        model->register_comm_hook(pg, [fp16, counter = hook_counts](const std::shared_ptr<ddp::ProcessGroup>& g,
                                                                     ddp::GradBucket& bucket) {
           const auto& buf = bucket.buffer();
-          *counter += buf.numel() * (fp16 ? 2 : buf.element_size());
+          counter->allreduced_bytes += buf.numel() * (fp16 ? 2 : buf.element_size());
           return fp16 ? ddp::hooks::fp16_compress_hook(g, bucket) : ddp::hooks::allreduce_hook(g, bucket);
         });
       }
@@ -262,7 +262,7 @@ struct Trainer {
     }
     auto t0 = Clock::now();
     opt->zero_grad();
-    *hook_bytes = 0;
+    hook_counts->allreduced_bytes = 0;
     torch::Tensor loss;
     {
       ddp::Autocast autocast(x.device().type(), amp == "fp16" ? torch::kHalf : torch::kBFloat16, amp != "none");
@@ -296,7 +296,7 @@ struct Trainer {
     }
     auto t4 = Clock::now();
     last_loss = loss.detach();
-    hook_bytes_last = *hook_bytes;
+    hook_bytes_last = hook_counts->allreduced_bytes;
     if (record) {
       auto d = [](auto s, auto e) { return std::chrono::duration<double, std::milli>(e - s).count(); };
       fwd.push_back(d(t0, t1));

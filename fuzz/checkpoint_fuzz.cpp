@@ -8,11 +8,11 @@
 #include "code_sentinel.h"
 #include "ddp/train/checkpoint.h"
 #include "fuzz_input.h"
-#include "solo_group.h"
+#include "../tests/support/fake_process_group.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
-  ddp::fuzz::SoloGroup pg;
+  ddp::testing::FakeGroup pg;
   torch::nn::Linear model(2, 3);
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   try {

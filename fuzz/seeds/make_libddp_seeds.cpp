@@ -9,7 +9,7 @@
 
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/state_dict.h"
-#include "solo_group.h"
+#include "../../tests/support/fake_process_group.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   model->forward(torch::ones({1, 2})).sum().backward();
   optimizer.step();
-  ddp::fuzz::SoloGroup pg;
+  ddp::testing::FakeGroup pg;
   ddp::TrainState state;
   state.epoch = 2;
   state.step = 10;

@@ -19,7 +19,7 @@
 #include "ddp/parallel/distributed_sampler.h"
 #include "ddp/parallel/join.h"
 #include "ddp/parallel/powersgd_hook.h"
-#include "ddp/parallel/reducer.h"
+#include "ddp/parallel/reducer_stats.h"
 
 // observe/: timeline, logging data
 #include "ddp/observe/logging_data.h"

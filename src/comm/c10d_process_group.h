@@ -11,6 +11,7 @@
 
 #include "ddp/comm/process_group.h"
 #include "comm/c10d_compat.h"
+#include "comm/work_handle.h"
 
 namespace ddp::detail {
 
@@ -39,7 +40,7 @@ class C10dProcessGroup final : public ProcessGroup {
   Work broadcast(at::Tensor& tensor, int root) override;
   std::vector<at::Tensor> allgather(const at::Tensor& tensor) override;
   void barrier() override;
-  c10::intrusive_ptr<c10d::Store> store() const override { return store_; }
+  std::shared_ptr<StoreHandle> store() const override { return std::make_shared<StoreHandle>(store_); }
 
   Work collective(const CollectiveCall& call) override;
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,

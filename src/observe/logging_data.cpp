@@ -6,7 +6,7 @@
 #include <set>
 #include <sstream>
 
-#include "ddp/parallel/distributed_data_parallel.h"
+#include "parallel/ddp_internals.h"
 
 namespace ddp {
 
@@ -37,14 +37,10 @@ std::string DDPLoggingData::to_json() const {
   return out + "\n}\n";
 }
 
-// What PyTorch's Logger::set_construction_data_and_log records.
-void DistributedDataParallelBase::record_construction_logging_data(const std::vector<at::Tensor>& params) {
-  const torch::nn::Module& module = *module_;
-  const ProcessGroup& pg = *pg_;
-  const DistributedDataParallelOptions& options = options_;
-  const ReducerStats& initial = reducer_->stats();
-  DDPLoggingData& d = logging_data_;
-  d = DDPLoggingData();
+DDPLoggingData detail::construction_logging_data(const torch::nn::Module& module, const ProcessGroup& pg,
+                                                 const DistributedDataParallelOptions& options,
+                                                 const std::vector<at::Tensor>& params, const ReducerStats& initial) {
+  DDPLoggingData d;
   d.strs_map["module_name"] = module.name();
   d.ints_map["world_size"] = pg.size();
   d.ints_map["rank"] = pg.rank();
@@ -89,14 +85,16 @@ void DistributedDataParallelBase::record_construction_logging_data(const std::ve
   d.ints_map["static_graph"] = options.static_graph();
   d.strs_map["backend_name"] = pg.backend_name();
   d.ints_map["iteration"] = 0;
+  return d;
 }
 
 DDPLoggingData DistributedDataParallelBase::get_ddp_logging_data() const {
-  DDPLoggingData d = logging_data_;
-  const ReducerStats& s = reducer_->stats();
+  const Reducer& reducer = *internals_->reducer;
+  DDPLoggingData d = internals_->logging_data;
+  const ReducerStats& s = reducer.stats();
   d.ints_map["iteration"] = s.iterations;
-  d.strs_map["comm_hook"] = reducer_->has_comm_hook() ? "registered" : "";
-  d.ints_map["join_uneven_inputs"] = joined_up_;
+  d.strs_map["comm_hook"] = reducer.has_comm_hook() ? "registered" : "";
+  d.ints_map["join_uneven_inputs"] = internals_->joined_up;
   d.ints_map["num_buckets"] = static_cast<int64_t>(s.num_buckets);
   // PyTorch 2.x's: the buckets the last synchronised step reduced. We reduce
   // every bucket (2.x's skip_all_reduce_unused_params is not ours), so all of
@@ -118,7 +116,7 @@ DDPLoggingData DistributedDataParallelBase::get_ddp_logging_data() const {
   d.ints_map["has_rebuilt_buckets"] = s.buckets_rebuilt;
   if (s.buckets_rebuilt || options_.bucket_cap_auto()) {
     std::vector<std::string> per_bucket;
-    for (const auto& b : reducer_->bucket_indices()) per_bucket.push_back(joined(b, " "));
+    for (const auto& b : reducer.bucket_indices()) per_bucket.push_back(joined(b, " "));
     d.strs_map["rebuilt_bucket_sizes"] = joined(s.bucket_bytes);
     d.strs_map["rebuilt_per_bucket_param_indices"] = joined(per_bucket);
   }

@@ -1,11 +1,11 @@
 #include "observe/stall_inspector.h"
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdlib>
 #include <iostream>
 #include <sstream>
 
+#include "comm/work_handle.h"
 #include "runtime/parse_number.h"
 #include "usage_check.h"
 #include "runtime/steady_clock.h"
@@ -87,7 +87,8 @@ void StallInspector::run() {
 
 void StallInspector::post(int64_t step, int launched) {
   posted_step_ = step;
-  auto store = pg_->store();
+  const auto handle = pg_->store();
+  c10d::Store* store = handle ? &**handle : nullptr;
   if (!store) return;
   const std::string value = std::to_string(step) + " " + std::to_string(launched);
   store->set(prefix_ + std::to_string(pg_->rank()), std::vector<uint8_t>(value.begin(), value.end()));
@@ -98,7 +99,8 @@ void StallInspector::report(int64_t step, int bucket, int64_t waited_ms) {
   reported_bucket_ = bucket;
   std::ostringstream behind, seen;
   int missing = 0;
-  auto store = pg_->store();
+  const auto handle = pg_->store();
+  c10d::Store* store = handle ? &**handle : nullptr;
   if (store) {
     for (int r = 0; r < pg_->size(); ++r) {
       if (r == pg_->rank()) continue;

@@ -35,6 +35,12 @@ CommFuture CommFuture::then(std::function<at::Tensor(const at::Tensor&)> fn) && 
   return std::move(*this);
 }
 
+bool CommFuture::on_complete(std::function<void()> fn) {
+  TORCH_CHECK(state_, "CommFuture::on_complete on an empty future");
+  if (state_->done || !state_->continuations.empty() || !state_->work.valid()) return false;
+  return state_->work.on_complete(std::move(fn));
+}
+
 at::Tensor CommFuture::wait() {
   TORCH_CHECK(state_, "CommFuture::wait on an empty future");
   if (!state_->done) {

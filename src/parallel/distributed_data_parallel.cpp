@@ -1,5 +1,7 @@
 #include "ddp/parallel/distributed_data_parallel.h"
 
+#include "parallel/ddp_internals.h"
+
 #include "ddp/runtime/malloc_tuning.h"
 #include "ddp/comm/object_collectives.h"
 #include "comm/before_shutdown.h"
@@ -188,14 +190,14 @@ void write_timeline(Timeline& timeline, int rank) noexcept {
 DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module,
                                                          std::shared_ptr<ProcessGroup> pg,
                                                          DistributedDataParallelOptions options)
-    : module_(std::move(module)), pg_(std::move(pg)), options_(options) {
+    : module_(std::move(module)), pg_(std::move(pg)), options_(options), internals_(std::make_unique<Internals>()) {
   check_usage(module_ != nullptr, "DistributedDataParallel: the module is null");
   check_usage(pg_ != nullptr, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
+  Internals& d = *internals_;
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
-  std::vector<at::Tensor> state;
   for (const auto& [name, p] : unique_named(module_->named_parameters(true))) {
-    state.push_back(p);
+    d.state.push_back(p);
     if (p.requires_grad()) {
       params.push_back(p);
       names.push_back(name);
@@ -204,45 +206,48 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   check_usage(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
   refuse_sparse_gradients(*module_, pg_->rank());
-  for (const auto& [name, b] : unique_named(module_->named_buffers(true))) buffers_.push_back(b);
-  state.insert(state.end(), buffers_.begin(), buffers_.end());
-  state_ = state;
+  for (const auto& [name, b] : unique_named(module_->named_buffers(true))) d.buffers.push_back(b);
+  d.state.insert(d.state.end(), d.buffers.begin(), d.buffers.end());
 
   const bool reducer_params_are_cpu = params.front().is_cpu();
   if (reducer_params_are_cpu) {
     fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
   }
   verify_same_model(*module_, *pg_);
-  broadcast_coalesced(*pg_, state, 0);
+  broadcast_coalesced(*pg_, d.state, 0);
   // Models with large gradients are left alone: the heap would keep the holes
   // their gradient-sized temporaries leave (docs/performance.md, "Where the
   // memory goes"), and their steps are long enough not to notice the faults.
-  step_memory_pending_ = options_.retain_step_memory() && reducer_params_are_cpu &&
-                         largest_megabytes(params) < kLargeGradientMb;
+  d.step_memory_pending = options_.retain_step_memory() && reducer_params_are_cpu &&
+                          largest_megabytes(params) < kLargeGradientMb;
   const std::vector<at::Tensor> reduced = params;
-  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
+  d.reducer = std::make_unique<Reducer>(std::move(params), std::move(names), pg_, options_);
   // A parameter without a gradient: the error names the cause when the module shows it.
-  reducer_->set_no_gradient_advice([weak = std::weak_ptr<torch::nn::Module>(module_)](const auto& missing) {
+  d.reducer->set_no_gradient_advice([weak = std::weak_ptr<torch::nn::Module>(module_)](const auto& missing) {
     const auto module = weak.lock();
     return module ? detail::no_gradient_advice(*module, missing) : std::string();
   });
   detail::warn_about_tied_weights(*module_, pg_->rank());
-  record_construction_logging_data(reduced);
+  d.logging_data = detail::construction_logging_data(*module_, *pg_, options_, reduced, d.reducer->stats());
+  start_timeline();
+}
+
+// The job's timeline when DDP_TIMELINE asks for one, fed by the reducer.
+void DistributedDataParallelBase::start_timeline() {
   timeline_ = timeline_from_env(pg_);
-  if (timeline_) {
-    reducer_->set_timeline(timeline_);
-    // Gathering the timeline is collective: when the group shuts down
-    // (destroy_process_group(), or the program's exit) with this DDP still
-    // alive, it is written then, while every rank still has the group.
-    detail::before_shutdown(pg_, [weak = std::weak_ptr<Timeline>(timeline_), rank = pg_->rank()] {
-      if (auto timeline = weak.lock()) write_timeline(*timeline, rank);
-    });
-  }
+  if (!timeline_) return;
+  internals_->reducer->set_timeline(timeline_);
+  // Gathering the timeline is collective: when the group shuts down
+  // (destroy_process_group(), or the program's exit) with this DDP still
+  // alive, it is written then, while every rank still has the group.
+  detail::before_shutdown(pg_, [weak = std::weak_ptr<Timeline>(timeline_), rank = pg_->rank()] {
+    if (auto timeline = weak.lock()) write_timeline(*timeline, rank);
+  });
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() {
   if (!timeline_) return;
-  reducer_->set_timeline(nullptr);
+  internals_->reducer->set_timeline(nullptr);
   // Gathering is collective: while an exception unwinds, the other ranks may
   // not come, so this rank keeps its own part instead.
   if (std::uncaught_exceptions() > 0) {
@@ -252,94 +257,120 @@ DistributedDataParallelBase::~DistributedDataParallelBase() {
   write_timeline(*timeline_, pg_->rank());
 }
 
-void DistributedDataParallelBase::pre_forward() {
-  // Forward passes that build no graph (evaluation under NoGradGuard) do no
-  // communication at all, so rank-0-only evaluation through the wrapper works.
-  if (!torch::GradMode::is_enabled()) return;
-  if (timeline_) forward_start_us_ = timeline_->now_us();
-  // Under ddp::Join, PyTorch's order: count the ranks still training, the
-  // rebuild, buffers from the highest rank still training, whether backward
-  // synchronises; joined ranks answer each (join_main_hook).
-  const bool joined_up = join_config().enable;
-  // Outside Join this clears the last Join's count, so it cannot divide later backwards.
-  reducer_->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !divide_by_initial_world_size_);
-  reducer_->prepare_for_forward();
-  // As PyTorch: buffers follow rank 0 before a forward that follows a
-  // synchronised one, so once per gradient-accumulation cycle.
-  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
-    broadcast_coalesced(*pg_, buffers_, joined_up ? find_common_rank(true) : 0);
-  if (joined_up) {
-    auto requires_sync =
-        torch::full({1}, reducer_->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
-    join_sync_work_ = pg_->allreduce(requires_sync);
-  }
-  if (step_memory_pending_) bytes_before_first_forward_ = malloc_bytes_in_use();
+const ReducerStats& DistributedDataParallelBase::stats() const { return internals_->reducer->stats(); }
+
+void DistributedDataParallelBase::install_comm_hook(CommHook hook) {
+  internals_->reducer->register_comm_hook(std::move(hook));
 }
 
-void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
-  if (!torch::GradMode::is_enabled()) return;
-  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", forward_start_us_, timeline_->now_us());
-  join_sync_work_.wait();
-  join_sync_work_ = Work();
-  require_forward_param_sync_ = reducer_->sync();
-  if (step_memory_pending_) {
-    // The forward's activations are all alive now: what they take tells
-    // whether the step is small enough for glibc to keep
-    // (ddp/runtime/malloc_tuning.h says why it needs to be told).
-    step_memory_pending_ = false;
-    const std::size_t now = malloc_bytes_in_use();
-    if (now > bytes_before_first_forward_) retain_step_memory(now - bytes_before_first_forward_);
-  }
-  reducer_->prepare_for_backward(outputs);
+DistributedDataParallelBase::NoSyncGuard::NoSyncGuard(DistributedDataParallelBase& ddp)
+    : ddp_(&ddp), previous_(ddp.internals_->reducer->sync()) {
+  ddp.internals_->reducer->set_sync(false);
 }
 
-// ---- ddp::Join ----------------------------------------------------------------
-
-// As PyTorch's _DDPJoinHook.
-class DDPJoinHook : public JoinHook {
- public:
-  explicit DDPJoinHook(DistributedDataParallelBase& ddp) : ddp_(ddp) {}
-  void main_hook() override { ddp_.join_main_hook(); }
-  void post_hook(bool is_last_joiner) override { ddp_.join_post_hook(is_last_joiner); }
-
- private:
-  DistributedDataParallelBase& ddp_;
-};
-
-std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
-  joined_up_ = true;
-  divide_by_initial_world_size_ = options.divide_by_initial_world_size();
-  return std::make_unique<DDPJoinHook>(*this);
+DistributedDataParallelBase::NoSyncGuard::~NoSyncGuard() {
+  if (ddp_) ddp_->internals_->reducer->set_sync(previous_);
 }
+
+namespace {
 
 // The highest rank among the candidates, agreed by all (PyTorch's
 // _find_common_rank, a MAX all-reduce; our group sums only, so an allgather).
-int DistributedDataParallelBase::find_common_rank(bool candidate) {
-  auto mine = torch::full({1}, candidate ? pg_->rank() : -1,
-                          torch::TensorOptions().dtype(torch::kInt64).device(pg_->device()));
+int find_common_rank(ProcessGroup& pg, bool candidate) {
+  auto mine = torch::full({1}, candidate ? pg.rank() : -1,
+                          torch::TensorOptions().dtype(torch::kInt64).device(pg.device()));
   int64_t common = -1;
-  for (const auto& t : pg_->allgather(mine)) common = std::max(common, t.item<int64_t>());
-  TORCH_CHECK(common >= 0, "rank ", pg_->rank(),
+  for (const auto& t : pg.allgather(mine)) common = std::max(common, t.item<int64_t>());
+  TORCH_CHECK(common >= 0, "rank ", pg.rank(),
               ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
   return static_cast<int>(common);
 }
 
-// One iteration of the ranks still training, as this rank's collectives.
-void DistributedDataParallelBase::join_main_hook() {
-  reducer_->join_shadow_forward();
-  if (options_.broadcast_buffers() && !buffers_.empty() && require_forward_param_sync_)
-    broadcast_coalesced(*pg_, buffers_, find_common_rank(false));
-  auto requires_sync = torch::zeros({1}, torch::TensorOptions().device(pg_->device()));
-  pg_->allreduce(requires_sync).wait();
-  const bool should_sync = requires_sync.item<float>() != 0;
-  // A forward that skips sync (no_sync) skips the next buffer broadcast too.
-  require_forward_param_sync_ = should_sync;
-  if (should_sync) reducer_->join_shadow_backward();
+}  // namespace
+
+void DistributedDataParallelBase::pre_forward() {
+  // Forward passes that build no graph (evaluation under NoGradGuard) do no
+  // communication at all, so rank-0-only evaluation through the wrapper works.
+  if (!torch::GradMode::is_enabled()) return;
+  Internals& d = *internals_;
+  if (timeline_) d.forward_start_us = timeline_->now_us();
+  // Under ddp::Join, PyTorch's order: count the ranks still training, the
+  // rebuild, buffers from the highest rank still training, whether backward
+  // synchronises; joined ranks answer each (DDPJoinHook::main_hook).
+  const bool joined_up = join_config().enable;
+  // Outside Join this clears the last Join's count, so it cannot divide later backwards.
+  d.reducer->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !d.divide_by_initial_world_size);
+  d.reducer->prepare_for_forward();
+  // As PyTorch: buffers follow rank 0 before a forward that follows a
+  // synchronised one, so once per gradient-accumulation cycle.
+  if (options_.broadcast_buffers() && !d.buffers.empty() && d.require_forward_param_sync)
+    broadcast_coalesced(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
+  if (joined_up) {
+    auto requires_sync =
+        torch::full({1}, d.reducer->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
+    d.join_sync_work = pg_->allreduce(requires_sync);
+  }
+  if (d.step_memory_pending) d.bytes_before_first_forward = malloc_bytes_in_use();
 }
 
-// Every rank takes the model of the highest rank among the last to finish.
-void DistributedDataParallelBase::join_post_hook(bool is_last_joiner) {
-  broadcast_coalesced(*pg_, state_, find_common_rank(is_last_joiner));
+void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (!torch::GradMode::is_enabled()) return;
+  Internals& d = *internals_;
+  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", d.forward_start_us, timeline_->now_us());
+  d.join_sync_work.wait();
+  d.join_sync_work = Work();
+  d.require_forward_param_sync = d.reducer->sync();
+  if (d.step_memory_pending) {
+    // The forward's activations are all alive now: what they take tells
+    // whether the step is small enough for glibc to keep
+    // (ddp/runtime/malloc_tuning.h says why it needs to be told).
+    d.step_memory_pending = false;
+    const std::size_t now = malloc_bytes_in_use();
+    if (now > d.bytes_before_first_forward) retain_step_memory(now - d.bytes_before_first_forward);
+  }
+  d.reducer->prepare_for_backward(outputs);
+}
+
+// ---- ddp::Join ----------------------------------------------------------------
+
+namespace {
+
+// As PyTorch's _DDPJoinHook.
+class DDPJoinHook : public JoinHook {
+ public:
+  DDPJoinHook(DistributedDataParallelBase& ddp, ProcessGroup& pg)
+      : ddp_(ddp), d_(internals_of(ddp)), pg_(pg) {}
+
+  // One iteration of the ranks still training, as this rank's collectives.
+  void main_hook() override {
+    d_.reducer->join_shadow_forward();
+    if (ddp_.options().broadcast_buffers() && !d_.buffers.empty() && d_.require_forward_param_sync)
+      broadcast_coalesced(pg_, d_.buffers, find_common_rank(pg_, false));
+    auto requires_sync = torch::zeros({1}, torch::TensorOptions().device(pg_.device()));
+    pg_.allreduce(requires_sync).wait();
+    const bool should_sync = requires_sync.item<float>() != 0;
+    // A forward that skips sync (no_sync) skips the next buffer broadcast too.
+    d_.require_forward_param_sync = should_sync;
+    if (should_sync) d_.reducer->join_shadow_backward();
+  }
+
+  // Every rank takes the model of the highest rank among the last to finish.
+  void post_hook(bool is_last_joiner) override {
+    broadcast_coalesced(pg_, d_.state, find_common_rank(pg_, is_last_joiner));
+  }
+
+ private:
+  DistributedDataParallelBase& ddp_;
+  DistributedDataParallelBase::Internals& d_;
+  ProcessGroup& pg_;
+};
+
+}  // namespace
+
+std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
+  internals_->joined_up = true;
+  internals_->divide_by_initial_world_size = options.divide_by_initial_world_size();
+  return std::make_unique<DDPJoinHook>(*this, *pg_);
 }
 
 }  // namespace ddp

@@ -55,7 +55,7 @@ void Join::finish() {
   if (finished_) return;
   finished_ = true;
   // Outside the loop the joinables go back to plain behaviour (PyTorch leaves
-  // them configured; see docs/design.md).
+  // them configured; see docs/reducer.md, "Join").
   struct Reset {
     Join* self;
     ~Reset() { self->reset_configs(); }

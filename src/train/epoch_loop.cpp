@@ -1,5 +1,7 @@
 #include "ddp/train/epoch_loop.h"
 
+#include "train/epoch_checks.h"
+
 #include "runtime/atomic_file.h"
 
 #include <unistd.h>

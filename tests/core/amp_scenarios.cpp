@@ -40,7 +40,7 @@ struct AmpNetImpl : torch::nn::Module {
   // runs addmm(bias, x, weight.t()), which under autocast casts the bias
   // before the weight, so the gradients become ready in another order than
   // in PyTorch, DDP rebuilds other buckets, and at 3 ranks Gloo sums some
-  // values in another order (last-bit differences; docs/design.md).
+  // values in another order (last-bit differences; docs/syncbn_zero_amp.md).
   torch::Tensor forward(torch::Tensor x) {
     auto h = torch::linear(x, l1->weight, l1->bias);
     if (bn) h = bn(h);

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "ddp/parallel/reducer.h"
+#include "ddp/parallel/ddp_options.h"
+#include "parallel/reducer/bucket_assignment.h"
 
 using Buckets = std::vector<std::vector<size_t>>;
 

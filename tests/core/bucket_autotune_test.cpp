@@ -2,30 +2,12 @@
 // visits, the warm-up steps, and that the slowest rank's medians decide.
 #include <gtest/gtest.h>
 
+#include "../support/fake_process_group.h"
 #include "parallel/reducer/bucket_autotune.h"
 
 namespace {
 
 using Next = ddp::BucketAutotune::Next;
-
-// Rank 0 of a two-rank group whose other rank reported `other`: allgather
-// returns this rank's tensor and that one.
-class PeerReported final : public ddp::ProcessGroup {
- public:
-  explicit PeerReported(std::vector<float> other) : other_(torch::tensor(other)) {}
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  std::string backend_name() const override { return "fake"; }
-  torch::Device device() const override { return torch::kCPU; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
-  ddp::Work allreduce(at::Tensor&) override { return {}; }
-  ddp::Work broadcast(at::Tensor&, int) override { return {}; }
-  std::vector<at::Tensor> allgather(const at::Tensor& t) override { return {t.clone(), other_}; }
-  void barrier() override {}
-
- private:
-  at::Tensor other_;
-};
 
 }  // namespace
 
@@ -56,7 +38,9 @@ TEST(BucketAutotune, TheSlowestRanksMedianDecides) {
   // This rank: cap 1 costs 10 (warm-up 999 ignored), cap 25 costs 20.
   for (double ms : {999.0, 10.0, 999.0, 20.0, 20.0, 999.0, 10.0}) tune.after_step(ms);
   ASSERT_EQ(tune.current_cap_mb(), 1);
-  PeerReported peer({30.0f, 25.0f});  // the other rank: cap 1 costs 30, cap 25 costs 25
+  // Rank 0 of two; the other rank reports: cap 1 costs 30, cap 25 costs 25.
+  ddp::testing::FakeGroup peer(0, 2);
+  peer.peers_report({torch::tensor({30.0f, 25.0f})});
   EXPECT_EQ(tune.agree(peer), 25);
   EXPECT_TRUE(tune.done());
   EXPECT_EQ(tune.current_cap_mb(), 25);

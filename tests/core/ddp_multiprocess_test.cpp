@@ -297,7 +297,7 @@ TEST(DDPMalloc, EnvironmentChoosesAndRejectsANonNumber) {
   for (const auto& r : bad) ASSERT_EQ(r.exit_code, 0) << describe(bad);
 }
 
-// Issue 10's slow regime: with gradients as bucket views nothing kept glibc
+// The small-model slow regime: with gradients as bucket views nothing kept glibc
 // from returning a step's heap at its end, and every step faulted it back in.
 TEST(DDPMalloc, AStepDoesNotFaultItsMemoryInAgain) {
   auto results = run_ranks(2, DDP_WORKER, {"step_memory"});

@@ -11,7 +11,8 @@
 #include <string>
 #include <thread>
 
-#include "counting_process_group.h"
+#include "../support/fake_process_group.h"
+#include "parallel/ddp_internals.h"
 #include "worker_common.h"
 
 using namespace std::chrono_literals;
@@ -34,7 +35,7 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
   const bool mixed = flags["--mixed"] == "1";
   const int steps = flags.count("--steps") ? std::stoi(flags["--steps"]) : 20;
   const int per_rank = 6;
-  auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
+  auto counting = std::make_shared<ddp::testing::CountingGroup>(pg_ptr);
   // Rank-skewed initial weights: DDP must make every rank take rank 0's.
   torch::manual_seed(flags["--skew"] == "1" ? 17 + rank : 17);
   const bool reversed = flags["--reversed"] == "1";
@@ -47,7 +48,7 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
   ddp::DistributedDataParallel model(net, counting, options);
   expect_same_across_ranks(raw, net->parameters(), "initial parameters");
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  const auto initial_buckets = model.reducer().bucket_indices();
+  const auto initial_buckets = ddp::reducer_of(model).bucket_indices();
   for (int step = 0; step < steps; ++step) {
     auto [x, y] = global_batch(step, per_rank * world);
     copy_params(*net, *ref);
@@ -58,10 +59,10 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
     } else {
       opt.zero_grad();
     }
-    const int64_t before = counting->allreduces;
+    const int64_t before = counting->counts().allreduces;
     auto loss = torch::mse_loss(model(x.narrow(0, rank * per_rank, per_rank)), y.narrow(0, rank * per_rank, per_rank));
     loss.backward();
-    EXPECT_OR_FAIL(counting->allreduces - before == static_cast<int64_t>(model.stats().num_buckets),
+    EXPECT_OR_FAIL(counting->counts().allreduces - before == static_cast<int64_t>(model.stats().num_buckets),
                    "one all-reduce per bucket");
     expect_grads_close(*net, *ref, "step " + std::to_string(step));
     opt.step();
@@ -74,7 +75,7 @@ int scenario_grads(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg
     EXPECT_OR_FAIL(s.num_buckets >= std::stoul(flags["--min-buckets"]), "expected several buckets");
   if (steps >= 2) EXPECT_OR_FAIL(s.buckets_rebuilt, "buckets were not rebuilt after the first iteration");
   if (reversed && steps >= 2 && s.num_buckets > 1)
-    EXPECT_OR_FAIL(model.reducer().bucket_indices() != initial_buckets,
+    EXPECT_OR_FAIL(ddp::reducer_of(model).bucket_indices() != initial_buckets,
                    "the rebuild kept the guessed buckets although gradients arrived in another order");
   return 0;
 }
@@ -151,7 +152,7 @@ int scenario_no_sync(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> 
                      std::map<std::string, std::string> flags) {
   const int rank = raw.rank(), world = raw.size();
   const bool branch = flags["--unused-branch"] == "1";
-  auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
+  auto counting = std::make_shared<ddp::testing::CountingGroup>(pg_ptr);
   torch::manual_seed(7);
   Net net(false, false, 4, branch);
   Net ref(false, false, 4, branch);
@@ -169,14 +170,14 @@ int scenario_no_sync(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> 
     auto local = [&] {
       return torch::mse_loss(model(x.narrow(0, 6 * rank, 6), use_extra), y.narrow(0, 6 * rank, 6));
     };
-    const int64_t before = counting->allreduces;
+    const int64_t before = counting->counts().allreduces;
     if (micro < 3) {
       auto guard = model.no_sync();
       local().backward();
-      EXPECT_OR_FAIL(counting->allreduces == before, "no communication inside no_sync");
+      EXPECT_OR_FAIL(counting->counts().allreduces == before, "no communication inside no_sync");
     } else {
       local().backward();
-      EXPECT_OR_FAIL(counting->allreduces > before, "the synchronised backward communicates");
+      EXPECT_OR_FAIL(counting->counts().allreduces > before, "the synchronised backward communicates");
     }
   }
   expect_grads_close(*net, *ref, "after 3 no_sync micro-batches and 1 synchronised", branch);
@@ -255,7 +256,7 @@ int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
 // DDPOptions::retain_step_memory: a small CPU model whose gradients are
 // bucket views, trained for some steps; after the first steps, a step must
 // not fault its memory in again (glibc returning the heap's top every step
-// was issue 10's slow regime). The step's heap spans about 14 MiB, 3,500
+// was the small-model slow regime). The step's heap spans about 14 MiB, 3,500
 // pages; a step that keeps it takes a few dozen faults at most.
 int scenario_step_memory(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string, std::string> flags) {
   const bool retain = flags["--retain"] != "0";

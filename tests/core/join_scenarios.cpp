@@ -6,7 +6,7 @@
 #include <cmath>
 #include <iostream>
 
-#include "counting_process_group.h"
+#include "../support/fake_process_group.h"
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -263,11 +263,11 @@ int scenario_join_throw(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
 // flags each forward), and both train alike.
 int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
   auto train = [&](int mode) {  // 0: no Join, 1: Join(enable(false)), 2: Join
-    auto counting = std::make_shared<CountingProcessGroup>(pg);
+    auto counting = std::make_shared<CountingGroup>(pg);
     JoinNet net = plain_net();  // BatchNorm's buffers would follow the highest rank under Join, rank 0 without
     ddp::DistributedDataParallel model(net, counting, tiny_buckets());
     torch::optim::SGD opt(net->parameters(), 0.05);
-    const int64_t before = counting->allreduces + counting->broadcasts;
+    const int64_t before = counting->counts().allreduces + counting->counts().broadcasts;
     auto loop = [&] {
       for (int step = 0; step < 4; ++step) {
         auto [x, y] = join_batch(step, pg->rank());
@@ -278,7 +278,7 @@ int scenario_join_disabled(std::shared_ptr<ddp::ProcessGroup> pg) {
     };
     if (mode == 0) loop();
     else ddp::join({&model}, loop, ddp::JoinOptions().enable(mode == 2));
-    return std::make_pair(counting->allreduces + counting->broadcasts - before, parity_state_bytes(*net));
+    return std::make_pair(counting->counts().allreduces + counting->counts().broadcasts - before, parity_state_bytes(*net));
   };
   const auto plain = train(0), disabled = train(1), enabled = train(2);
   std::cout << "rank " << pg->rank() << ": collectives without Join " << plain.first << ", Join(enable(false)) "

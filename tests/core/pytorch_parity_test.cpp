@@ -90,7 +90,7 @@ TEST_P(PyTorchParity, BitwiseEqualToPyTorchDDPAfter30StepsInEveryCase) {
 // against Open MPI's tree), floating-point addition is not associative, and
 // 30 steps of SGD carry the last-bit differences along. Measured: 276 to 632
 // of 1,740-1,996 values differ per case, by at most 6e-8 (parameters of
-// order 0.1 to 1), so the test allows 1e-6, not bitwise (docs/design.md,
+// order 0.1 to 1), so the test allows 1e-6, not bitwise (docs/comm.md,
 // "The mpi backend").
 TEST_P(PyTorchParityOverMpi, EqualToPyTorchGlooDDPAfter30StepsInEveryCase) {
   if (!have_pytorch(kImports))

@@ -7,7 +7,8 @@
 #include <sstream>
 #include <thread>
 
-#include "counting_process_group.h"
+#include "../support/fake_process_group.h"
+#include "parallel/ddp_internals.h"
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -82,7 +83,7 @@ int scenario_tied(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg,
     expect_grads_close(*net, *ref, "tied step " + std::to_string(step));
     opt.step();
     expect_same_across_ranks(raw, unique, "parameters after step " + std::to_string(step));
-    for (const auto& b : model.reducer().bucket_indices()) alone = alone || b == std::vector<size_t>{shared_index};
+    for (const auto& b : ddp::reducer_of(model).bucket_indices()) alone = alone || b == std::vector<size_t>{shared_index};
   }
   EXPECT_OR_FAIL(alone, "the shared weight should sit alone in a bucket");
   return 0;
@@ -269,7 +270,7 @@ int scenario_failed_backward(ddp::ProcessGroup& raw, std::shared_ptr<ddp::Proces
 // after a synchronised one, as PyTorch.
 int scenario_buffers_once(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> pg_ptr) {
   const int rank = raw.rank(), world = raw.size();
-  auto counting = std::make_shared<ddp::testing::CountingProcessGroup>(pg_ptr);
+  auto counting = std::make_shared<ddp::testing::CountingGroup>(pg_ptr);
   torch::manual_seed(29);
   Net net(false, true);
   // No bucket rebuild (it broadcasts too): only buffer broadcasts are counted.
@@ -282,7 +283,7 @@ int scenario_buffers_once(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGr
     // before 16 refuses (C++20); the sanitized build uses clang.
     torch::Tensor x, y;
     std::tie(x, y) = global_batch(static_cast<int>(k), 6 * world);
-    const int64_t before = counting->broadcasts;
+    const int64_t before = counting->counts().broadcasts;
     auto run = [&] { torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)).backward(); };
     if (syncs[k]) {
       run();
@@ -290,8 +291,8 @@ int scenario_buffers_once(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGr
       auto guard = model.no_sync();
       run();
     }
-    EXPECT_OR_FAIL(counting->broadcasts - before == expected[k],
-                   "forward " + std::to_string(k) + ": " + std::to_string(counting->broadcasts - before) +
+    EXPECT_OR_FAIL(counting->counts().broadcasts - before == expected[k],
+                   "forward " + std::to_string(k) + ": " + std::to_string(counting->counts().broadcasts - before) +
                        " buffer broadcasts, expected " + std::to_string(expected[k]));
   }
   return 0;

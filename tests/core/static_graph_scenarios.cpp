@@ -4,7 +4,7 @@
 // graph changes after the first iteration.
 #include <iostream>
 
-#include "counting_process_group.h"
+#include "../support/fake_process_group.h"
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -17,25 +17,25 @@ namespace {
 std::vector<int64_t> allreduces_per_step(std::shared_ptr<ddp::ProcessGroup> pg, ddp::DDPOptions options, int steps,
                                          int64_t* broadcasts) {
   const int rank = pg->rank(), world = pg->size();
-  auto counting = std::make_shared<CountingProcessGroup>(pg);
+  auto counting = std::make_shared<CountingGroup>(pg);
   torch::manual_seed(23);
   Net net(false, false, 4, true), ref(false, false, 4, true);
   copy_params(*net, *ref);
   ddp::DistributedDataParallel model(net, counting, options);
-  const int64_t broadcasts_at_start = counting->broadcasts;
+  const int64_t broadcasts_at_start = counting->counts().broadcasts;
   std::vector<int64_t> counts;
   for (int step = 0; step < steps; ++step) {
     auto [x, y] = global_batch(step, 6 * world);
     net->zero_grad();
     ref->zero_grad();
-    const int64_t before = counting->allreduces;
+    const int64_t before = counting->counts().allreduces;
     torch::mse_loss(model(x.narrow(0, 6 * rank, 6)), y.narrow(0, 6 * rank, 6)).backward();
-    counts.push_back(counting->allreduces - before);
+    counts.push_back(counting->counts().allreduces - before);
     torch::mse_loss(ref->forward(x), y).backward();
     expect_grads_close(*net, *ref, "step " + std::to_string(step));
     EXPECT_OR_FAIL(!net->extra->weight.grad().defined(), "the parameter no rank used keeps no gradient");
   }
-  *broadcasts = counting->broadcasts - broadcasts_at_start;
+  *broadcasts = counting->counts().broadcasts - broadcasts_at_start;
   return counts;
 }
 

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <iostream>
 
-#include "counting_process_group.h"
+#include "../support/fake_process_group.h"
 #include "worker_common.h"
 
 namespace ddp::testing {
@@ -91,7 +91,7 @@ int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const auto span = offset_and_total(sizes, rank);
   const int64_t offset = span.first, total = span.second;
   const int64_t rows = sizes[rank], channels = 3;
-  auto counting = std::make_shared<CountingProcessGroup>(pg);
+  auto counting = std::make_shared<CountingGroup>(pg);
   std::vector<Case> cases;
   for (std::string layout : {"nc", "ncl", "nchw"})
     for (bool affine : {true, false})
@@ -140,7 +140,7 @@ int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags) {
 
       auto x = x_all.narrow(0, offset, rows).clone().requires_grad_(true);
       sync->zero_grad();
-      const int64_t gathers = counting->allgathers, reduces = counting->allreduces;
+      const int64_t gathers = counting->counts().allgathers, reduces = counting->counts().allreduces;
       const std::string at = "step " + std::to_string(step);
       if (eval && !c.track) {
         // Without running statistics evaluation normalises by this rank's
@@ -150,12 +150,12 @@ int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags) {
       auto y = sync(x);
       check(y.detach(), y_ref.detach().narrow(0, offset, rows), at + " output");
       if (eval) {
-        EXPECT_OR_FAIL(counting->allgathers == gathers && counting->allreduces == reduces,
+        EXPECT_OR_FAIL(counting->counts().allgathers == gathers && counting->counts().allreduces == reduces,
                        c.name() + ": evaluation communicated");
         continue;
       }
       (y * g_all.narrow(0, offset, rows)).sum().backward();
-      EXPECT_OR_FAIL(counting->allgathers - gathers == 1 && counting->allreduces - reduces == 1,
+      EXPECT_OR_FAIL(counting->counts().allgathers - gathers == 1 && counting->counts().allreduces - reduces == 1,
                      c.name() + ": a training step is one all-gather and one all-reduce");
       check(x.grad(), x_ref.grad().narrow(0, offset, rows), at + " input gradient");
       if (c.affine) {
@@ -215,7 +215,7 @@ int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const auto span = offset_and_total(sizes, rank);
   const int64_t offset = span.first, total = span.second;
   const int64_t rows = sizes[rank];
-  auto counting = std::make_shared<CountingProcessGroup>(pg);
+  auto counting = std::make_shared<CountingGroup>(pg);
   torch::manual_seed(3);
   ConvNet net, ref;
   net->to(torch::kDouble);
@@ -242,7 +242,7 @@ int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags) {
     ref_opt.zero_grad();
     ((ref->forward(x_all) - y_all).pow(2).sum() / static_cast<double>(total)).backward();
     opt.zero_grad();
-    const int64_t reduces = counting->allreduces, gathers = counting->allgathers;
+    const int64_t reduces = counting->counts().allreduces, gathers = counting->counts().allgathers;
     auto out = model(x_all.narrow(0, offset, rows));
     ((out - y_all.narrow(0, offset, rows)).pow(2).sum() * (static_cast<double>(world) / total)).backward();
     const int64_t buckets = static_cast<int64_t>(model.stats().num_buckets);
@@ -250,10 +250,10 @@ int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags) {
     if (step > 0)
       EXPECT_OR_FAIL(buckets >= 3, "expected several buckets, got " + std::to_string(buckets) + " of " +
                                      c10::str(model.stats().bucket_bytes) + " bytes");
-    EXPECT_OR_FAIL(counting->allgathers - gathers == sync_layers, "one all-gather per SyncBatchNorm in forward");
-    EXPECT_OR_FAIL(counting->allreduces - reduces == buckets + sync_layers + (find_unused ? 1 : 0),
+    EXPECT_OR_FAIL(counting->counts().allgathers - gathers == sync_layers, "one all-gather per SyncBatchNorm in forward");
+    EXPECT_OR_FAIL(counting->counts().allreduces - reduces == buckets + sync_layers + (find_unused ? 1 : 0),
                    "one all-reduce per bucket and per SyncBatchNorm, got " +
-                       std::to_string(counting->allreduces - reduces));
+                       std::to_string(counting->counts().allreduces - reduces));
     auto ref_params = ref->named_parameters();
     for (const auto& p : net->named_parameters()) {
       // A convolution's bias before BatchNorm has a gradient of 0 up to rounding.
@@ -280,12 +280,12 @@ int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   // Evaluation through the wrapper: no collective at all.
   model->eval();
   ref->eval();
-  const int64_t before = counting->allreduces + counting->allgathers + counting->broadcasts;
+  const int64_t before = counting->counts().allreduces + counting->counts().allgathers + counting->counts().broadcasts;
   torch::NoGradGuard no_grad;
   auto x = torch::randn({4, 2, 5, 5}, torch::kDouble);
   const double e = rel_error(model(x), ref->forward(x));
   EXPECT_OR_FAIL(e <= 1e-10, "evaluation differs by " + std::to_string(e));
-  EXPECT_OR_FAIL(counting->allreduces + counting->allgathers + counting->broadcasts == before,
+  EXPECT_OR_FAIL(counting->counts().allreduces + counting->counts().allgathers + counting->counts().broadcasts == before,
                  "evaluation communicated");
   std::cout << "rank " << rank << ": buckets=" << model.stats().num_buckets << " worst relative error " << worst
             << std::endl;

@@ -7,6 +7,7 @@
 // ranks included, and under DDP with several buckets.
 #include <gtest/gtest.h>
 
+#include "../support/fake_process_group.h"
 #include "../support/located.h"
 #include "ddp/nn/sync_batch_norm.h"
 #include "multiprocess.h"
@@ -17,22 +18,9 @@ namespace nn = torch::nn;
 namespace {
 
 // A group of `size` ranks in which any collective is a test failure.
-class NoCollectives : public ddp::ProcessGroup {
- public:
-  explicit NoCollectives(int size) : size_(size) {}
-  int rank() const override { return 0; }
-  int size() const override { return size_; }
-  std::string backend_name() const override { return "none"; }
-  torch::Device device() const override { return torch::kCPU; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
-  ddp::Work allreduce(at::Tensor&) override { throw std::logic_error("allreduce"); }
-  ddp::Work broadcast(at::Tensor&, int) override { throw std::logic_error("broadcast"); }
-  std::vector<at::Tensor> allgather(const at::Tensor&) override { throw std::logic_error("allgather"); }
-  void barrier() override { throw std::logic_error("barrier"); }
-
- private:
-  int size_;
-};
+std::shared_ptr<ddp::ProcessGroup> no_collectives(int size) {
+  return std::make_shared<ddp::testing::FakeGroup>(0, size, ddp::testing::FakeGroup::Collectives::refused);
+}
 
 // Sequential, ModuleList, ModuleDict and a plain registered child.
 struct NestedImpl : nn::Module {
@@ -78,7 +66,7 @@ std::map<std::string, torch::Tensor> state(const nn::Module& m) {
 }  // namespace
 
 TEST(SyncBatchNorm, HasBatchNormsNamesAndDefaults) {
-  auto pg = std::make_shared<NoCollectives>(2);
+  auto pg = no_collectives(2);
   ddp::SyncBatchNorm sync(ddp::SyncBatchNormOptions(4), pg);
   nn::BatchNorm2d bn(4);
   auto ours = state(*sync), theirs = state(*bn);
@@ -101,7 +89,7 @@ TEST(SyncBatchNorm, EvaluationAndAGroupOfOneArePlainBatchNormWithoutCollectives)
       torch::manual_seed(1);
       auto x = torch::randn({6, 3, 5}) * 2 + 1;
       nn::BatchNorm1d bn(nn::BatchNormOptions(3).momentum(c10::nullopt));
-      ddp::SyncBatchNorm sync(ddp::SyncBatchNormOptions(3).momentum(c10::nullopt), std::make_shared<NoCollectives>(size));
+      ddp::SyncBatchNorm sync(ddp::SyncBatchNormOptions(3).momentum(c10::nullopt), no_collectives(size));
       {
         torch::NoGradGuard no_grad;
         bn->running_mean.fill_(0.5), sync->running_mean.fill_(0.5);
@@ -118,7 +106,7 @@ TEST(SyncBatchNorm, EvaluationAndAGroupOfOneArePlainBatchNormWithoutCollectives)
 }
 
 TEST(ConvertSyncBatchnorm, ReplacesEveryBatchNormSharingTensorsOptionsAndModes) {
-  auto pg = std::make_shared<NoCollectives>(2);
+  auto pg = no_collectives(2);
   Nested model;
   model->list[0]->eval();
   model->seq[1]->as<nn::BatchNorm1d>()->weight.requires_grad_(false);
@@ -165,7 +153,7 @@ TEST(ConvertSyncBatchnorm, ReplacesEveryBatchNormSharingTensorsOptionsAndModes) 
 }
 
 TEST(ConvertSyncBatchnorm, ReachesLayersOfASequentialSubclassCalledThroughItsEntries) {
-  auto pg = std::make_shared<NoCollectives>(2);
+  auto pg = no_collectives(2);
   ConvBn model;
   const auto names = model->named_parameters().keys();
   ddp::convert_sync_batchnorm(model, pg);
@@ -175,7 +163,7 @@ TEST(ConvertSyncBatchnorm, ReachesLayersOfASequentialSubclassCalledThroughItsEnt
 }
 
 TEST(ConvertSyncBatchnorm, ABatchNormRootBecomesANewLayer) {
-  auto pg = std::make_shared<NoCollectives>(2);
+  auto pg = no_collectives(2);
   nn::BatchNorm2d bn(3);
   auto converted = ddp::convert_sync_batchnorm(bn.ptr(), pg);
   ASSERT_NE(converted->as<ddp::SyncBatchNorm>(), nullptr);
@@ -184,7 +172,7 @@ TEST(ConvertSyncBatchnorm, ABatchNormRootBecomesANewLayer) {
 }
 
 TEST(ConvertSyncBatchnorm, RefusesATypedMemberBeforeChangingAnything) {
-  auto pg = std::make_shared<NoCollectives>(2);
+  auto pg = no_collectives(2);
   TypedMember model;
   try {
     ddp::convert_sync_batchnorm(model, pg);
@@ -204,7 +192,7 @@ TEST(ConvertSyncBatchnorm, RefusesATypedMemberBeforeChangingAnything) {
 }
 
 TEST(SyncBatchNorm, BadInputIsAUsageErrorNamingTheRank) {
-  ddp::SyncBatchNorm sync(ddp::SyncBatchNormOptions(3), std::make_shared<NoCollectives>(2));
+  ddp::SyncBatchNorm sync(ddp::SyncBatchNormOptions(3), no_collectives(2));
   EXPECT_THROW(sync(torch::randn({4})), ddp::UsageError);
   EXPECT_THROW(sync(torch::randn({4, 2})), ddp::UsageError);
 }

@@ -3,26 +3,10 @@
 
 #include "ddp/train/env_summary.h"
 
-namespace {
-
-// One rank, no communication: the summary's allgather returns its input.
-class SoloGroup final : public ddp::ProcessGroup {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  std::string backend_name() const override { return "solo"; }
-  torch::Device device() const override { return torch::kCPU; }
-  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(1); }
-  ddp::Work allreduce(at::Tensor&) override { return {}; }
-  ddp::Work broadcast(at::Tensor&, int) override { return {}; }
-  std::vector<at::Tensor> allgather(const at::Tensor& t) override { return {t.clone()}; }
-  void barrier() override {}
-};
-
-}  // namespace
+#include "../support/fake_process_group.h"
 
 TEST(EnvironmentSummary, NamesTheMpiLibraryInBuildsWithTheMpiBackend) {
-  SoloGroup pg;
+  ddp::testing::FakeGroup pg;  // one rank: the summary's allgather returns its input
   const std::string summary = ddp::environment_summary(pg);
   EXPECT_NE(summary.find("LibTorch "), std::string::npos) << summary;
   const std::string mpi = ddp::mpi_library_version();

@@ -46,7 +46,7 @@ ddp::TrainOptions parse(std::vector<std::string> args, ddp::TrainOptions default
   return ddp::parse_train_options(static_cast<int>(argv.size()), argv.data(), defaults);
 }
 
-// The character LM of issue 32: a model option, an option that may change.
+// A character LM's options: a model option, an option that may change.
 ddp::TrainOptions charlm_defaults() {
   return ddp::TrainOptions()
       .lr(0.003)

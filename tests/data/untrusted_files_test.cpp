@@ -1,4 +1,4 @@
-// Files from outside treated as hostile (issue 30): archives that carry
+// Files from outside treated as hostile: archives that carry
 // TorchScript code never run it (the payload would create a file), pickles
 // and zips that would cost gigabytes are refused by what the file holds,
 // special files are refused without blocking, writes never follow a link

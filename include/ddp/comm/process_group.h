@@ -4,8 +4,6 @@
 #pragma once
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <chrono>
 #include <functional>
@@ -18,33 +16,37 @@
 
 namespace ddp {
 
+namespace detail {
+struct WorkHandle;  // the backend's handle (src/comm/work_handle.h)
+}  // namespace detail
+
 // Handle to an asynchronous collective, as c10d's Work. wait() honours the
 // process group's timeout and throws CommError naming rank and operation.
 // [[nodiscard]]: a collective whose handle is dropped unwaited has not
 // finished (its tensor holds whatever the backend has written so far).
+// Copies share the collective. Default-constructed: nothing to wait for.
 class [[nodiscard]] Work {
  public:
   Work() = default;
-  Work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank);
-  ~Work();
-  Work(Work&&) noexcept;
-  Work& operator=(Work&&) noexcept;
-  Work(const Work&);
-  Work& operator=(const Work&);
+  // Made by the backends (src/comm/work_handle.h).
+  explicit Work(std::shared_ptr<detail::WorkHandle> handle) : handle_(std::move(handle)) {}
 
   void wait();
-  bool valid() const { return static_cast<bool>(work_); }
+  bool valid() const { return static_cast<bool>(handle_); }
   // Runs `fn` on the backend's thread the moment the collective ends (at
   // once if it has), where the backend can tell (Gloo, NCCL); false where it
   // cannot (then the end is known only to wait()).
   bool on_complete(std::function<void()> fn);
-  const std::string& op() const { return op_; }
+  // "gloo allreduce", ...; empty for a default-constructed Work.
+  const std::string& op() const;
 
  private:
-  c10::intrusive_ptr<c10d::Work> work_;
-  std::string op_;
-  int rank_ = 0;
+  std::shared_ptr<detail::WorkHandle> handle_;
 };
+
+// The rendezvous store a group was made with, opaque: what a group that
+// wraps another passes on from its store().
+class StoreHandle;
 
 // torch.distributed.ReduceOp. AVG: NCCL only, as in PyTorch (Gloo and MPI
 // refuse it); BAND, BOR, BXOR: integer tensors.
@@ -101,7 +103,7 @@ class ProcessGroup {
   virtual void barrier() = 0;
   // The rendezvous store the group was made with, for notes that must not
   // wait for a collective (the stall inspector); null where there is none.
-  virtual c10::intrusive_ptr<c10d::Store> store() const { return {}; }
+  virtual std::shared_ptr<StoreHandle> store() const { return {}; }
 
   // Any collective of ddp::dist, started; what the backend lacks is a
   // UsageError naming the rank. The default refuses every one (a group of

@@ -62,6 +62,11 @@ class CommFuture {
   // value (again, on later calls).
   at::Tensor wait();
   bool valid() const { return static_cast<bool>(state_); }
+  // Runs `fn` on the backend's thread the moment this future's collective
+  // ends, where that is its end: a future made of a Work (no then()) whose
+  // backend can tell. False otherwise (a ready future, a continuation that
+  // may communicate again): then only wait() knows when it is done.
+  bool on_complete(std::function<void()> fn);
 
  private:
   struct State;

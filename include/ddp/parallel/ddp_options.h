@@ -77,7 +77,7 @@ struct DistributedDataParallelOptions {
   // Must be > 0. Not given, it is 1 MiB; built against LibTorch 2.x, where
   // PyTorch's DDP keeps the small first bucket for its default cap only, a
   // given bucket_cap_mb is the first bucket's cap too
-  // (ddp::first_bucket_mb_in_effect, docs/design.md).
+  // (ddp::first_bucket_mb_in_effect, docs/gpu.md).
   DistributedDataParallelOptions& first_bucket_mb(double mb) {
     first_bucket_mb_ = positive_mb("first_bucket_mb", mb);
     first_bucket_mb_given_ = true;
@@ -120,14 +120,14 @@ struct DistributedDataParallelOptions {
   // DDP_MALLOC_MMAP_THRESHOLD_MB overrides this value, and any
   // MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_, MALLOC_TOP_PAD_,
   // MALLOC_MMAP_MAX_ or glibc.malloc.* tunable in the environment wins over
-  // both. Not in PyTorch; see docs/design.md.
+  // both. Not in PyTorch; see docs/reducer.md, "DistributedDataParallel".
   TORCH_ARG(double, malloc_mmap_threshold_mb) = 0.0;
   // CPU models only: after the first forward that builds a graph, let glibc
   // keep one step's memory between steps instead of returning it and
   // faulting it back in on every step, when that forward keeps at most
   // 32 MiB alive and the largest gradient is under 4 MiB
   // (ddp::retain_step_memory in ddp/malloc_tuning.h). Not in PyTorch, whose
-  // Python heap keeps it by accident; see docs/design.md.
+  // Python heap keeps it by accident; see docs/reducer.md, "DistributedDataParallel".
   TORCH_ARG(bool, retain_step_memory) = true;
 
  private:
@@ -146,5 +146,12 @@ struct DistributedDataParallelOptions {
 
 // The short name this project used first; the same type.
 using DDPOptions = DistributedDataParallelOptions;
+
+// The first bucket's cap in effect, MiB: first_bucket_mb when given; else,
+// built against LibTorch 2.x with a bucket_cap_mb given (a number), that cap,
+// as PyTorch 2.x's DDP (its small first bucket, dist._DEFAULT_FIRST_BUCKET_BYTES,
+// comes only with the default cap); else first_bucket_mb's default, 1 MiB,
+// as PyTorch 1.13 always.
+double first_bucket_mb_in_effect(const DistributedDataParallelOptions& options);
 
 }  // namespace ddp

@@ -21,7 +21,7 @@
 #include "ddp/parallel/join.h"
 #include "ddp/observe/logging_data.h"
 #include "ddp/comm/process_group.h"
-#include "ddp/parallel/reducer.h"
+#include "ddp/parallel/reducer_stats.h"
 #include "ddp/observe/timeline.h"
 
 namespace ddp {
@@ -57,28 +57,27 @@ void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 // A Joinable: ddp::join({&model}, loop) trains on uneven inputs (ddp/parallel/join.h).
 class DistributedDataParallelBase : public Joinable {
  public:
-  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg, DistributedDataParallelOptions options);
+  DistributedDataParallelBase(std::shared_ptr<torch::nn::Module> module, std::shared_ptr<ProcessGroup> pg,
+                              DistributedDataParallelOptions options);
   virtual ~DistributedDataParallelBase();
 
   const DistributedDataParallelOptions& options() const { return options_; }
   ProcessGroup& process_group() const { return *pg_; }
-  const ReducerStats& stats() const { return reducer_->stats(); }
-  Reducer& reducer() { return *reducer_; }
+  // What the reducer measured in the last synchronised step (ddp/parallel/reducer_stats.h).
+  const ReducerStats& stats() const;
   // The job's timeline when DDP_TIMELINE is set (ddp/observe/timeline.h), else null.
   // The training kit records its optimizer steps on it.
   const std::shared_ptr<Timeline>& timeline() const { return timeline_; }
   // PyTorch's _get_ddp_logging_data(): the configuration, the buckets and
-  // the runtime means of this rank (ddp/logging_data.h).
+  // the runtime means of this rank (ddp/observe/logging_data.h).
   DDPLoggingData get_ddp_logging_data() const;
 
   // RAII: backward passes inside it accumulate gradients locally; the next
   // synchronised backward reduces the accumulated sum. As PyTorch's no_sync().
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallelBase& ddp) : ddp_(&ddp), previous_(ddp.reducer_->sync()) { ddp.reducer_->set_sync(false); }
-    ~NoSyncGuard() {
-      if (ddp_) ddp_->reducer_->set_sync(previous_);
-    }
+    explicit NoSyncGuard(DistributedDataParallelBase& ddp);
+    ~NoSyncGuard();
     NoSyncGuard(NoSyncGuard&& other) noexcept : ddp_(other.ddp_), previous_(other.previous_) { other.ddp_ = nullptr; }
     NoSyncGuard(const NoSyncGuard&) = delete;
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
@@ -92,14 +91,14 @@ class DistributedDataParallelBase : public Joinable {
 
   // As PyTorch's register_comm_hook(state, hook): every bucket is reduced by
   // hook(state, bucket), which returns a CommFuture of the reduced bucket
-  // (ddp/comm_hook.h; built-in hooks in ddp/default_hooks.h). The state is
-  // kept for the model's lifetime and passed by reference. Once, before the
-  // first backward; else a UsageError.
+  // (ddp/parallel/comm_hook.h; built-in hooks in ddp/parallel/default_hooks.h).
+  // The state is kept for the model's lifetime and passed by reference.
+  // Once, before the first backward; else a UsageError.
   //   model.register_comm_hook(pg, ddp::hooks::fp16_compress_hook);
   template <typename State, typename Hook>
   void register_comm_hook(State state, Hook hook) {
     auto shared = std::make_shared<State>(std::move(state));
-    reducer_->register_comm_hook(
+    install_comm_hook(
         [shared, hook = std::move(hook)](GradBucket& bucket) -> CommFuture { return hook(*shared, bucket); });
   }
 
@@ -109,37 +108,23 @@ class DistributedDataParallelBase : public Joinable {
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
   ProcessGroup& join_process_group() override { return *pg_; }
 
+  // The reducer and the state of a step (distributed_data_parallel.cpp).
+  struct Internals;
+
  protected:
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
 
  private:
+  void install_comm_hook(CommHook hook);
+  void start_timeline();
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<ProcessGroup> pg_;
   DistributedDataParallelOptions options_;
-  std::vector<at::Tensor> buffers_;
-  std::vector<at::Tensor> state_;  // parameters, then buffers: what the final Join sync broadcasts
-  std::unique_ptr<Reducer> reducer_;
   std::shared_ptr<Timeline> timeline_;
-  int64_t forward_start_us_ = 0;
-  DDPLoggingData logging_data_;  // what construction knows
-  bool joined_up_ = false;       // join_hook() was asked for
-  void record_construction_logging_data(const std::vector<at::Tensor>& params);
-  // ddp::Join: this model's hook, and the forward's all-reduce telling joined
-  // ranks whether the backward synchronises.
-  friend class DDPJoinHook;
-  bool divide_by_initial_world_size_ = true;
-  Work join_sync_work_;
-  int find_common_rank(bool candidate);
-  void join_main_hook();
-  void join_post_hook(bool is_last_joiner);
-  bool require_forward_param_sync_ = true;  // the last forward that built a graph synchronised
-  // Bytes malloc had handed out before the first forward that builds a graph,
-  // and whether that forward is still to tell retain_step_memory() its size.
-  std::size_t bytes_before_first_forward_ = 0;
-  bool step_memory_pending_ = false;
+  std::unique_ptr<Internals> internals_;
+  friend Internals& internals_of(DistributedDataParallelBase& ddp);
 };
-
 
 // Checks that every rank holds the same parameters and buffers (count,
 // names, shapes, strides, dtypes, which parameters require grad); throws on

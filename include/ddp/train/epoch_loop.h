@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,87 +50,31 @@ struct TrainEpoch {
 
 namespace detail {
 
-// A rank's first step whose loss was not finite (step 0: none yet).
-struct NonFiniteStep {
-  int64_t step = 0;   // optimizer steps taken, counting this one
-  int64_t epoch = 0;  // 0-based
-  int64_t batch = 0;  // 1-based, within the epoch
-  double loss = 0;
-};
-
-// What the ranks told each other at a check.
-struct RankCheck {
-  bool preempt = false;                 // some rank got the preemption warning
-  std::vector<NonFiniteStep> nonfinite;  // by rank
-  bool any_nonfinite() const;
-};
-
-// Collective, one all-reduce: the preemption flags and every rank's first
-// non-finite step.
-RankCheck check_ranks(ProcessGroup& pg, bool preempt, const NonFiniteStep& mine);
-
-// The ranks found a non-finite loss: throws NonFiniteLoss naming the first
-// rank and step and the last good checkpoint, or with --nonfinite-loss
-// continue warns (on rank 0, once per epoch) and forgets `mine`.
-void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned, const TrainOptions& opts,
-                       const TrainState& state, ProcessGroup& pg);
-
-// One rank's training losses of an epoch, kept where the losses are: a
-// GPU's are never read back at a step (that would make the host wait for
-// the GPU, and the next batch with it). read() brings back their sum over
-// samples and the first step whose loss was not finite, at the points the
-// loop synchronises anyway (the ranks' checks, the epoch's end).
-class LossTally {
+// One run of an epoch's loop, all of it but the loader and the step
+// (src/train/epoch_run.cpp): the sampler's epoch and resume, the progress
+// bar, the counts in `state`, the loss tally, the ranks' checks, the
+// epoch's end.
+class EpochRun {
  public:
-  // The next step's loss (the first added is step index 0), over `samples` samples.
-  void add(const at::Tensor& loss, int64_t samples);
-  struct Read {
-    double sum = 0;             // loss x samples, summed in float64
-    int64_t nonfinite = -1;     // the first step index whose loss was not finite, or -1
-    double nonfinite_loss = 0;
-  };
-  Read read() const;
-  // Forgets the non-finite step (--nonfinite-loss continue, after the warning).
-  void forget_nonfinite();
+  EpochRun(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainOptions& opts,
+           TrainState& state, ProcessGroup& pg);
+  ~EpochRun();
+  EpochRun(const EpochRun&) = delete;
+  EpochRun& operator=(const EpochRun&) = delete;
+  // Whether the epoch takes another step.
+  bool wants_more() const;
+  // Before each step: the ranks compare notes when due (may throw
+  // NonFiniteLoss, or Preempted through state.checkpoint_and_stop).
+  void before_step();
+  // The step just taken: its mean loss (not read back unless the bar shows
+  // it) over `samples` samples.
+  void after_step(const at::Tensor& loss, int64_t samples);
+  // The epoch's end (collective): counts reset, the loss over every rank.
+  TrainEpoch finish();
 
  private:
-  at::Tensor sum_;    // float64, on the losses' device
-  at::Tensor steps_;  // float64: the steps added
-  at::Tensor bad_;    // float64 [index + 1, loss] of the first non-finite loss ([0, 0]: none)
-};
-
-// A resumed epoch: the sampler starts at state.epoch_samples (checked
-// against the data set: ddp::CheckpointError if beyond it), logged on rank 0
-// to state.run (or stdout) as "resumed after N of M samples of epoch E".
-void resume_inside_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainState& state,
-                         ProcessGroup& pg);
-
-// --log-samples: this rank's record of the samples each step trained on, in
-// <run-dir>/samples/rank<R>.txt (appended; a link there is refused). The
-// first epoch a process trains writes "# resumed ROUND STEP": the launcher's
-// round (DDPRUN_RDZV_ROUND, else TORCHELASTIC_RESTART_COUNT, else
-// SLURM_RESTART_COUNT, else 0) and the optimizer steps already taken. Then
-// one line per step: "ROUND EPOCH STEP INDEX...", EPOCH 0-based, STEP the
-// global optimizer step it was. A step of round r whose STEP is above the
-// STEP a later round resumed after was undone by that resume (the model
-// went back to the checkpoint): what an audit leaves out.
-class SampleLog {
- public:
-  SampleLog(const TrainOptions& opts, const DistributedSampler& sampler, int64_t epoch, const TrainState& state,
-            ProcessGroup& pg);
-  ~SampleLog();
-  SampleLog(const SampleLog&) = delete;
-  SampleLog& operator=(const SampleLog&) = delete;
-  // The step just taken: this rank's batch `batch` (0-based in this run of
-  // the epoch) of `batch_size`, global step `step`.
-  void step(int64_t batch, int64_t batch_size, int64_t step);
-
- private:
-  void append_line(std::string line);
-  int fd_ = -1;
-  std::string path_;
-  int64_t round_ = 0, epoch_ = 0;
-  std::vector<size_t> mine_;  // this rank's indices for the epoch, from its start
+  struct State;
+  std::unique_ptr<State> s_;
 };
 
 }  // namespace detail
@@ -160,75 +105,18 @@ class SampleLog {
 template <typename Loader, typename Step>
 TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                        const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
-  sampler.set_epoch(epoch);
-  if (state.epoch_samples > 0) detail::resume_inside_epoch(sampler, epoch, batch_size, state, pg);
-  const int64_t samples = static_cast<int64_t>(sampler.num_samples());
-  const int64_t steps = opts.steps_per_epoch(sampler.num_samples(), batch_size, state.epoch_step);
-  const int64_t check_every = opts.preemption_check_every();
-  Progress bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0);
-  detail::LossTally losses;
-  detail::NonFiniteStep nonfinite;
-  bool warned = false;
-  int64_t taken = 0, taken_samples = 0;  // steps and samples of this rank in this run of the epoch
-  const int64_t first_step = state.step, first_epoch_step = state.epoch_step;
-  // The first non-finite loss the tally holds, as a step of the run (read
-  // back only where the ranks compare notes: a synchronisation anyway).
-  auto note_nonfinite = [&] {
-    const auto read = losses.read();
-    if (read.nonfinite >= 0 && nonfinite.step == 0)
-      nonfinite = {first_step + read.nonfinite + 1, epoch, first_epoch_step + read.nonfinite + 1, read.nonfinite_loss};
-    return read;
-  };
-  auto check = [&](bool preempt) {
-    note_nonfinite();
-    const auto result = detail::check_ranks(pg, preempt, nonfinite);
-    if (result.any_nonfinite()) {
-      detail::on_nonfinite_loss(result, nonfinite, warned, opts, state, pg);
-      if (nonfinite.step == 0) losses.forget_nonfinite();
-    }
-    return result;
-  };
-  std::optional<detail::SampleLog> sample_log;
-  if (opts.log_samples()) sample_log.emplace(opts, sampler, epoch, state, pg);
+  detail::EpochRun run(sampler, epoch, batch_size, opts, state, pg);
   {
     Prefetcher<Loader> batches(loader, pg.device(), std::chrono::seconds(opts.timeout_s()));
-    while (taken < steps) {
+    while (run.wants_more()) {
       auto batch = batches.next();
       if (!batch) break;
-      if (check_every > 0 && taken % check_every == 0) {
-        const bool preempt = state.checkpoint_and_stop && preemption_signal_received() != 0;
-        if (check(preempt).preempt && state.checkpoint_and_stop) {
-          TrainState here = state;  // epoch_step and epoch_samples: the steps taken, every one whole
-          here.epoch = epoch;
-          here.sampler_epoch = epoch;
-          state.checkpoint_and_stop(here);
-        }
-      }
+      run.before_step();
       const int64_t n = batch->data.size(0);
-      const at::Tensor loss = step(*batch).detach();
-      losses.add(loss, n);
-      // This rank's share of the step; every rank takes as many but the last.
-      state.epoch_samples += std::min(batch_size, samples - taken * batch_size) * pg.size();
-      ++taken;
-      taken_samples += n;
-      ++state.epoch_step;
-      ++state.step;
-      if (sample_log) sample_log->step(taken - 1, batch_size, state.step);
-      // The loss is read back only when the bar shows it.
-      bar.update(bar.shows_next() ? std::optional<double>(loss.template item<double>()) : std::nullopt, n * pg.size());
+      run.after_step(step(*batch).detach(), n);
     }
   }
-  state.epoch_step = 0;
-  state.epoch_samples = 0;
-  sampler.set_start(0);
-  bar.finish();
-  MetricSums sums({"loss"});
-  sums.add("loss", note_nonfinite().sum);
-  sums.add_count(taken_samples);
-  const auto total = sums.all_reduced(pg);
-  // The same sum on every rank, so all of them take this branch or none.
-  if (!std::isfinite(total.sum("loss"))) check(false);
-  return {total.mean("loss"), total.count(), bar.elapsed_seconds()};
+  return run.finish();
 }
 
 // The end of an epoch (collective): the state advanced past `epoch`, its row

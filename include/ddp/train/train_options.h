@@ -192,7 +192,7 @@ struct TrainOptions {
   // The kit's options by name without "--" ("epochs", "data-dir", "amp"):
   // only these and --help are accepted and listed in --help; any other kit
   // option is an unknown option. Without this call every kit option is
-  // accepted (the behaviour before it existed; docs/design.md says why).
+  // accepted (the behaviour before it existed; docs/training.md, "Against Python's argparse", says why).
   // UsageError for a name that is not a kit option.
   TrainOptions& supports(const std::vector<std::string>& kit_options);
   // The names supports() declared; nullopt: every kit option.

@@ -1,7 +1,9 @@
 // The bucket assignment policy, as PyTorch 1.13's reducer: which gradients
 // share a bucket in the first iteration and after the rebuild, and the order
-// the buckets launch in. Pure functions (tests/core/bucket_assignment_test.cpp).
-#include "ddp/parallel/reducer.h"
+// the buckets launch in. Pure functions, tested alone.
+#include "parallel/reducer/bucket_assignment.h"
+
+#include "ddp/parallel/ddp_options.h"
 
 #include <algorithm>
 #include <limits>

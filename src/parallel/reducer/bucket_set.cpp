@@ -69,8 +69,7 @@ int64_t BucketSet::total_bytes() const {
 void BucketSet::reset() {
   for (auto& b : buckets_) {
     b.pending = b.vars.size();
-    b.work = Work();
-    b.future = CommFuture();
+    b.reduced = CommFuture();
   }
 }
 

@@ -1,7 +1,8 @@
 // The reducer's buckets: each one flat tensor of one dtype, with views that
 // alias it laid out like the parameters it holds (the gradients live in them
 // with gradient_as_bucket_view), which bucket and place each parameter's
-// gradient goes to, and each bucket's collective of this iteration. Which
+// gradient goes to, and each bucket's reduction of this iteration (the comm
+// hook's future; the built-in hook is an all-reduce). Which
 // parameters share a bucket is bucket_assignment.cpp's policy; when a bucket
 // launches is reducer.cpp's.
 #pragma once
@@ -24,8 +25,7 @@ struct Bucket {
   std::vector<size_t> vars;       // parameter indices
   std::vector<at::Tensor> views;  // aliases of contents laid out like each parameter
   size_t pending = 0;             // gradients not yet ready this iteration
-  Work work;
-  CommFuture future;  // with a comm hook, instead of work
+  CommFuture reduced;             // launched this iteration: the comm hook's future of the reduced bucket
 
   int64_t bytes() const { return contents.numel() * contents.element_size(); }
 };
@@ -56,7 +56,7 @@ class BucketSet {
   Assignment assignment() const;
   int64_t total_bytes() const;
 
-  // Every bucket pending in full again, no collective held.
+  // Every bucket pending in full again, no reduction held.
   void reset();
 
   // A tensor that aliases `contents` without being an autograd view:

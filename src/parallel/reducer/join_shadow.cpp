@@ -21,8 +21,8 @@ int64_t detail::JoinDivisor::get(int64_t world_size) {
   return factor_;
 }
 
-// Zeros for each bucket, in the order the others launch them (through the
-// comm hook if any), then the used map (the last one it reduced, as
+// Zeros for each bucket, in the order the others launch them, through the
+// same comm hook, then the used map (the last one it reduced, as
 // PyTorch's local_used_map_dev_); its rebuild order, if still pending, is
 // the parameters' (PyTorch's _push_all_rebuilt_params).
 void Reducer::Impl::shadow_backward() {
@@ -32,22 +32,9 @@ void Reducer::Impl::shadow_backward() {
   // reduce no map.
   if (sync) usage.count_synchronised_forward();
   usage.shadow_first_iteration_map(*pg);
-  std::vector<Work> works;
-  std::vector<CommFuture> futures;
-  for (size_t k = 0; k < buckets.size(); ++k) {
-    auto zeros = at::zeros_like(buckets[k].contents);
-    if (comm_hook) {
-      std::vector<at::Tensor> members;
-      for (size_t i : buckets[k].vars) members.push_back(params[i]);
-      GradBucket bucket(k, buckets.size(), zeros, std::move(members));
-      futures.push_back(comm_hook(bucket));
-    } else if (pg->size() > 1) {
-      works.push_back(pg->allreduce(zeros));
-    }
-  }
-  for (auto& w : works) w.wait();
-  for (auto& f : futures)
-    if (f.valid()) f.wait();
+  std::vector<CommFuture> reduced;
+  for (size_t k = 0; k < buckets.size(); ++k) reduced.push_back(launch(k, at::zeros_like(buckets[k].contents)));
+  for (auto& f : reduced) f.wait();
   usage.shadow_used_map(*pg);
   if (should_rebuild() && !usage.static_first_iteration()) {
     if (ready_order.empty())

@@ -90,7 +90,7 @@ void TimelineRecorder::bucket_launched(size_t k, Bucket& b) {
   // The backend's thread reports the end; it must not take the reducer's
   // lock, which the thread waiting for that end may hold.
   std::weak_ptr<Timeline> weak = timeline_;
-  marks_[k].end_reported = b.work.valid() && b.work.on_complete([weak, k, launch = marks_[k].launch_us, args] {
+  marks_[k].end_reported = b.reduced.on_complete([weak, k, launch = marks_[k].launch_us, args] {
     if (auto t = weak.lock()) t->communication_done("bucket " + std::to_string(k), launch, args);
   });
 }

@@ -14,7 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/parallel/reducer.h"
+#include "ddp/parallel/ddp_options.h"
+#include "ddp/parallel/reducer_stats.h"
 #include "observe/stall_inspector.h"
 #include "parallel/reducer/bucket_autotune.h"
 #include "parallel/reducer/bucket_set.h"

@@ -1,6 +1,7 @@
 // The reducer's hot path, top to bottom: an autograd hook fires for a
 // parameter -> its gradient is marked ready and copied into its bucket ->
-// a bucket whose gradients are all in is launched (all-reduce or comm hook),
+// a bucket whose gradients are all in is launched (through the comm hook;
+// the built-in one all-reduces),
 // strictly in bucket order -> at the end of backward every bucket is waited
 // for and the averages go back to .grad. Then the failure paths and what
 // happens between steps (the rebuild, the bucket size), and the public
@@ -35,6 +36,7 @@ Reducer::Impl::Impl(std::vector<at::Tensor> params_, std::vector<std::string> na
       pg(std::move(pg_)),
       options(options_),
       inverse_world(at::native::wrapped_scalar_tensor(1.0 / pg->size())),
+      comm_hook([this](GradBucket& bucket) { return allreduce_by_sum(bucket); }),
       usage(params.size(), options),
       marked(params.size(), 0) {}
 
@@ -148,7 +150,7 @@ void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
   check_usage(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
               grad.scalar_type(), " gradient, expected ", view.scalar_type());
   const bool as_view = options.gradient_as_bucket_view();
-  if (comm_hook) {
+  if (hook_registered) {
     // As PyTorch: with a hook the gradients go in as they are; dividing
     // by the world size is the hook's business.
     if (!detail::BucketSet::is_alias(grad, view)) {
@@ -183,21 +185,34 @@ void Reducer::Impl::launch_ready_buckets() {
     const size_t k = next_bucket++;
     auto& b = buckets[k];
     observers.each([k](auto& o) { o.bucket_launching(k); });
-    if (comm_hook) {
-      // As PyTorch, the hook runs at every world size, one included.
-      std::vector<at::Tensor> members;
-      for (size_t i : b.vars) members.push_back(params[i]);
-      GradBucket bucket(k, buckets.size(), b.contents, std::move(members));
-      b.future = comm_hook(bucket);
-      check_usage(b.future.valid(), who(), "the communication hook returned an empty CommFuture for bucket ", k,
-                  "; return the future of the reduced bucket (CommFuture::ready(tensor) if it is done)");
-    } else if (pg->size() > 1) {
-      b.work = pg->allreduce(b.contents);
-    }
+    b.reduced = launch(k, b.contents);
     observers.each([k, &b](auto& o) { o.bucket_launched(k, b); });
   }
   // After the last bucket, which parameters were used anywhere.
   if (next_bucket == buckets.size() && usage.dynamic()) usage.launch_used_map(*pg);
+}
+
+// Bucket k's reduction, of `contents` (its own; a joined rank's zeros),
+// through the comm hook. As PyTorch, the hook runs at every world size,
+// one included.
+CommFuture Reducer::Impl::launch(size_t k, const at::Tensor& contents) {
+  std::vector<at::Tensor> members;
+  members.reserve(buckets[k].vars.size());
+  for (size_t i : buckets[k].vars) members.push_back(params[i]);
+  GradBucket bucket(k, buckets.size(), contents, std::move(members));
+  CommFuture reduced = comm_hook(bucket);
+  check_usage(reduced.valid(), who(), "the communication hook returned an empty CommFuture for bucket ", k,
+              "; return the future of the reduced bucket (CommFuture::ready(tensor) if it is done)");
+  return reduced;
+}
+
+// The built-in hook, c10d's _AllReduceBySumCommHook: the bucket, divided by
+// the world size on its way in (copy_grad_to_bucket), summed over ranks. A
+// group of one has nothing to send.
+CommFuture Reducer::Impl::allreduce_by_sum(GradBucket& bucket) {
+  at::Tensor buffer = bucket.buffer();
+  if (pg->size() == 1) return CommFuture::ready(buffer);
+  return CommFuture(pg->allreduce(buffer), buffer);
 }
 
 // The end of a static graph's first backward, as PyTorch's
@@ -241,7 +256,7 @@ void Reducer::Impl::finalize_backward() {
 
   stats.iterations++;
   observers.each([this](auto& o) { o.step_counted(stats.iterations); });
-  const bool communicated = !buckets.empty() && (pg->size() > 1 || comm_hook);
+  const bool communicated = !buckets.empty() && (pg->size() > 1 || hook_registered);
   const detail::StepEnd end{backward_end, wait_start, wait_end, unused_bytes, communicated, &step_ready_order};
   observers.each([&end](auto& o) { o.step_finished(end); });
 
@@ -291,8 +306,7 @@ Clock::time_point Reducer::Impl::wait_for_buckets() {
   for (size_t k = 0; k < buckets.size(); ++k) {
     auto& b = buckets[k];
     observers.each([&](auto& o) { o.waiting_for(stats.iterations, k, next_bucket); });
-    b.work.wait();
-    if (b.future.valid()) take_hook_result(k, b.future.wait());
+    if (b.reduced.valid()) take_hook_result(k, b.reduced.wait());
     observers.each([&](auto& o) { o.bucket_done(k, b); });
   }
   observers.each([&](auto& o) { o.waiting_for(stats.iterations, buckets.size(), next_bucket); });
@@ -303,8 +317,8 @@ Clock::time_point Reducer::Impl::wait_for_buckets() {
   return end;
 }
 
-// The hook's reduced bucket goes where the built-in all-reduce leaves its
-// result, the bucket's own tensor (PyTorch points its output views at the
+// The hook's reduced bucket goes into the bucket's own tensor, where the
+// built-in hook leaves it already (PyTorch points its output views at the
 // result instead; the values the gradients get are the same, a float16
 // result included: widening to float32 is exact).
 void Reducer::Impl::take_hook_result(size_t index, const at::Tensor& result) {
@@ -344,8 +358,7 @@ std::string Reducer::Impl::wait_for_launched_buckets() {
   std::string failure;
   for (size_t b = 0; b < next_bucket; ++b) {
     try {
-      buckets[b].work.wait();
-      if (buckets[b].future.valid()) buckets[b].future.wait();
+      if (buckets[b].reduced.valid()) buckets[b].reduced.wait();
     } catch (const std::exception& e) {
       if (failure.empty()) failure = e.what();
     }
@@ -525,16 +538,18 @@ void Reducer::register_comm_hook(CommHook hook) {
   check_usage(static_cast<bool>(hook), s.who(), "register_comm_hook was given an empty hook");
   // PyTorch's own words for the first; the second keeps a bucket from being
   // reduced half one way, half the other.
-  check_usage(!s.comm_hook, s.who(), "register_comm_hook or register_builtin_comm_hook can only be called once.");
+  check_usage(!s.hook_registered, s.who(),
+              "register_comm_hook or register_builtin_comm_hook can only be called once.");
   check_usage(s.generation == 0 && s.stats.iterations == 0, s.who(),
               "register_comm_hook must be called before the first forward and backward that synchronise gradients; "
               "register the hook right after constructing DistributedDataParallel.");
   s.comm_hook = std::move(hook);
+  s.hook_registered = true;
 }
 
 bool Reducer::has_comm_hook() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return static_cast<bool>(impl_->comm_hook);
+  return impl_->hook_registered;
 }
 
 void Reducer::set_timeline(std::shared_ptr<Timeline> timeline) {

@@ -19,7 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "ddp/parallel/reducer.h"
+#include "parallel/reducer/bucket_assignment.h"
+#include "parallel/reducer/reducer.h"
 #include "parallel/reducer/bucket_set.h"
 #include "parallel/reducer/graph_tasks.h"
 #include "parallel/reducer/observers.h"
@@ -57,7 +58,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   DDPOptions options;
   std::vector<detail::AccumulatorPtr> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
-  CommHook comm_hook;        // empty: the built-in all-reduce
+  // Every bucket is reduced through it: the registered hook, else the
+  // built-in one (allreduce_by_sum), as c10d's reducer.
+  CommHook comm_hook;
+  bool hook_registered = false;
   NoGradientAdvice no_gradient_advice;  // empty: the generic advice (missing_gradients.cpp)
 
   ReducerStats stats;  // before the observers, which write it
@@ -106,6 +110,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void mark_ready(size_t i);
   void copy_grad_to_bucket(size_t i, at::Tensor view);
   void launch_ready_buckets();
+  CommFuture launch(size_t k, const at::Tensor& contents);
+  CommFuture allreduce_by_sum(GradBucket& bucket);
   void reduce_after_first_static_backward();
   void finalize_backward();
   int64_t mark_unused_ready();

@@ -1,6 +1,0 @@
-// Moved to <ddp/parallel/distributed_data_parallel.h> (issue 28: the core in folders per part). This
-// forwarding header keeps existing includes working until 1.0; new code
-// includes the folder path.
-#pragma once
-
-#include "ddp/parallel/distributed_data_parallel.h"

@@ -1,0 +1,131 @@
+// One run of an epoch's loop, all of it but the loader and the step
+// (epoch_loop.h's detail::EpochRun): the counts a step advances, the loss
+// tally, the ranks' checks every preemption_check_every() steps and at the
+// epoch's end.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "ddp/train/epoch_loop.h"
+#include "train/epoch_checks.h"
+
+namespace ddp::detail {
+
+struct EpochRun::State {
+  State(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainOptions& opts, TrainState& state,
+        ProcessGroup& pg)
+      : sampler(sampler),
+        epoch(epoch),
+        batch_size(batch_size),
+        opts(opts),
+        state(state),
+        pg(pg),
+        samples(static_cast<int64_t>(sampler.num_samples())),
+        steps(opts.steps_per_epoch(sampler.num_samples(), batch_size, state.epoch_step)),
+        bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0),
+        first_step(state.step),
+        first_epoch_step(state.epoch_step) {}
+
+  // The first non-finite loss the tally holds, as a step of the run (read
+  // back only where the ranks compare notes: a synchronisation anyway).
+  LossTally::Read note_nonfinite() {
+    const auto read = losses.read();
+    if (read.nonfinite >= 0 && nonfinite.step == 0)
+      nonfinite = {first_step + read.nonfinite + 1, epoch, first_epoch_step + read.nonfinite + 1, read.nonfinite_loss};
+    return read;
+  }
+
+  // Collective: the ranks' preemption flags and non-finite losses.
+  RankCheck check(bool preempt) {
+    note_nonfinite();
+    const auto result = check_ranks(pg, preempt, nonfinite);
+    if (result.any_nonfinite()) {
+      on_nonfinite_loss(result, nonfinite, warned, opts, state, pg);
+      if (nonfinite.step == 0) losses.forget_nonfinite();
+    }
+    return result;
+  }
+
+  DistributedSampler& sampler;
+  const int64_t epoch, batch_size;
+  const TrainOptions& opts;
+  TrainState& state;
+  ProcessGroup& pg;
+  const int64_t samples, steps;
+  Progress bar;
+  LossTally losses;
+  NonFiniteStep nonfinite;
+  bool warned = false;
+  int64_t taken = 0, taken_samples = 0;  // steps and samples of this rank in this run of the epoch
+  const int64_t first_step, first_epoch_step;
+  std::optional<SampleLog> sample_log;
+};
+
+namespace {
+
+// The sampler's epoch, and where it starts after a checkpoint written
+// inside the epoch. Before the state's counts are read.
+DistributedSampler& start_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
+                                const TrainState& state, ProcessGroup& pg) {
+  sampler.set_epoch(epoch);
+  if (state.epoch_samples > 0) resume_inside_epoch(sampler, epoch, batch_size, state, pg);
+  return sampler;
+}
+
+}  // namespace
+
+EpochRun::EpochRun(DistributedSampler& sampler, int64_t epoch, int64_t batch_size, const TrainOptions& opts,
+                   TrainState& state, ProcessGroup& pg)
+    : s_(std::make_unique<State>(start_epoch(sampler, epoch, batch_size, state, pg), epoch, batch_size, opts, state,
+                                 pg)) {
+  if (opts.log_samples()) s_->sample_log.emplace(opts, sampler, epoch, state, pg);
+}
+
+EpochRun::~EpochRun() = default;
+
+bool EpochRun::wants_more() const { return s_->taken < s_->steps; }
+
+void EpochRun::before_step() {
+  State& s = *s_;
+  const int64_t check_every = s.opts.preemption_check_every();
+  if (check_every <= 0 || s.taken % check_every != 0) return;
+  const bool preempt = s.state.checkpoint_and_stop && preemption_signal_received() != 0;
+  if (s.check(preempt).preempt && s.state.checkpoint_and_stop) {
+    TrainState here = s.state;  // epoch_step and epoch_samples: the steps taken, every one whole
+    here.epoch = s.epoch;
+    here.sampler_epoch = s.epoch;
+    s.state.checkpoint_and_stop(here);
+  }
+}
+
+void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
+  State& s = *s_;
+  s.losses.add(loss, samples);
+  // This rank's share of the step; every rank takes as many but the last.
+  s.state.epoch_samples += std::min(s.batch_size, s.samples - s.taken * s.batch_size) * s.pg.size();
+  ++s.taken;
+  s.taken_samples += samples;
+  ++s.state.epoch_step;
+  ++s.state.step;
+  if (s.sample_log) s.sample_log->step(s.taken - 1, s.batch_size, s.state.step);
+  // The loss is read back only when the bar shows it.
+  s.bar.update(s.bar.shows_next() ? std::optional<double>(loss.item<double>()) : std::nullopt,
+               samples * s.pg.size());
+}
+
+TrainEpoch EpochRun::finish() {
+  State& s = *s_;
+  s.state.epoch_step = 0;
+  s.state.epoch_samples = 0;
+  s.sampler.set_start(0);
+  s.bar.finish();
+  MetricSums sums({"loss"});
+  sums.add("loss", s.note_nonfinite().sum);
+  sums.add_count(s.taken_samples);
+  const auto total = sums.all_reduced(s.pg);
+  // The same sum on every rank, so all of them take this branch or none.
+  if (!std::isfinite(total.sum("loss"))) s.check(false);
+  return {total.mean("loss"), total.count(), s.bar.elapsed_seconds()};
+}
+
+}  // namespace ddp::detail
