@@ -169,7 +169,7 @@ class FromPickle {
   static constexpr uint64_t kValueCost = 64, kReferenceCost = 16;
   // A tree of shared strings a program wrote (Python memoises a str object
   // used twice) stays within a few times its file; anything reads within the floor.
-  static constexpr uint64_t kExpansion = 8, kFloor = uint64_t(64) << 20;
+  static constexpr uint64_t kExpansion = 8, kFloor = uint64_t(16) << 20;
 
   // The entry's values as the file holds them: each once, whatever refers to it.
   static uint64_t held_bytes(const pickle::ValuePtr& entry) {
