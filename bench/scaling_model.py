@@ -43,6 +43,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import textwrap
 import tempfile
 
 MiB = 1024 * 1024
@@ -1043,12 +1044,28 @@ BEGIN_M, END_M = "<!-- scaling_model: measured begin -->", "<!-- scaling_model: 
 BEGIN_P, END_P = "<!-- scaling_model: projection begin -->", "<!-- scaling_model: projection end -->"
 
 
+def wrap_prose(body, width=120, longest=160):
+    """The docs keep prose lines to 160 characters: a longer line that is
+    neither a table row nor indented code is wrapped (a list item's
+    continuation indented under its text)."""
+    out = []
+    for line in body.split("\n"):
+        if len(line) <= longest or line.startswith("|") or line.startswith("    "):
+            out.append(line)
+            continue
+        indent = "  " if line.startswith("- ") else ""
+        out.append(textwrap.fill(line, width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False))
+    return "\n".join(out)
+
+
 def update_doc(path, measured, projection):
     with open(path) as fh:
         doc = fh.read()
     for b, e, body in ((BEGIN_M, END_M, measured), (BEGIN_P, END_P, projection)):
         if body is None:
             continue
+        body = wrap_prose(body)
         i, j = doc.find(b), doc.find(e)
         if i < 0 or j < i:
             sys.exit(f"{path}: markers {b} ... {e} not found")
