@@ -137,6 +137,19 @@ class SlurmTemplates : public LauncherTest {
 
   // "JobState=RUNNING ... Restarts=0 ... ExitCode=0:0 ..." from the controller.
   std::string job_info(const std::string& job) { return on_login_node({"scontrol", "show", "job", job})->wait(60).out; }
+  // The job's state once it has left COMPLETING (its steps ending on the
+  // nodes, longer on a loaded machine): its final one.
+  std::string final_job_info(const std::string& job) {
+    std::string info;
+    EXPECT_TRUE(wait_for(
+        [&] {
+          info = job_info(job);
+          return info.find("JobState=COMPLETING") == std::string::npos;
+        },
+        60))
+        << info;
+    return info;
+  }
 
   // The example's processes in `job` (not ddprun's, srun's or the shell's), by rank.
   std::map<std::string, pid_t> workers_of(const std::string& job) {
@@ -217,16 +230,8 @@ TEST_P(EachTemplate, AKilledRankFailsTheJobWithItsCode) {
   ASSERT_GT(victim, 0);
   ::kill(victim, SIGKILL);
   Result r = sbatch->wait(180);
-  // sbatch --wait returns while the job may still be COMPLETING (its steps
-  // ending on the nodes, longer on a loaded machine): its final state follows.
-  std::string info;
-  EXPECT_TRUE(wait_for(
-      [&] {
-        info = job_info(job);
-        return info.find("JobState=COMPLETING") == std::string::npos;
-      },
-      60))
-      << info;
+  // sbatch --wait returns while the job may still be COMPLETING.
+  const std::string info = final_job_info(job);
   EXPECT_EQ(r.code, 128 + SIGKILL) << r.out << r.err << job_output(job);
   EXPECT_NE(info.find("ExitCode=137:0"), std::string::npos) << info;
   EXPECT_NE(info.find("JobState=FAILED"), std::string::npos) << info;
@@ -251,15 +256,8 @@ TEST_P(EachTemplate, ACancelledJobLeavesNothingBehind) {
       },
       60));
   for (const auto& p : left) ADD_FAILURE() << "left behind: pid " << p.pid << " (" << p.exe << ")";
-  // The job may still be COMPLETING after its processes ended: its final state follows.
-  std::string info;
-  EXPECT_TRUE(wait_for(
-      [&] {
-        info = job_info(job);
-        return info.find("JobState=COMPLETING") == std::string::npos;
-      },
-      60))
-      << info;
+  // The job may still be COMPLETING after its processes ended.
+  const std::string info = final_job_info(job);
   EXPECT_NE(info.find("JobState=CANCELLED"), std::string::npos) << info;
 }
 
