@@ -7,6 +7,9 @@
 #include <optional>
 
 #include "ddp/train/epoch_loop.h"
+#include "ddp/train/evaluation.h"
+#include "ddp/train/preemption.h"
+#include "ddp/train/progress.h"
 #include "train/epoch_checks.h"
 
 namespace ddp::detail {

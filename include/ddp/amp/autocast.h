@@ -49,7 +49,7 @@ class Autocast {
 };
 
 // The lower precision mixed precision uses on `device` (--amp): bfloat16 on
-// CPU, float16 on CUDA (with a ddp::GradScaler, ddp/grad_scaler.h).
+// CPU, float16 on CUDA (with a ddp::GradScaler, ddp/amp/grad_scaler.h).
 c10::ScalarType amp_dtype(const c10::Device& device);
 
 // Whether autocast is on for `device_type` in this thread, and the lower

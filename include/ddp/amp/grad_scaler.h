@@ -10,7 +10,7 @@
 //     optimizer.zero_grad();
 //     torch::Tensor loss;
 //     {
-//       ddp::Autocast autocast(torch::kCUDA);        // ddp/autocast.h
+//       ddp::Autocast autocast(torch::kCUDA);        // ddp/amp/autocast.h
 //       loss = torch::nll_loss(model(x), y);
 //     }
 //     scaler.scale(loss).backward();                 // gradients of loss * scale

@@ -3,7 +3,7 @@
 // is ready and returns a CommFuture of the reduced bucket, as PyTorch's
 // CommHookInterface; the reducer copies the result back into the bucket and
 // does not divide by the world size afterwards (the hook does, as PyTorch's
-// allreduce_hook). The built-in hooks are in ddp/default_hooks.h.
+// allreduce_hook). The built-in hooks are in ddp/parallel/default_hooks.h.
 #pragma once
 
 #include <torch/torch.h>
@@ -62,10 +62,13 @@ class CommFuture {
   // value (again, on later calls).
   at::Tensor wait();
   bool valid() const { return static_cast<bool>(state_); }
-  // Runs `fn` on the backend's thread the moment this future's collective
-  // ends, where that is its end: a future made of a Work (no then()) whose
-  // backend can tell. False otherwise (a ready future, a continuation that
-  // may communicate again): then only wait() knows when it is done.
+  // Runs `fn` the moment this future's collective ends, where that is its
+  // end: a future made of a Work (no then()) whose backend can tell. It runs
+  // on the backend's thread, or at once on this one if the collective has
+  // ended: it must not take a lock its caller may hold. False otherwise (a
+  // ready future, a continuation that may communicate again): then only
+  // wait() knows when it is done. Not to be called beside wait() or then()
+  // on a copy of the same future in another thread.
   bool on_complete(std::function<void()> fn);
 
  private:

@@ -126,7 +126,7 @@ struct DistributedDataParallelOptions {
   // keep one step's memory between steps instead of returning it and
   // faulting it back in on every step, when that forward keeps at most
   // 32 MiB alive and the largest gradient is under 4 MiB
-  // (ddp::retain_step_memory in ddp/malloc_tuning.h). Not in PyTorch, whose
+  // (ddp::retain_step_memory in ddp/runtime/malloc_tuning.h). Not in PyTorch, whose
   // Python heap keeps it by accident; see docs/reducer.md, "DistributedDataParallel".
   TORCH_ARG(bool, retain_step_memory) = true;
 

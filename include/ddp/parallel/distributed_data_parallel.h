@@ -108,7 +108,7 @@ class DistributedDataParallelBase : public Joinable {
   std::unique_ptr<JoinHook> join_hook(const JoinOptions& options) override;
   ProcessGroup& join_process_group() override { return *pg_; }
 
-  // The reducer and the state of a step (distributed_data_parallel.cpp).
+  // The reducer and the state of a step (src/parallel/ddp_internals.h).
   struct Internals;
 
  protected:
@@ -123,7 +123,7 @@ class DistributedDataParallelBase : public Joinable {
   DistributedDataParallelOptions options_;
   std::shared_ptr<Timeline> timeline_;
   std::unique_ptr<Internals> internals_;
-  friend Internals& internals_of(DistributedDataParallelBase& ddp);
+  friend inline Internals& internals_of(DistributedDataParallelBase& ddp);
 };
 
 // Checks that every rank holds the same parameters and buffers (count,

@@ -144,7 +144,7 @@ void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimiz
   if (timeline) timeline->span(Timeline::Row::compute, "optimizer step", start, timeline->now_us());
 }
 
-// scaler.step(optimizer) and scaler.update() (ddp/grad_scaler.h; collective
+// scaler.step(optimizer) and scaler.update() (ddp/amp/grad_scaler.h; collective
 // while the scaler is enabled), shown on the timeline as "optimizer step".
 // Returns whether the optimizer stepped: false when a rank found inf/NaN
 // gradients, on every rank alike.
@@ -159,7 +159,7 @@ inline bool optimizer_step(const DistributedDataParallelBase& model, torch::opti
   return stepped;
 }
 
-// Collective: every rank's DDP logging data (ddp/logging_data.h: the buckets,
+// Collective: every rank's DDP logging data (ddp/observe/logging_data.h: the buckets,
 // unused parameters, rebuilds, mean forward, backward, communication and
 // exposed-communication times), written by rank 0 as
 // <run-dir>/ddp_logging.json, a JSON array in rank order.

@@ -95,7 +95,7 @@ struct TrainOptions {
   // warning (SIGUSR1) arrived (ddp/train/preemption.h); 0: SIGUSR1 is not
   // watched and keeps its default action.
   TORCH_ARG(int64_t, preemption_check_every) = 10;
-  // Write the DDP timeline of the run (a Chrome trace, ddp/timeline.h) to
+  // Write the DDP timeline of the run (a Chrome trace, ddp/observe/timeline.h) to
   // <run-dir>/timeline.json and its rank skew table beside it; the same as
   // DDP_TIMELINE=<file>, which wins when set.
   TORCH_ARG(bool, timeline) = false;

@@ -28,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 struct StepEnd {
   Clock::time_point backward_end, wait_start, wait_end;
   int64_t unused_parameter_bytes = 0;
-  bool communicated = false;          // the buckets went through a collective or the comm hook
+  bool communicated = false;          // the buckets went through a collective or a registered comm hook
   std::vector<size_t>* ready_order;   // this step's (every hook); whoever keeps it may take it
 };
 

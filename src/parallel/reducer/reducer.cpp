@@ -36,7 +36,6 @@ Reducer::Impl::Impl(std::vector<at::Tensor> params_, std::vector<std::string> na
       pg(std::move(pg_)),
       options(options_),
       inverse_world(at::native::wrapped_scalar_tensor(1.0 / pg->size())),
-      comm_hook([this](GradBucket& bucket) { return allreduce_by_sum(bucket); }),
       usage(params.size(), options),
       marked(params.size(), 0) {}
 
@@ -193,9 +192,10 @@ void Reducer::Impl::launch_ready_buckets() {
 }
 
 // Bucket k's reduction, of `contents` (its own; a joined rank's zeros),
-// through the comm hook. As PyTorch, the hook runs at every world size,
-// one included.
+// through the registered hook or the built-in one. As PyTorch, the hook runs
+// at every world size, one included.
 CommFuture Reducer::Impl::launch(size_t k, const at::Tensor& contents) {
+  if (!hook_registered) return allreduce_by_sum(contents);
   std::vector<at::Tensor> members;
   members.reserve(buckets[k].vars.size());
   for (size_t i : buckets[k].vars) members.push_back(params[i]);
@@ -208,9 +208,10 @@ CommFuture Reducer::Impl::launch(size_t k, const at::Tensor& contents) {
 
 // The built-in hook, c10d's _AllReduceBySumCommHook: the bucket, divided by
 // the world size on its way in (copy_grad_to_bucket), summed over ranks. A
-// group of one has nothing to send.
-CommFuture Reducer::Impl::allreduce_by_sum(GradBucket& bucket) {
-  at::Tensor buffer = bucket.buffer();
+// group of one has nothing to send. (It needs no GradBucket: nothing but the
+// reducer sees it.)
+CommFuture Reducer::Impl::allreduce_by_sum(const at::Tensor& bucket) {
+  at::Tensor buffer = bucket;
   if (pg->size() == 1) return CommFuture::ready(buffer);
   return CommFuture(pg->allreduce(buffer), buffer);
 }
@@ -379,7 +380,7 @@ void Reducer::Impl::settle_unfinished() {
   }
   if (launched > 0 || std::any_of(marked.begin(), marked.end(), [](char m) { return m != 0; })) {
     std::cerr << who() << "the previous backward did not finish (" << launched << " of " << buckets.size()
-              << " bucket all-reduces had started; they were waited for). Ranks whose backward finished wait for "
+              << " bucket reductions had started; they were waited for). Ranks whose backward finished wait for "
                  "the rest and fail within the process group's timeout."
               << (failure.empty() ? "" : " The wait failed: " + failure) << std::endl;
   }

@@ -64,8 +64,8 @@ class Reducer {
   void set_forward_pass_work(CommFuture nonjoined, bool divide_by_nonjoined);
   // A rank that ran out of inputs, in step with the others: the rebuild
   // broadcast their forward may do, and their synchronised backward's
-  // collectives (zeros for each bucket, in bucket order, through the comm hook
-  // if any; the used-parameter map with find_unused_parameters).
+  // collectives (zeros for each bucket, in bucket order, through the same
+  // hook as theirs; the used-parameter map with find_unused_parameters).
   void join_shadow_forward();
   void join_shadow_backward();
 

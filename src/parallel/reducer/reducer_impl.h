@@ -58,10 +58,10 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   DDPOptions options;
   std::vector<detail::AccumulatorPtr> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
-  // Every bucket is reduced through it: the registered hook, else the
-  // built-in one (allreduce_by_sum), as c10d's reducer.
+  // Every bucket is reduced through a hook, as c10d's reducer: the one
+  // registered, else the built-in allreduce_by_sum.
   CommHook comm_hook;
-  bool hook_registered = false;
+  bool hook_registered = false;  // comm_hook holds the user's
   NoGradientAdvice no_gradient_advice;  // empty: the generic advice (missing_gradients.cpp)
 
   ReducerStats stats;  // before the observers, which write it
@@ -111,7 +111,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void copy_grad_to_bucket(size_t i, at::Tensor view);
   void launch_ready_buckets();
   CommFuture launch(size_t k, const at::Tensor& contents);
-  CommFuture allreduce_by_sum(GradBucket& bucket);
+  CommFuture allreduce_by_sum(const at::Tensor& bucket);
   void reduce_after_first_static_backward();
   void finalize_backward();
   int64_t mark_unused_ready();
