@@ -7,7 +7,7 @@ one at a time, and prints the wall time of each run. The object goes to a scratc
 so the build folder is left as it was. Precompiled headers the command uses must exist
 (build the pch targets first: `cmake --build build --target ddp` builds the core's).
 
-  bench/compile_cost.py build src/parallel/reducer/reducer.cpp tests/core/amp_test.cpp --runs 2
+  bench/compile_cost.py build src/parallel/reducer/reducer.cpp tests/amp/amp_test.cpp --runs 2
 """
 import argparse, json, os, shlex, subprocess, sys, tempfile, time
 

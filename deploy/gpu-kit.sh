@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 kit=.deps/gpu-kit
 programs=(launcher/ddprun bench/ddp_bench_lenet tests/gpu/ddp_gpu_tests tests/gpu/ddp_gpu_worker
-  tests/core/ddp_dist_worker tests/libddp_rank_fork.so examples/lenet_fmnist/lenet_fmnist
+  tests/comm/ddp_dist_worker tests/libddp_rank_fork.so examples/lenet_fmnist/lenet_fmnist
   examples/resnet18_fmnist/resnet18_fmnist)
 
 pack() {

@@ -1,6 +1,6 @@
 // The file a seed's TorchScript payload creates if a reader ever runs code
 // from an archive (fuzz/corpus/*/code-*.pt, made by
-// tests/data/python_code_archives.py with this path as its victim). A
+// tests/train/python_code_archives.py with this path as its victim). A
 // harness aborts when it appears: running code from a file is a finding,
 // however the fuzzer mutates the archive around the payload.
 #pragma once

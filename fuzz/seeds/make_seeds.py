@@ -82,7 +82,7 @@ for name, data in idx_files.items():
 # kind of attribute the data-only reader rebuilds, libddp's SGD state (the
 # "optimizer" bytes of the committed libddp checkpoint), and, for the
 # pickle readers, a state dict whose data.pkl is deflated.
-# The code-*.pt seeds come from tests/data/python_code_archives.py, run with
+# The code-*.pt seeds come from tests/train/python_code_archives.py, run with
 # /tmp/ddp-fuzz-code-ran as its victim (fuzz/code_sentinel.h).
 import typing
 import zipfile

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "../support/idx_fixture.h"
 #include "ddp/data/csv_series.h"
-#include "idx_fixture.h"
 
 namespace {
 

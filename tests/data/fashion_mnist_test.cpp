@@ -4,8 +4,8 @@
 
 #include <filesystem>
 
+#include "../support/idx_fixture.h"
 #include "ddp/data/fashion_mnist.h"
-#include "idx_fixture.h"
 
 using namespace ddp::testing;
 

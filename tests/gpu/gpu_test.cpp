@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "../support/located.h"
-#include "multiprocess.h"
+#include "../support/multiprocess.h"
 
 using namespace ddp::testing;
 
@@ -187,7 +187,7 @@ TEST(GpuAmp, Float16AutocastAndScalerMatchPyTorch) {
 }
 
 // ddp::dist over NCCL, one rank per visible GPU: every case of
-// tests/core/pytorch_dist_parity.py on CUDA tensors, line for line equal to
+// tests/comm/pytorch_dist_parity.py on CUDA tensors, line for line equal to
 // torch.distributed's over NCCL (what NCCL lacks, the bitwise ops, and what
 // PyTorch 2.x's NCCL refuses, an all-reduce of a non-contiguous view, is
 // "unsupported" on both sides). More than one rank needs as many GPUs: NCCL

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "worker_common.h"  // EXPECT_OR_FAIL (tests/core)
+#include "../support/worker_common.h"  // EXPECT_OR_FAIL
 
 namespace {
 

@@ -7,7 +7,7 @@
 // each epoch trained on (the run's --log-samples record, cut where each
 // later round resumed) must be the epoch's whole dataset exactly once, plus
 // the padding a shard of uneven size adds. Root only; skips otherwise.
-#include "../data/idx_fixture.h"
+#include "../support/idx_fixture.h"
 #include "../support/located.h"
 #include "netns_util.h"
 
@@ -208,7 +208,7 @@ TEST_F(NetnsElastic, TwoToOneToTwo) {
 
 // ZeRO across 2 -> 3: the sharded Adam state that the three ranks resume with
 // is, on every rank, bitwise a fresh 3-rank load of the consolidated
-// checkpoint (tests/data/elastic_worker.cpp zero_train checks it and exits 1
+// checkpoint (tests/train/elastic_worker.cpp zero_train checks it and exits 1
 // otherwise), and training goes on to the end.
 TEST_F(NetnsElastic, ZeroShardsAreTakenAfreshAtThreeNodes) {
   std::vector<std::string> zero{"--epochs", "30", "--global-batch-size", "48", "--run-dir", run_dir(),

@@ -5,7 +5,7 @@
 // so, and both ddpruns exit non-zero. With --max-restarts the link comes back
 // after the failure and the restarted job resumes from the checkpoint and
 // finishes. Root only (skips with the reason otherwise).
-#include "../data/idx_fixture.h"
+#include "../support/idx_fixture.h"
 #include "../support/located.h"
 #include "netns_util.h"
 

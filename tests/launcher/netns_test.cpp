@@ -14,7 +14,7 @@ class NetnsTest : public NetnsHostsTest {
     NetnsHostsTest::SetUp();
     if (IsSkipped()) return;
 #ifndef DDP_TRAIN_CHECK
-    GTEST_SKIP() << "the ddp_train_check target (tests/core) does not exist in this build";
+    GTEST_SKIP() << "the ddp_train_check target (tests/support/train_check.cpp) does not exist in this build";
 #endif
   }
 

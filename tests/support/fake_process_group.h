@@ -46,15 +46,21 @@ class FakeGroup final : public ProcessGroup {
   Work broadcast(at::Tensor&, int) override { return refuse_or_done("broadcast"); }
   std::vector<at::Tensor> allgather(const at::Tensor& tensor) override {
     refuse("allgather");
+    if (static_cast<int>(peers_.size()) + 1 != size_ || (size_ > 1 && rank_ != 0))
+      throw std::logic_error("FakeGroup: an all-gather of rank " + std::to_string(rank_) + " of " +
+                             std::to_string(size_) + " needs the other ranks' reports (peers_report), as rank 0");
     std::vector<at::Tensor> out{tensor.clone()};
     for (const auto& t : peers_) out.push_back(t.clone());
     return out;
   }
   void barrier() override { refuse("barrier"); }
 
-  // As a group of one: each output is the rank's own input.
+  // As a group of one: each output is the rank's own input. A larger
+  // group's collectives have no peers to come from: refused.
   Work collective(const CollectiveCall& call) override {
     refuse(collective_name(call.kind));
+    if (size_ > 1) throw std::logic_error(std::string("FakeGroup: ") + collective_name(call.kind) +
+                                          " of a group of " + std::to_string(size_) + ": only a group of one has them");
     using Kind = CollectiveCall::Kind;
     switch (call.kind) {
       case Kind::AllGather:

@@ -10,7 +10,7 @@ DDP_TEST_FORK_RANKS naming a folder: rank r runs SCRIPT as __main__ with
 RANK=LOCAL_RANK=r, its stdout and stderr to <folder>/rank<r>.log, and its
 exit code goes to <folder>/rank<r>.exit (128+signal when killed) and its
 process id to <folder>/rank<r>.pid, as run_ranks and find_rank_pid
-(tests/core/multiprocess.h) read them. Nothing runs in the parent
+(tests/support/multiprocess.h) read them. Nothing runs in the parent
 but the imports, so no thread exists when it forks."""
 import os
 import runpy

@@ -1,5 +1,5 @@
 // Loaded with LD_PRELOAD into a rank program by run_ranks
-// (tests/core/multiprocess.h): starts ranks 0..WORLD_SIZE-1 as processes
+// (tests/support/multiprocess.h): starts ranks 0..WORLD_SIZE-1 as processes
 // forked from one that has loaded its libraries, instead of one exec each.
 // A program linked with LibTorch spends about 0.7 s of CPU before main (the
 // initializers that register its operators), more than many tests' work.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../../support/fake_process_group.h"
+#include "comm/work_handle.h"
 #include "ddp/errors.h"
 #include "ddp/observe/timeline.h"
 #include "parallel/reducer/bucket_set.h"
@@ -281,6 +282,52 @@ TEST(Observers, TheTimelineSeesEveryBucketsEnd) {
               std::string::npos)
         << events;
   EXPECT_NE(events.find("wait for communication"), std::string::npos) << events;
+}
+
+// A backend's collective whose end the test decides.
+class EndsWhenTold final : public c10d::Work {
+ public:
+  bool wait(std::chrono::milliseconds) override {
+    future_->wait();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  void end() { future_->markCompleted(c10::IValue()); }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_ = c10::make_intrusive<c10::ivalue::Future>(c10::NoneType::get());
+};
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A bucket whose future is the collective itself: its end is on the
+// timeline the moment the backend says so, and only once.
+TEST(Observers, ACollectivesEndReachesTheTimelineWhenTheBackendSaysSo) {
+  auto pg = std::make_shared<ddp::testing::FakeGroup>();
+  auto timeline = std::make_shared<ddp::Timeline>(pg, ::testing::TempDir() + "/reducer_parts_timeline_end.json");
+  auto params = three_parameters();
+  BucketSet buckets;
+  buckets.lay_out(params, {{2, 1, 0}}, false);
+  ddp::detail::TimelineRecorder recorder(timeline, buckets);
+  const std::string done = "\"name\": \"bucket 0\", \"cat\": \"communication\", \"ph\": \"X\"";
+  auto work = c10::make_intrusive<EndsWhenTold>();
+  recorder.backward_started();
+  recorder.bucket_ready(0);
+  recorder.bucket_launching(0);
+  buckets[0].reduced = ddp::CommFuture(ddp::detail::make_work(work, "test allreduce", 0), buckets[0].contents);
+  recorder.bucket_launched(0, buckets[0]);
+  EXPECT_EQ(count(timeline->events_json(), done), 0u);
+  work->end();  // on the backend's thread, in a real group
+  EXPECT_EQ(count(timeline->events_json(), done), 1u);
+  recorder.wait_started();
+  buckets[0].reduced.wait();
+  recorder.bucket_done(0, buckets[0]);
+  recorder.wait_ended(true);
+  EXPECT_EQ(count(timeline->events_json(), done), 1u) << timeline->events_json();
 }
 
 TEST(Observers, TheBucketSizeSearchWaitsForASettledLayoutAndSkipsCapsThatPackTheSameBuckets) {

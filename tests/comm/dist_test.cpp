@@ -1,0 +1,216 @@
+// ddp::dist against torch.distributed (PyTorch 1.13's, or the wheel's in the
+// 2.x build): every case of pytorch_dist_parity.py at 2, 3 and 4 ranks over
+// Gloo, line for line and bit for bit (the inputs make every reduction exact
+// in any order); over our MPI backend at 2 and 4 ranks, where the ops Gloo
+// lacks are held to the result PyTorch computes from every rank's inputs.
+// And the refusals that must come before anything starts, on every rank.
+#include <gtest/gtest.h>
+
+#include <ddp/comm/dist.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <type_traits>
+
+#include "../support/located.h"
+#include "../support/multiprocess.h"
+#include "../support/parity_compare.h"
+
+namespace {
+
+using namespace ddp::testing;
+namespace dist = ddp::dist;
+
+// The C++ call that looks like Python's must do what it does, or not compile:
+// a bool where dist::async_op goes is refused at compile time.
+template <typename... A>
+auto can_all_reduce(int, A&&... a) -> decltype(dist::all_reduce(std::forward<A>(a)...), std::true_type{});
+template <typename... A>
+std::false_type can_all_reduce(long, A&&...);
+static_assert(decltype(can_all_reduce(0, std::declval<at::Tensor>(), dist::async_op))::value);
+static_assert(decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::MAX))::value);
+static_assert(!decltype(can_all_reduce(0, std::declval<at::Tensor>(), true))::value);
+static_assert(!decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::SUM, dist::Group{}, true))::value);
+static_assert(std::is_same_v<decltype(dist::all_reduce(std::declval<at::Tensor>())), void>);
+static_assert(std::is_same_v<decltype(dist::all_reduce(std::declval<at::Tensor>(), dist::async_op)), ddp::Work>);
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(f, l);)
+    if (!l.empty()) out.push_back(l);
+  return out;
+}
+
+std::string make_dir() {
+  char t[] = "/tmp/ddp_dist_XXXXXX";
+  return ::mkdtemp(t);
+}
+
+// PyTorch's lines as our backend must write them: over Gloo, as they are
+// (without the "expect" lines); over MPI, each "unsupported" replaced by the
+// result PyTorch computed for it, and the backend's name.
+std::vector<std::string> wanted(const std::vector<std::string>& torch_lines, const std::string& backend) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < torch_lines.size(); ++i) {
+    const auto& l = torch_lines[i];
+    if (l.rfind("expect ", 0) == 0) continue;
+    if (backend == "mpi" && l.size() > 12 && l.compare(l.size() - 12, 12, " unsupported") == 0 &&
+        i + 1 < torch_lines.size() && torch_lines[i + 1].rfind("expect ", 0) == 0) {
+      out.push_back(torch_lines[i + 1].substr(7));
+      continue;
+    }
+    if (backend == "mpi" && l.rfind("get ", 0) == 0) {
+      out.push_back(l.substr(0, l.rfind(' ')) + " mpi");
+      continue;
+    }
+    out.push_back(l);
+  }
+  return out;
+}
+
+void compare(const std::string& dir, int world, const std::string& backend) {
+  for (int r = 0; r < world; ++r) {
+    const auto theirs = wanted(lines_of(dir + "/torch_r" + std::to_string(r) + ".txt"), backend);
+    const auto ours = lines_of(dir + "/cpp_r" + std::to_string(r) + ".txt");
+    ASSERT_FALSE(theirs.empty()) << "rank " << r << ": PyTorch wrote nothing";
+    EXPECT_EQ(ours.size(), theirs.size()) << "rank " << r;
+    for (size_t i = 0; i < std::min(ours.size(), theirs.size()); ++i)
+      EXPECT_EQ(ours[i], theirs[i]) << "rank " << r << ", line " << i + 1;
+  }
+}
+
+std::vector<RankResult> run_oracle(int world, const std::string& dir) {
+  return run_ranks(world, oracle_python(), {DIST_PARITY_SCRIPT, dir}, {{"DDP_TEST_DIR", dir}});
+}
+
+class DistParity : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistParity, EveryCollectiveBitwiseEqualToTorchDistributedOverGloo) {
+  if (!have_pytorch("torch.distributed"))
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
+  const int world = GetParam();
+  const std::string dir = make_dir();
+  auto theirs = run_oracle(world, dir);
+  for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
+  auto ours = run_ranks(world, DIST_WORKER, {"parity"}, {{"DDP_TEST_DIR", dir}});
+  for (const auto& r : ours) ASSERT_EQ(r.exit_code, 0) << describe(ours);
+  compare(dir, world, "gloo");
+  std::filesystem::remove_all(dir);
+}
+
+class DistOverMpi : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistOverMpi, EveryCollectiveEqualToTorchDistributedAndTheOnesGlooLacksToTheirResult) {
+  if (!have_pytorch("torch.distributed"))
+    GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  const int world = GetParam();
+  const std::string dir = make_dir();
+  auto theirs = run_oracle(world, dir);
+  for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
+  auto ours = run_mpirun(world, DIST_WORKER, {"parity"}, {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  compare(dir, world, "mpi");
+  std::filesystem::remove_all(dir);
+}
+
+void expect_refusals(const std::vector<std::string>& outputs, const std::string& backend) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"avg", "AVG is NCCL's only"},
+      {"band_float", "BAND"},
+      {"src_outside", "src 2 is not a rank of the group"},
+      {"new_group_twice", "listed twice"},
+      {"new_group_outside", "not a rank of the job"},
+      {"group_rank_outside", "is not in the group"},
+      {"undefined", "undefined"}};
+  for (int r = 0; r < 2; ++r) {
+    const auto& out = outputs[r];
+    for (const auto& [name, words] : cases) {
+      const auto at = out.find("ERR " + name + ": rank " + std::to_string(r));
+      ASSERT_NE(at, std::string::npos) << "rank " << r << " case " << name << ":\n" << out;
+      EXPECT_NE(out.substr(at, out.find('\n', at) - at).find(words), std::string::npos) << out;
+    }
+    EXPECT_NE(out.find("ERR scatter_list_missing: rank " + std::to_string(r)), std::string::npos) << out;
+    EXPECT_NE(out.find("must be specified on source rank"), std::string::npos) << out;
+    // gather to 0: rank 0 gave no list, rank 1 gave one
+    EXPECT_NE(out.find(r == 0 ? "must be specified on destination rank" : "must NOT be specified on non-destination"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("after 6"), std::string::npos) << out;
+    if (backend == "mpi") EXPECT_NE(out.find("ERR dtype_mismatch: rank " + std::to_string(r)), std::string::npos) << out;
+  }
+}
+
+TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"errors"});
+  for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+  expect_refusals({ranks[0].output, ranks[1].output}, "gloo");
+}
+
+TEST(DistErrors, RefusedOnEveryRankOverMpiToo) {
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  auto ours = run_mpirun(2, DIST_WORKER, {"errors"}, {{"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  expect_refusals(ours.ranks, "mpi");
+}
+
+// Output a program must not print when it ends: a warning of ours or
+// PyTorch's, an abort, a note that the group was not destroyed.
+void expect_clean_end(const std::string& out) {
+  for (const char* bad : {"WARN", "Warning", "destroy_process_group", "deprecated", "terminate", "Abort"})
+    EXPECT_EQ(out.find(bad), std::string::npos) << "'" << bad << "' in:\n" << out;
+}
+
+// destroy_process_group() while the program still holds the group, as
+// torch.distributed's: no default group after it, and every later call on
+// the held group is a UsageError that names destroy_process_group.
+TEST(ProcessGroupTeardown, DestroyShutsTheBackendDownWhileTheProgramHoldsIt) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"teardown"});
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const std::string& out = ranks[r].output;
+    ASSERT_EQ(ranks[r].exit_code, 0) << describe(ranks);
+    EXPECT_NE(out.find("before 6"), std::string::npos) << out;
+    EXPECT_NE(out.find("initialized 0"), std::string::npos) << out;
+    EXPECT_EQ(out.find("ran "), std::string::npos) << out;
+    for (const char* call : {"allreduce", "barrier", "all_gather", "dist_broadcast"})
+      EXPECT_NE(out.find(std::string("ERR ") + call + ": rank " + std::to_string(r) + ": "), std::string::npos)
+          << call << ":\n" << out;
+    EXPECT_NE(out.find("that destroy_process_group() has shut down"), std::string::npos) << out;
+    EXPECT_NE(out.find("ERR dist_all_reduce_default: no default process group"), std::string::npos) << out;
+    for (const char* bad : {"WARN", "Warning", "deprecated", "terminate", "Abort"})
+      EXPECT_EQ(out.find(bad), std::string::npos) << "'" << bad << "' in:\n" << out;
+  }
+}
+
+// A program that returns from main without destroy_process_group() exits 0
+// and prints nothing of its own or PyTorch's at exit.
+TEST(ProcessGroupTeardown, ReturningFromMainWithoutDestroyEndsCleanly) {
+  auto ranks = run_ranks(2, DIST_WORKER, {"exit"});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+    EXPECT_NE(r.output.find("summed 6"), std::string::npos) << r.output;
+    expect_clean_end(r.output);
+  }
+}
+
+TEST(ProcessGroupTeardown, ReturningFromMainWithoutDestroyEndsCleanlyOverMpi) {
+  if (ddp::mpi_library_version().empty()) GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI)";
+  if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  auto ours = run_mpirun(2, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", "mpi"}});
+  ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+  for (const auto& out : ours.ranks) {
+    EXPECT_NE(out.find("summed 6"), std::string::npos) << out;
+    expect_clean_end(out);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DistParity, ::testing::Values(2, 3, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return "world_" + std::to_string(i.param); });
+INSTANTIATE_TEST_SUITE_P(Ranks, DistOverMpi, ::testing::Values(2, 4),
+                         [](const ::testing::TestParamInfo<int>& i) { return "world_" + std::to_string(i.param); });
+
+}  // namespace

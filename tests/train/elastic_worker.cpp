@@ -1,0 +1,238 @@
+// One rank of the elastic-resume tests (elastic_resume_test.cpp): a job
+// stopped at one world size and resumed at another. argv[1] is the
+// scenario:
+//
+//   train [training options]   a tiny model over 50 samples whose first
+//       column is the sample's index; every index a step trains on is
+//       appended to <run-dir>/indices.<ELASTIC_TAG>.<rank> as "epoch index".
+//       Rank STOP_RANK raises signal STOP_SIGNAL to itself during its
+//       STOP_AT_STEP-th step (counted from this process's start).
+//   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
+//       world size and loaded at another (DDP_TEST_DIR/zero.pt).
+//   zero_train [training options]   ZeRO in an elastic job under ddprun
+//       (tests/launcher/netns_elastic_test.cpp): on a resume at another world
+//       size, each rank's share is checked against a fresh load.
+//
+// Exit status: guarded_main's (0, 1, 75 when stopped for preemption).
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "ddp/train.h"
+#include "../support/optimizer_state_key.h"
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+int scenario_train(int argc, char** argv) {
+  const auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(2).preemption_check_every(1).lr(0.01));
+  auto pg = ddp::init_process_group(opts.process_group_options().backend("gloo"));
+  ddp::RunDir run(opts.run_dir(), *pg, "loss");
+  const int64_t n = 50;
+  torch::manual_seed(1);
+  auto x = torch::cat({torch::arange(n, torch::kFloat).unsqueeze(1), torch::randn({n, 3})}, 1);
+  auto y = torch::randn({n, 1});
+  ddp::TensorDataset data(x, y);
+  ddp::DistributedSampler sampler(n, *pg, ddp::DistributedSamplerOptions().seed(opts.seed()));
+  const int64_t batch = opts.per_process_batch(pg->size());
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(batch));
+  torch::nn::Linear net(3, 1);
+  ddp::DistributedDataParallel model(net, pg);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+  ddp::TrainState state = ddp::resume_or_start(opts, run, *net, opt, *pg);
+
+  const char* tag = std::getenv("ELASTIC_TAG");
+  std::ofstream out(opts.run_dir() + "/indices." + (tag ? tag : "run") + "." + std::to_string(pg->rank()),
+                    std::ios::app);
+  const int stop_signal = env_int("STOP_SIGNAL", 0), stop_rank = env_int("STOP_RANK", -1),
+            stop_at = env_int("STOP_AT_STEP", -1);
+  int steps_here = 0;
+  for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
+    const auto train = ddp::train_epoch(*loader, sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
+      for (int64_t i = 0; i < b.data.size(0); ++i)
+        out << epoch << " " << static_cast<int64_t>(b.data[i][0].template item<float>()) << "\n";
+      out.flush();
+      opt.zero_grad();
+      auto loss = (model(b.data.narrow(1, 1, 3)) - b.target).pow(2).mean();
+      loss.backward();
+      opt.step();
+      if (++steps_here == stop_at && pg->rank() == stop_rank) ::raise(stop_signal);
+      return loss.detach();
+    });
+    ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, *pg);
+  }
+  ddp::destroy_process_group();
+  return 0;
+}
+
+torch::nn::Sequential make_net() {
+  torch::manual_seed(5);
+  return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::ReLU(), torch::nn::Linear(16, 8), torch::nn::ReLU(),
+                               torch::nn::Linear(8, 2));
+}
+
+// The same batch on every rank: equal gradients without DDP, so a plain
+// optimizer on one rank and ZeRO at any world size take the same steps.
+void train_step(torch::nn::Sequential& net, torch::optim::Optimizer& opt, int i) {
+  torch::manual_seed(100 + i);
+  opt.zero_grad();
+  net->forward(torch::randn({6, 4})).pow(2).mean().backward();
+  opt.step();
+}
+
+std::string dir() {
+  const char* d = std::getenv("DDP_TEST_DIR");
+  return d ? d : "/tmp";
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error("check failed: " + what);
+}
+
+int scenario_zero_save() {
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo"));
+  auto net = make_net();
+  ddp::ZeroRedundancyOptimizer opt(net->parameters(), torch::optim::AdamOptions(0.01), pg);
+  for (int i = 0; i < 3; ++i) train_step(net, opt, i);
+  ddp::TrainState state;
+  state.step = 3;
+  ddp::save_checkpoint(dir() + "/zero.pt", *net, opt, state, *pg);
+  ddp::destroy_process_group();
+  return 0;
+}
+
+using ddp::testing::state_key;
+
+// Adam states of two optimizers over parameters a[i] and b[i], bitwise.
+void expect_same_adam_state(torch::optim::Optimizer& x, const std::vector<torch::Tensor>& a, torch::optim::Optimizer& y,
+                            const std::vector<torch::Tensor>& b, int rank) {
+  check(x.state().size() == y.state().size(), "rank " + std::to_string(rank) + ": as many parameters' states");
+  int held = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    auto ix = x.state().find(state_key(x.state(), a[i]));
+    auto iy = y.state().find(state_key(y.state(), b[i]));
+    const std::string what = "rank " + std::to_string(rank) + " parameter " + std::to_string(i);
+    check((ix == x.state().end()) == (iy == y.state().end()), what + ": held by both or neither");
+    if (ix == x.state().end()) continue;
+    ++held;
+    auto& u = dynamic_cast<torch::optim::AdamParamState&>(*ix->second);
+    auto& v = dynamic_cast<torch::optim::AdamParamState&>(*iy->second);
+    check(u.step() == v.step(), what + ": step");
+    check(torch::equal(u.exp_avg(), v.exp_avg()), what + ": exp_avg");
+    check(torch::equal(u.exp_avg_sq(), v.exp_avg_sq()), what + ": exp_avg_sq");
+  }
+  std::cout << "rank " << rank << ": " << held << " parameters' Adam state equal to a fresh load" << std::endl;
+}
+
+int scenario_zero_load() {
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo"));
+  // Loaded from the checkpoint the other world size wrote.
+  auto net = make_net();
+  ddp::ZeroRedundancyOptimizer opt(net->parameters(), torch::optim::AdamOptions(0.01), pg);
+  const auto state = ddp::load_checkpoint(dir() + "/zero.pt", *net, &opt, *pg);
+  check(state.world_size != pg->size(), "the checkpoint comes from another world size");
+
+  // A fresh load at this world size of the consolidated state: the plain
+  // optimizer's, after the same steps.
+  auto plain_net = make_net();
+  torch::optim::Adam plain(plain_net->parameters(), torch::optim::AdamOptions(0.01));
+  for (int i = 0; i < 3; ++i) train_step(plain_net, plain, i);
+  std::ostringstream bytes;
+  {
+    torch::serialize::OutputArchive archive;
+    plain.save(archive);
+    archive.save_to(bytes);
+  }
+  auto fresh_net = make_net();
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < fresh_net->parameters().size(); ++i)
+      fresh_net->parameters()[i].copy_(plain_net->parameters()[i]);
+  }
+  ddp::ZeroRedundancyOptimizer fresh(fresh_net->parameters(), torch::optim::AdamOptions(0.01), pg);
+  {
+    std::istringstream in_bytes(bytes.str());
+    torch::serialize::InputArchive archive;
+    archive.load_from(in_bytes);
+    fresh.load(archive);
+  }
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    check(torch::equal(net->parameters()[i], fresh_net->parameters()[i]), "parameter " + std::to_string(i));
+  expect_same_adam_state(opt.local_optimizer(), net->parameters(), fresh.local_optimizer(), fresh_net->parameters(),
+                         pg->rank());
+  for (int i = 3; i < 6; ++i) {
+    train_step(net, opt, i);
+    train_step(fresh_net, fresh, i);
+  }
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    check(torch::equal(net->parameters()[i], fresh_net->parameters()[i]),
+          "parameter " + std::to_string(i) + " after 3 more steps");
+  ddp::destroy_process_group();
+  return 0;
+}
+
+// An elastic job's ranks under ddprun, with ZeRO: a small model, Adam
+// sharded by ddp::ZeroRedundancyOptimizer, the kit's loop and checkpoints
+// (STEP_SLEEP_MS per step keeps it running while nodes come and go). A run
+// that resumed at another world size first loads the same checkpoint afresh
+// into a second ZeRO optimizer at this world size and checks that every
+// rank's share is bitwise what resume_or_start gave it: the state after the
+// change is a fresh load of the consolidated state.
+int scenario_zero_train(int argc, char** argv) {
+  const auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(6).lr(0.01));
+  auto pg = ddp::init_process_group(opts.process_group_options().backend("gloo"));
+  ddp::RunDir run(opts.run_dir(), *pg, "loss");
+  const int64_t n = 480;
+  torch::manual_seed(1);
+  ddp::TensorDataset data(torch::randn({n, 4}), torch::randn({n, 2}));
+  ddp::DistributedSampler sampler(n, *pg, ddp::DistributedSamplerOptions().seed(opts.seed()));
+  const int64_t batch = opts.per_process_batch(pg->size());
+  auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(batch));
+  auto net = make_net();
+  ddp::DistributedDataParallel model(net, pg);
+  ddp::ZeroRedundancyOptimizer opt(net->parameters(), torch::optim::AdamOptions(opts.lr()), pg);
+  ddp::TrainState state = ddp::resume_or_start(opts, run, *net, opt, *pg);
+  if (!state.last_checkpoint.empty() && state.world_size != pg->size()) {
+    auto fresh_net = make_net();
+    ddp::ZeroRedundancyOptimizer fresh(fresh_net->parameters(), torch::optim::AdamOptions(opts.lr()), pg);
+    ddp::load_checkpoint(state.last_checkpoint, *fresh_net, &fresh, *pg);
+    expect_same_adam_state(opt.local_optimizer(), net->parameters(), fresh.local_optimizer(), fresh_net->parameters(),
+                           pg->rank());
+    std::cout << "zero: rank " << pg->rank() << " of " << pg->size() << " resumed from " << state.world_size
+              << " ranks holds a fresh load's share" << std::endl;
+  }
+  const int sleep_ms = env_int("STEP_SLEEP_MS", 0);
+  for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
+    const auto train = ddp::train_epoch(*loader, sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
+      opt.zero_grad();
+      auto loss = (model(b.data) - b.target).pow(2).mean();
+      loss.backward();
+      opt.step();
+      if (sleep_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+      return loss.detach();
+    });
+    ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, *pg);
+  }
+  ddp::destroy_process_group();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ddp::guarded_main([&] {
+    const std::string scenario = argc > 1 ? argv[1] : "";
+    if (scenario == "train") return scenario_train(argc - 1, argv + 1);
+    if (scenario == "zero_save") return scenario_zero_save();
+    if (scenario == "zero_load") return scenario_zero_load();
+    if (scenario == "zero_train") return scenario_zero_train(argc - 1, argv + 1);
+    throw ddp::UsageError("unknown scenario '" + scenario + "'");
+  });
+}
