@@ -149,7 +149,7 @@ void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
   check_usage(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
               grad.scalar_type(), " gradient, expected ", view.scalar_type());
   const bool as_view = options.gradient_as_bucket_view();
-  if (hook_registered) {
+  if (hook_registered()) {
     // As PyTorch: with a hook the gradients go in as they are; dividing
     // by the world size is the hook's business.
     if (!detail::BucketSet::is_alias(grad, view)) {
@@ -195,7 +195,7 @@ void Reducer::Impl::launch_ready_buckets() {
 // through the registered hook or the built-in one. As PyTorch, the hook runs
 // at every world size, one included.
 CommFuture Reducer::Impl::launch(size_t k, const at::Tensor& contents) {
-  if (!hook_registered) return allreduce_by_sum(contents);
+  if (!hook_registered()) return allreduce_by_sum(contents);
   std::vector<at::Tensor> members;
   members.reserve(buckets[k].vars.size());
   for (size_t i : buckets[k].vars) members.push_back(params[i]);
@@ -257,7 +257,7 @@ void Reducer::Impl::finalize_backward() {
 
   stats.iterations++;
   observers.each([this](auto& o) { o.step_counted(stats.iterations); });
-  const bool communicated = !buckets.empty() && (pg->size() > 1 || hook_registered);
+  const bool communicated = !buckets.empty() && (pg->size() > 1 || hook_registered());
   const detail::StepEnd end{backward_end, wait_start, wait_end, unused_bytes, communicated, &step_ready_order};
   observers.each([&end](auto& o) { o.step_finished(end); });
 
@@ -539,18 +539,17 @@ void Reducer::register_comm_hook(CommHook hook) {
   check_usage(static_cast<bool>(hook), s.who(), "register_comm_hook was given an empty hook");
   // PyTorch's own words for the first; the second keeps a bucket from being
   // reduced half one way, half the other.
-  check_usage(!s.hook_registered, s.who(),
+  check_usage(!s.hook_registered(), s.who(),
               "register_comm_hook or register_builtin_comm_hook can only be called once.");
   check_usage(s.generation == 0 && s.stats.iterations == 0, s.who(),
               "register_comm_hook must be called before the first forward and backward that synchronise gradients; "
               "register the hook right after constructing DistributedDataParallel.");
   s.comm_hook = std::move(hook);
-  s.hook_registered = true;
 }
 
 bool Reducer::has_comm_hook() const {
   std::lock_guard<std::mutex> lock(impl_->mutex);
-  return impl_->hook_registered;
+  return impl_->hook_registered();
 }
 
 void Reducer::set_timeline(std::shared_ptr<Timeline> timeline) {

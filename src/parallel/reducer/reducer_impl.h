@@ -59,9 +59,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   std::vector<detail::AccumulatorPtr> accumulators;  // keeps our hooks alive across iterations
   at::Tensor inverse_world;  // 1/W as a wrapped scalar, as PyTorch's mul_out takes it
   // Every bucket is reduced through a hook, as c10d's reducer: the one
-  // registered, else the built-in allreduce_by_sum.
+  // registered (empty: none), else the built-in allreduce_by_sum.
   CommHook comm_hook;
-  bool hook_registered = false;  // comm_hook holds the user's
+  bool hook_registered() const { return static_cast<bool>(comm_hook); }
   NoGradientAdvice no_gradient_advice;  // empty: the generic advice (missing_gradients.cpp)
 
   ReducerStats stats;  // before the observers, which write it
