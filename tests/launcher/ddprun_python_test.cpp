@@ -12,7 +12,12 @@ using Launcher = LauncherTest;
 
 bool system_python_has_torch(const std::string& dir) {
   if (::access("/usr/bin/python3", X_OK) != 0) return false;
-  return Process({"/usr/bin/python3", "-c", "import torch"}, {}, dir).wait(120).code == 0;
+  // Found, not imported: the test's own runs import it.
+  return Process({"/usr/bin/python3", "-c",
+                  "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"},
+                 {}, dir)
+             .wait(120)
+             .code == 0;
 }
 
 // A python3 without torch first on PATH (a pyenv shim, a virtual

@@ -66,29 +66,35 @@ TEST(DistributedSampler, CopiesShareTheEpochSoTheLoadersCopyFollows) {
 }
 
 TEST(DistributedSampler, SameIndicesAsPyTorch) {
-  FILE* probe = ::popen("/usr/bin/python3 -c 'import torch' 2>/dev/null", "r");
+  // Whether the interpreter has torch is found, not imported; every case is
+  // asked of one interpreter (its import of torch costs more than the cases).
+  FILE* probe = ::popen("/usr/bin/python3 -c 'import importlib.util, sys; "
+                        "sys.exit(importlib.util.find_spec(\"torch\") is None)' 2>/dev/null",
+                        "r");
   if (!probe || ::pclose(probe) != 0) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
-  for (auto [n, w, seed, epoch, drop] : std::vector<std::tuple<int, int, int, int, int>>{
-           {10, 3, 0, 0, 0}, {10, 3, 7, 2, 1}, {1000, 2, 42, 5, 0}, {5, 4, 1, 1, 0}, {3, 4, 0, 0, 0}}) {
-    const std::string cmd = "/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " sampler " + std::to_string(n) + " " +
-                            std::to_string(w) + " " + std::to_string(seed) + " " + std::to_string(epoch) + " " +
-                            std::to_string(drop);
-    FILE* p = ::popen(cmd.c_str(), "r");
-    ASSERT_TRUE(p);
-    std::string out;
-    char buf[4096];
-    while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
-    ASSERT_EQ(::pclose(p), 0) << cmd;
-    std::istringstream lines(out);
-    std::string line;
+  const std::vector<std::tuple<int, int, int, int, int>> cases{
+      {10, 3, 0, 0, 0}, {10, 3, 7, 2, 1}, {1000, 2, 42, 5, 0}, {5, 4, 1, 1, 0}, {3, 4, 0, 0, 0}};
+  std::string cmd = "/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " sampler";
+  for (auto [n, w, seed, epoch, drop] : cases)
+    for (int v : {n, w, seed, epoch, drop}) cmd += " " + std::to_string(v);
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  std::string out;
+  char buf[4096];
+  while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
+  ASSERT_EQ(::pclose(p), 0) << cmd;
+  std::istringstream lines(out);
+  std::string line;
+  for (auto [n, w, seed, epoch, drop] : cases) {
     for (int r = 0; r < w; ++r) {
-      std::getline(lines, line);
+      ASSERT_TRUE(std::getline(lines, line)) << "case " << n << " " << w << ": no line for rank " << r;
       std::vector<size_t> expected;
       std::istringstream nums(line);
       for (size_t i; nums >> i;) expected.push_back(i);
       ddp::DistributedSampler s(n, w, r, ddp::DistributedSamplerOptions().seed(seed).drop_last(drop));
       s.set_epoch(epoch);
-      EXPECT_EQ(s.indices(), expected) << cmd << " rank " << r;
+      EXPECT_EQ(s.indices(), expected) << "n " << n << " world " << w << " seed " << seed << " epoch " << epoch
+                                       << " drop_last " << drop << " rank " << r;
     }
   }
 }

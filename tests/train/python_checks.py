@@ -1,5 +1,6 @@
 # Helpers the C++ tests call through /usr/bin/python3:
-#   sampler N W SEED EPOCH DROP_LAST   -> each rank's torch DistributedSampler indices, one line a rank
+#   sampler N W SEED EPOCH DROP_LAST [N W SEED EPOCH DROP_LAST ...]
+#                                        -> each case's torch DistributedSampler indices, one line a rank
 #   checkpoint PATH                      -> loads a libddp checkpoint with torch.load, prints a summary
 #   scaler PATH                          -> the checkpoint's loss-scaler state, a "key type value" line per entry
 #   extra PATH                           -> the checkpoint's "extra" entries and its config's program options,
@@ -12,11 +13,13 @@ import torch
 from torch.utils.data import DistributedSampler
 
 if sys.argv[1] == 'sampler':
-    n, w, seed, epoch, drop_last = (int(a) for a in sys.argv[2:7])
-    for r in range(w):
-        s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed, drop_last=bool(drop_last))
-        s.set_epoch(epoch)
-        print(' '.join(str(i) for i in s))
+    numbers = [int(a) for a in sys.argv[2:]]
+    for case in range(0, len(numbers), 5):
+        n, w, seed, epoch, drop_last = numbers[case:case + 5]
+        for r in range(w):
+            s = DistributedSampler(range(n), num_replicas=w, rank=r, shuffle=True, seed=seed, drop_last=bool(drop_last))
+            s.set_epoch(epoch)
+            print(' '.join(str(i) for i in s))
 elif sys.argv[1] == 'scaler':
     ck = torch.load(sys.argv[2])
     if 'scaler' not in ck:

@@ -8,9 +8,16 @@
 
 namespace ddp::testing {
 
+// Found, not imported (an import of torch costs more than most checks);
+// asked once per process.
 inline bool python_torch() {
-  FILE* p = ::popen("/usr/bin/python3 -c 'import torch' 2>/dev/null", "r");
-  return p && ::pclose(p) == 0;
+  static const bool has = [] {
+    FILE* p = ::popen("/usr/bin/python3 -c 'import importlib.util, sys; "
+                      "sys.exit(importlib.util.find_spec(\"torch\") is None)' 2>/dev/null",
+                      "r");
+    return p && ::pclose(p) == 0;
+  }();
+  return has;
 }
 
 inline std::string run(const std::string& cmd) {
