@@ -142,4 +142,20 @@ constexpr const char* kNcclAsyncErrorHandlingOtherName = "TORCH_NCCL_ASYNC_ERROR
 // run, which can land after our rename (comm_threads.cpp waits for it).
 constexpr bool kGlooWorkersNameThemselves = TORCH_VERSION_MAJOR >= 2;
 
+// NCCL's grouped start of several sends and receives (batch_isend_irecv).
+// 1.13's endCoalescing takes the requests started in the group; 2.x's
+// returns one Work for the whole group (the calls in it return none), which
+// end_coalescing hands back (null in 1.13).
+inline void start_coalescing(Backend& backend) { backend.startCoalescing(); }
+#if TORCH_VERSION_MAJOR >= 2
+inline c10::intrusive_ptr<Work> end_coalescing(Backend& backend, std::vector<c10::intrusive_ptr<Work>>&) {
+  return backend.endCoalescing();
+}
+#else
+inline c10::intrusive_ptr<Work> end_coalescing(Backend& backend, std::vector<c10::intrusive_ptr<Work>>& reqs) {
+  backend.endCoalescing(reqs);
+  return {};
+}
+#endif
+
 }  // namespace ddp::compat

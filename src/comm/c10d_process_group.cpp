@@ -12,8 +12,8 @@ namespace ddp::detail {
 
 namespace {
 
-c10d::ReduceOp to_c10d(ReduceOp op) {
-  switch (op) {
+c10d::ReduceOp to_c10d(const CollectiveCall& call) {
+  switch (call.op) {
     case ReduceOp::SUM: return c10d::ReduceOp::SUM;
     case ReduceOp::AVG: return c10d::ReduceOp::AVG;
     case ReduceOp::PRODUCT: return c10d::ReduceOp::PRODUCT;
@@ -22,6 +22,7 @@ c10d::ReduceOp to_c10d(ReduceOp op) {
     case ReduceOp::BAND: return c10d::ReduceOp::BAND;
     case ReduceOp::BOR: return c10d::ReduceOp::BOR;
     case ReduceOp::BXOR: return c10d::ReduceOp::BXOR;
+    case ReduceOp::PREMUL_SUM: return c10d::makeNCCLPreMulSum(call.premul_factor);
   }
   return c10d::ReduceOp::SUM;
 }
@@ -41,24 +42,24 @@ c10::intrusive_ptr<c10d::Work> start_reduction(compat::Backend& backend, const C
   switch (call.kind) {
     case Kind::AllReduce: {
       c10d::AllreduceOptions opts;
-      opts.reduceOp = to_c10d(call.op);
+      opts.reduceOp = to_c10d(call);
       return backend.allreduce(in, opts);
     }
     case Kind::Reduce: {
       c10d::ReduceOptions opts;
-      opts.reduceOp = to_c10d(call.op);
+      opts.reduceOp = to_c10d(call);
       opts.rootRank = call.root;
       return backend.reduce(in, opts);
     }
     case Kind::ReduceScatter: {
       std::vector<std::vector<at::Tensor>> lists{in};
       c10d::ReduceScatterOptions opts;
-      opts.reduceOp = to_c10d(call.op);
+      opts.reduceOp = to_c10d(call);
       return backend.reduce_scatter(out, lists, opts);
     }
     case Kind::ReduceScatterTensor: {
       c10d::ReduceScatterOptions opts;
-      opts.reduceOp = to_c10d(call.op);
+      opts.reduceOp = to_c10d(call);
       return backend._reduce_scatter_base(out.at(0), in.at(0), opts);
     }
     default: break;
@@ -173,19 +174,34 @@ c10::intrusive_ptr<c10d::Work> C10dProcessGroup::start(const CollectiveCall& cal
       return backend.alltoall_base(out.at(0), in.at(0), out_splits, in_splits);
     }
     case Kind::Barrier: return backend.barrier();
+    case Kind::Send: return backend.send(in, call.root, call.tag);
+    case Kind::Recv:
+      if (call.root < 0) return backend.recvAnysource(out, call.tag);
+      return backend.recv(out, call.root, call.tag);
+    case Kind::MonitoredBarrier: break;  // monitored_barrier(): blocking, no Work
   }
   throw UsageError("unknown collective");
 }
 
-Work C10dProcessGroup::collective(const CollectiveCall& call) {
-  const std::string op = collective_name(call.kind);
-  const std::string who = "rank " + std::to_string(rank()) + ": dist." + op + " on " + name_ + ": ";
-  live(("dist." + op).c_str());
-  if (name_ == "gloo" && call.op == ReduceOp::AVG &&
-      (call.kind == CollectiveCall::Kind::AllReduce || call.kind == CollectiveCall::Kind::Reduce ||
-       call.kind == CollectiveCall::Kind::ReduceScatter || call.kind == CollectiveCall::Kind::ReduceScatterTensor))
+// What a backend lacks, refused before anything starts (as PyTorch's
+// Python layer refuses it, or where c10d would fail only in wait() and leave
+// the group unusable).
+void C10dProcessGroup::refuse_unsupported(const CollectiveCall& call, const std::string& who) const {
+  using Kind = CollectiveCall::Kind;
+  const bool reduces = call.kind == Kind::AllReduce || call.kind == Kind::Reduce || call.kind == Kind::ReduceScatter ||
+                       call.kind == Kind::ReduceScatterTensor;
+  if (name_ == "gloo" && reduces && call.op == ReduceOp::AVG)
     throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch (\"Cannot use ReduceOp.AVG with Gloo\"): "
                      "reduce with ReduceOp::SUM and divide by dist::get_world_size(group)");
+  if (name_ != "nccl" && reduces && call.op == ReduceOp::PREMUL_SUM)
+    throw UsageError(who + "ReduceOp::PREMUL_SUM is NCCL's only, as in PyTorch (\"Cannot use ReduceOp.PREMUL_SUM "
+                     "with Gloo\"): multiply by the factor and reduce with ReduceOp::SUM");
+  if (call.kind == Kind::MonitoredBarrier && name_ != "gloo")
+    throw UsageError(who + "monitored_barrier is only implemented for GLOO backend, as in PyTorch: make a gloo "
+                     "group beside this one (dist::new_group(ranks, timeout, \"gloo\")) and call it there");
+  if (call.kind == Kind::Recv && call.root < 0 && name_ == "nccl")
+    throw UsageError(who + "NCCL cannot receive from any source (ProcessGroupNCCL does not support recvAnysource): "
+                     "name the sender (src), or receive over a gloo group (dist::new_group(ranks, timeout, \"gloo\"))");
   const bool bitwise = call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR;
   if (name_ == "gloo" && bitwise)
     for (const auto* list : {&call.inputs, &call.outputs})
@@ -194,9 +210,39 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
           throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs integer tensors, not " +
                            c10::toString(t.scalar_type()) + " (\"Cannot use ReduceOp." + reduce_op_name(call.op) +
                            " with non-integral dtype\")");
-  c10::intrusive_ptr<c10d::Work> work;
+}
+
+// Gloo's monitored barrier: rank 0 waits for every other rank's message
+// until the timeout and names the ranks that did not send it. Blocking, as
+// in PyTorch.
+Work C10dProcessGroup::monitored_barrier(const CollectiveCall& call, const std::string& who) {
+  c10d::BarrierOptions opts;
+  opts.timeout = call.timeout.count() > 0 ? call.timeout : timeout_;
   try {
-    work = start(call);
+    backend_->monitoredBarrier(opts, call.wait_all_ranks);
+  } catch (const std::exception& e) {
+    throw CommError(who + first_line(message_of(e)) +
+                    "\n  (the ranks named did not reach monitored_barrier within " + std::to_string(opts.timeout.count()) +
+                    " ms: each one's own log says where it is)");
+  }
+  return Work();
+}
+
+Work C10dProcessGroup::collective(const CollectiveCall& call) {
+  const std::string op = collective_name(call.kind);
+  const std::string who = "rank " + std::to_string(rank()) + ": dist." + op + " on " + name_ + ": ";
+  live(("dist." + op).c_str());
+  refuse_unsupported(call, who);
+  if (call.kind == CollectiveCall::Kind::MonitoredBarrier) return monitored_barrier(call, who);
+  return detail::make_work(started(call, who), name_ + " " + op, rank(),
+                           call.kind == CollectiveCall::Kind::Recv && call.root < 0);
+}
+
+// start(), its refusals turned into UsageError and the backend's failures
+// into CommError, both naming the rank.
+c10::intrusive_ptr<c10d::Work> C10dProcessGroup::started(const CollectiveCall& call, const std::string& who) {
+  try {
+    return start(call);
   } catch (const UsageError&) {
     throw;
   } catch (const std::exception& e) {
@@ -205,7 +251,25 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
                      "\n  (c10d refused it before it started; where PyTorch's backend lacks an operation, "
                      "docs/api.md's table of ddp::dist says which backend has it)");
   }
-  return detail::make_work(std::move(work), name_ + " " + op, rank());
+}
+
+// NCCL's sends and receives of one batch go in one group; the other
+// backends start each by itself, as PyTorch's batch_isend_irecv.
+std::vector<Work> C10dProcessGroup::coalesced(const std::vector<CollectiveCall>& calls) {
+  if (name_ != "nccl") return ProcessGroup::coalesced(calls);
+  live("dist.batch_isend_irecv");
+  for (const auto& call : calls)
+    refuse_unsupported(call, "rank " + std::to_string(rank()) + ": dist.batch_isend_irecv on nccl: ");
+  std::vector<c10::intrusive_ptr<c10d::Work>> started_works;
+  compat::start_coalescing(*backend_);
+  for (const auto& call : calls)
+    started_works.push_back(started(call, "rank " + std::to_string(rank()) + ": dist.batch_isend_irecv on nccl: "));
+  auto whole = compat::end_coalescing(*backend_, started_works);
+  std::vector<Work> works;
+  for (auto& w : started_works)
+    if (w) works.push_back(detail::make_work(std::move(w), name_ + " batch_isend_irecv", rank()));
+  if (whole) works.push_back(detail::make_work(std::move(whole), name_ + " batch_isend_irecv", rank()));
+  return works;
 }
 
 std::shared_ptr<ProcessGroup> C10dProcessGroup::new_subgroup(const std::vector<int>& ranks,

@@ -43,6 +43,7 @@ class C10dProcessGroup final : public ProcessGroup {
   std::shared_ptr<StoreHandle> store() const override { return std::make_shared<StoreHandle>(store_); }
 
   Work collective(const CollectiveCall& call) override;
+  std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls) override;
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>& ranks,
                                              std::chrono::milliseconds timeout) override;
   // Shuts the backend down (2.x: c10d's Backend::shutdown, the normal exit
@@ -54,6 +55,9 @@ class C10dProcessGroup final : public ProcessGroup {
   compat::Backend& live(const char* op) const;
   Work wrap(c10::intrusive_ptr<c10d::Work> work, const char* op);
   c10::intrusive_ptr<c10d::Work> start(const CollectiveCall& call);
+  c10::intrusive_ptr<c10d::Work> started(const CollectiveCall& call, const std::string& who);
+  void refuse_unsupported(const CollectiveCall& call, const std::string& who) const;
+  Work monitored_barrier(const CollectiveCall& call, const std::string& who);
 
   c10::intrusive_ptr<c10d::Store> store_;  // the backend keeps using it after construction
   c10::intrusive_ptr<compat::Backend> backend_;  // null once shut down

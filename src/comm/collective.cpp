@@ -14,6 +14,7 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::BAND: return "BAND";
     case ReduceOp::BOR: return "BOR";
     case ReduceOp::BXOR: return "BXOR";
+    case ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
   }
   return "?";
 }
@@ -33,6 +34,9 @@ const char* collective_name(CollectiveCall::Kind kind) {
     case Kind::AllToAll: return "all_to_all";
     case Kind::AllToAllSingle: return "all_to_all_single";
     case Kind::Barrier: return "barrier";
+    case Kind::MonitoredBarrier: return "monitored_barrier";
+    case Kind::Send: return "send";
+    case Kind::Recv: return "recv";
   }
   return "?";
 }
@@ -41,6 +45,12 @@ Work ProcessGroup::collective(const CollectiveCall& call) {
   throw UsageError(rank_tag(*this) + ": dist." + collective_name(call.kind) + ": this process group (" +
                    backend_name() + ") has only the collectives DDP needs; use a group made by "
                    "ddp::init_process_group or dist::new_group");
+}
+
+std::vector<Work> ProcessGroup::coalesced(const std::vector<CollectiveCall>& calls) {
+  std::vector<Work> works;
+  for (const auto& call : calls) works.push_back(collective(call));
+  return works;
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_subgroup(const std::vector<int>&, std::chrono::milliseconds) {

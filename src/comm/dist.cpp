@@ -2,10 +2,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <cctype>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
+
+#include "comm/backend_groups.h"
 
 namespace ddp::dist {
 
@@ -52,12 +56,17 @@ Work run(CollectiveCall call, const Group& group, bool async) {
 }
 
 CollectiveCall make(Kind kind, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs = {},
-                    ReduceOp op = ReduceOp::SUM, int root = 0) {
+                    Reduction op = ReduceOp::SUM, int root = 0) {
+  if (op.op() == ReduceOp::PREMUL_SUM && !op.has_factor())
+    throw UsageError(who(collective_name(kind)) +
+                     "ReduceOp::PREMUL_SUM needs its factor: use dist::make_nccl_premul_sum(factor), as PyTorch's "
+                     "torch.distributed._make_nccl_premul_sum");
   CollectiveCall call;
   call.kind = kind;
   call.inputs = std::move(inputs);
   call.outputs = std::move(outputs);
-  call.op = op;
+  call.op = op.op();
+  call.premul_factor = op.factor();
   call.root = root;
   return call;
 }
@@ -85,12 +94,12 @@ void check_root_list(const std::vector<at::Tensor>& list, bool is_root, const ch
     throw UsageError(who(op) + "Argument `" + name + "` must NOT be specified on non-" + root + " ranks.");
 }
 
-Work do_all_reduce(const at::Tensor& t, ReduceOp op, const Group& g, bool async) {
+Work do_all_reduce(const at::Tensor& t, Reduction op, const Group& g, bool async) {
   check_tensor(t, "all_reduce");
   return run(make(Kind::AllReduce, {t}, {}, op), g, async);
 }
 
-Work do_reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g, bool async) {
+Work do_reduce(const at::Tensor& t, int dst, Reduction op, const Group& g, bool async) {
   check_tensor(t, "reduce");
   const int root = root_of(g, dst, "reduce", "dst");
   return run(make(Kind::Reduce, {t}, {}, op, root), g, async);
@@ -130,14 +139,14 @@ Work do_scatter(const at::Tensor& t, const std::vector<at::Tensor>& list, int sr
   return run(make(Kind::Scatter, list, {t}, ReduceOp::SUM, root), g, async);
 }
 
-Work do_reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& list, ReduceOp op, const Group& g,
+Work do_reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& list, Reduction op, const Group& g,
                        bool async) {
   check_tensor(out, "reduce_scatter", "output tensor");
   check_list(list, "reduce_scatter", "input_list");
   return run(make(Kind::ReduceScatter, list, {out}, op), g, async);
 }
 
-Work do_reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in, ReduceOp op, const Group& g, bool async) {
+Work do_reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in, Reduction op, const Group& g, bool async) {
   check_tensor(out, "reduce_scatter_tensor", "output tensor");
   check_tensor(in, "reduce_scatter_tensor", "input tensor");
   return run(make(Kind::ReduceScatterTensor, {in}, {out}, op), g, async);
@@ -241,7 +250,18 @@ int get_global_rank(const Group& group, int group_rank) {
   return ranks[static_cast<size_t>(group_rank)];
 }
 
-Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds> timeout) {
+// new_group's backend: "" for the default group's, else gloo, nccl or mpi
+// (in any case, as PyTorch's Backend()).
+std::string backend_asked(std::string backend, const ProcessGroup& world) {
+  for (char& c : backend) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (backend.empty() || backend == world.backend_name()) return "";
+  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
+    throw UsageError(who("new_group") + "unknown backend '" + backend + "'; use gloo, nccl or mpi (or \"\" for the "
+                     "default group's, " + world.backend_name() + ")");
+  return backend;
+}
+
+Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds> timeout, std::string backend) {
   const auto world = default_process_group();
   if (ranks.empty())
     for (int r = 0; r < world->size(); ++r) ranks.push_back(r);
@@ -256,7 +276,10 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
   if (timeout && timeout->count() <= 0)
     throw UsageError(who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
                      " ms");
-  auto pg = world->new_subgroup(ranks, timeout.value_or(world->timeout()));
+  const auto wait = timeout.value_or(world->timeout());
+  const std::string other = backend_asked(std::move(backend), *world);
+  const auto parent = other.empty() ? world : detail::job_group_of_backend(other, wait);
+  auto pg = parent->new_subgroup(ranks, wait);
   if (pg) {
     auto& known = subgroups();
     std::lock_guard<std::mutex> lock(known.mutex);
@@ -271,16 +294,33 @@ void barrier(const Group& group) { (void)run(make(Kind::Barrier, {}), group, fal
 Work barrier(const Group& group, AsyncOp) { return run(make(Kind::Barrier, {}), group, true); }
 Work barrier(AsyncOp) { return barrier(Group{}, async_op); }
 
+void monitored_barrier(const Group& group, std::optional<std::chrono::milliseconds> timeout, bool wait_all_ranks) {
+  if (timeout && timeout->count() <= 0)
+    throw UsageError(who("monitored_barrier") + "the timeout must be positive, got " +
+                     std::to_string(timeout->count()) + " ms");
+  auto call = make(Kind::MonitoredBarrier, {});
+  call.timeout = timeout.value_or(std::chrono::milliseconds(0));
+  call.wait_all_ranks = wait_all_ranks;
+  (void)run(std::move(call), group, false);
+}
+
+Reduction make_nccl_premul_sum(double factor) {
+  Reduction r(ReduceOp::PREMUL_SUM);
+  r.factor_ = factor;
+  r.has_factor_ = true;
+  return r;
+}
+
 // ---- collectives -------------------------------------------------------------------
 
-void all_reduce(const at::Tensor& t, ReduceOp op, const Group& g) { (void)do_all_reduce(t, op, g, false); }
-Work all_reduce(const at::Tensor& t, ReduceOp op, const Group& g, AsyncOp) { return do_all_reduce(t, op, g, true); }
-Work all_reduce(const at::Tensor& t, ReduceOp op, AsyncOp) { return do_all_reduce(t, op, {}, true); }
+void all_reduce(const at::Tensor& t, Reduction op, const Group& g) { (void)do_all_reduce(t, op, g, false); }
+Work all_reduce(const at::Tensor& t, Reduction op, const Group& g, AsyncOp) { return do_all_reduce(t, op, g, true); }
+Work all_reduce(const at::Tensor& t, Reduction op, AsyncOp) { return do_all_reduce(t, op, {}, true); }
 Work all_reduce(const at::Tensor& t, AsyncOp) { return do_all_reduce(t, ReduceOp::SUM, {}, true); }
 
-void reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g) { (void)do_reduce(t, dst, op, g, false); }
-Work reduce(const at::Tensor& t, int dst, ReduceOp op, const Group& g, AsyncOp) { return do_reduce(t, dst, op, g, true); }
-Work reduce(const at::Tensor& t, int dst, ReduceOp op, AsyncOp) { return do_reduce(t, dst, op, {}, true); }
+void reduce(const at::Tensor& t, int dst, Reduction op, const Group& g) { (void)do_reduce(t, dst, op, g, false); }
+Work reduce(const at::Tensor& t, int dst, Reduction op, const Group& g, AsyncOp) { return do_reduce(t, dst, op, g, true); }
+Work reduce(const at::Tensor& t, int dst, Reduction op, AsyncOp) { return do_reduce(t, dst, op, {}, true); }
 Work reduce(const at::Tensor& t, int dst, AsyncOp) { return do_reduce(t, dst, ReduceOp::SUM, {}, true); }
 
 void broadcast(const at::Tensor& t, int src, const Group& g) { (void)do_broadcast(t, src, g, false); }
@@ -323,20 +363,20 @@ Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, Asy
   return do_scatter(t, l, src, {}, true);
 }
 
-void reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g) {
+void reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, Reduction op, const Group& g) {
   (void)do_reduce_scatter(o, l, op, g, false);
 }
-Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, ReduceOp op, const Group& g, AsyncOp) {
+Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, Reduction op, const Group& g, AsyncOp) {
   return do_reduce_scatter(o, l, op, g, true);
 }
 Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, AsyncOp) {
   return do_reduce_scatter(o, l, ReduceOp::SUM, {}, true);
 }
 
-void reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g) {
+void reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, Reduction op, const Group& g) {
   (void)do_reduce_scatter_tensor(o, i, op, g, false);
 }
-Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, ReduceOp op, const Group& g, AsyncOp) {
+Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, Reduction op, const Group& g, AsyncOp) {
   return do_reduce_scatter_tensor(o, i, op, g, true);
 }
 Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
@@ -365,4 +405,86 @@ Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
   return do_all_to_all_single(o, i, {}, {}, {}, true);
 }
 
+// ---- point to point -----------------------------------------------------------------
+
+namespace {
+
+// A send or receive of `t` with the peer `peer` (global; -1: a receive from
+// any rank), as the group's call, or nullopt where this rank is not in it.
+std::optional<CollectiveCall> p2p_call(Kind kind, const at::Tensor& t, int peer, const Group& g, int tag,
+                                       const char* op) {
+  check_tensor(t, op);
+  if (!g.is_member()) {
+    warn_not_in_group(op);
+    return std::nullopt;
+  }
+  const int root = peer < 0 ? -1 : root_of(g, peer, op, kind == Kind::Send ? "dst" : "src");
+  const at::Tensor flat = t.is_complex() ? at::view_as_real(t) : t;  // as PyTorch 2.x
+  auto call = kind == Kind::Send ? make(kind, {flat}) : make(kind, {}, {flat});
+  call.root = root;
+  call.tag = tag;
+  return call;
+}
+
+Work start_p2p(Kind kind, const at::Tensor& t, int peer, const Group& g, int tag, const char* op) {
+  auto call = p2p_call(kind, t, peer, g, tag, op);
+  if (!call) return Work();
+  return g.process_group()->collective(*call);
+}
+
+}  // namespace
+
+void send(const at::Tensor& tensor, int dst, const Group& group, int tag) {
+  if (group.is_member() && dst == get_global_rank(group, get_rank(group)))
+    throw UsageError(who("send") + "Invalid destination rank: destination rank should not be the same as the rank "
+                     "of the current process (a blocking send to itself could never be received; isend can)");
+  start_p2p(Kind::Send, tensor, dst, group, tag, "send").wait();
+}
+
+int recv(const at::Tensor& tensor, std::optional<int> src, const Group& group, int tag) {
+  Work work = start_p2p(Kind::Recv, tensor, src.value_or(-1), group, tag, "recv");
+  if (!group.is_member()) return -1;
+  work.wait();
+  return src ? *src : get_global_rank(group, work.source_rank());
+}
+
+Work isend(const at::Tensor& tensor, int dst, const Group& group, int tag) {
+  return start_p2p(Kind::Send, tensor, dst, group, tag, "isend");
+}
+
+Work irecv(const at::Tensor& tensor, std::optional<int> src, const Group& group, int tag) {
+  return start_p2p(Kind::Recv, tensor, src.value_or(-1), group, tag, "irecv");
+}
+
+P2POp::P2POp(Isend op, at::Tensor tensor, int peer, Group group, int tag)
+    : send_(true), tensor_(std::move(tensor)), peer_(peer), group_(std::move(group)), tag_(tag) {
+  if (op != &isend)
+    throw UsageError(who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
+  check_tensor(tensor_, "P2POp");
+}
+
+P2POp::P2POp(Irecv op, at::Tensor tensor, int peer, Group group, int tag)
+    : send_(false), tensor_(std::move(tensor)), peer_(peer), group_(std::move(group)), tag_(tag) {
+  if (op != &irecv)
+    throw UsageError(who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
+  check_tensor(tensor_, "P2POp");
+}
+
+std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list) {
+  if (p2p_op_list.empty()) throw UsageError(who("batch_isend_irecv") + "the list of P2POp is empty");
+  const auto& group = p2p_op_list.front().group();
+  const auto pg = group.process_group();
+  std::vector<CollectiveCall> calls;
+  for (const auto& p : p2p_op_list) {
+    if (p.group().process_group() != pg)
+      throw UsageError(who("batch_isend_irecv") + "All ops need to use the same group.");
+    auto call = p2p_call(p.is_send() ? Kind::Send : Kind::Recv, p.tensor(), p.peer(), group, p.tag(),
+                         p.is_send() ? "isend" : "irecv");
+    if (call) calls.push_back(std::move(*call));
+  }
+  if (calls.empty()) return {};
+  return pg->coalesced(calls);
+}
+
 }  // namespace ddp::dist
+

@@ -57,6 +57,9 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
 
 Work MpiProcessGroup::collective(const CollectiveCall& call) {
   const std::string who = "rank " + std::to_string(rank_) + ": dist." + collective_name(call.kind) + " on mpi: ";
+  if (call.kind == CollectiveCall::Kind::MonitoredBarrier)
+    throw UsageError(who + "monitored_barrier is only implemented for GLOO backend, as in PyTorch: make a gloo "
+                     "group beside this one (dist::new_group(ranks, timeout, \"gloo\")) and call it there");
   for (const auto* list : {&call.inputs, &call.outputs})
     for (const auto& t : *list) check(t, collective_name(call.kind));
   return start_collective(call, who);
@@ -88,7 +91,8 @@ MPI_Op mpi_op_of(ReduceOp op) {
     case ReduceOp::BAND: return MPI_BAND;
     case ReduceOp::BOR: return MPI_BOR;
     case ReduceOp::BXOR: return MPI_BXOR;
-    case ReduceOp::AVG: break;
+    case ReduceOp::AVG:
+    case ReduceOp::PREMUL_SUM: break;
   }
   return MPI_SUM;
 }
@@ -99,6 +103,9 @@ std::pair<MPI_Datatype, MPI_Op> reduction(const CollectiveCall& call, const at::
   if (call.op == ReduceOp::AVG)
     throw UsageError(who + "ReduceOp::AVG is NCCL's only, as in PyTorch: reduce with ReduceOp::SUM and divide by "
                      "dist::get_world_size(group)");
+  if (call.op == ReduceOp::PREMUL_SUM)
+    throw UsageError(who + "ReduceOp::PREMUL_SUM is NCCL's only, as in PyTorch: multiply by the factor and reduce "
+                     "with ReduceOp::SUM");
   const bool integral = c10::isIntegralType(t.scalar_type(), /*includeBool=*/false);
   if ((call.op == ReduceOp::BAND || call.op == ReduceOp::BOR || call.op == ReduceOp::BXOR) && !integral)
     throw UsageError(who + "ReduceOp::" + reduce_op_name(call.op) + " needs an integer tensor, not " +
@@ -169,6 +176,9 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
     case Kind::ReduceScatterTensor: work = start_reduce_scatter(call, who); break;
     case Kind::AllToAll:
     case Kind::AllToAllSingle: work = start_all_to_all(call, who); break;
+    case Kind::Send:
+    case Kind::Recv: work = start_p2p(call, who); break;
+    case Kind::MonitoredBarrier: break;  // refused by collective()
     case Kind::Barrier: {
       at::Tensor none;
       work = start(c10d::OpType::BARRIER, collective_name(call.kind), none,
@@ -176,7 +186,26 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
       break;
     }
   }
-  return detail::make_work(work, std::string("mpi ") + collective_name(call.kind), rank_);
+  return detail::make_work(work, std::string("mpi ") + collective_name(call.kind), rank_,
+                           call.kind == Kind::Recv && call.root < 0);
+}
+
+// send and recv: the tensor's bytes to or from one rank (any rank: a
+// receive whose Work then names the sender), matched by the tag.
+c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_p2p(const CollectiveCall& call, const std::string& who) {
+  const char* name = collective_name(call.kind);
+  const bool sending = call.kind == Kind::Send;
+  at::Tensor t = sending ? call.inputs.at(0) : call.outputs.at(0);
+  need(call.tag >= 0, who, "the tag must not be negative, got " + std::to_string(call.tag));
+  need(call.root < size_ && (call.root >= 0 || !sending), who,
+       "rank " + std::to_string(call.root) + " is not a rank of the group");
+  const int bytes = count_of(nbytes(t), name);
+  return start(sending ? c10d::OpType::SEND : (call.root < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV), name,
+               t, [&](void* data, MPI_Request* r) {
+                 if (sending) return MPI_Isend(data, bytes, MPI_BYTE, call.root, call.tag, comm_, r);
+                 return MPI_Irecv(data, bytes, MPI_BYTE, call.root < 0 ? MPI_ANY_SOURCE : call.root, call.tag, comm_,
+                                  r);
+               });
 }
 
 c10::intrusive_ptr<MpiWork> MpiProcessGroup::start_reduce(const CollectiveCall& call, const std::string& who) {

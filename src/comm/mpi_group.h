@@ -83,6 +83,7 @@ class MpiWork final : public compat::Work {
   MpiWork(c10d::OpType type, std::string op, int rank, std::chrono::milliseconds timeout, at::Tensor buffer,
           at::Tensor target)
       : compat::Work(rank, type),
+        type_(type),
         op_(std::move(op)),
         rank_(rank),
         timeout_(timeout),
@@ -101,14 +102,21 @@ class MpiWork final : public compat::Work {
   bool test_locked() {
     if (done_) return true;
     int flag = 0;
-    const int rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+    MPI_Status status;
+    const int rc = MPI_Test(&request, &flag, &status);
     if (rc != MPI_SUCCESS) {
       error_ = error_string(rc);
       flag = 1;
     }
-    if (flag) done_ = true;
+    if (flag) {
+      if (rc == MPI_SUCCESS && type_ == c10d::OpType::RECVANYSOURCE) source_ = status.MPI_SOURCE;
+      done_ = true;
+    }
     return done_;
   }
+
+  // A receive from any rank: the sender, once it has ended.
+  int sourceRank() const override { return source_; }
 
   bool isCompleted() override {
     std::lock_guard<std::mutex> lock(runtime().mutex);
@@ -139,6 +147,8 @@ class MpiWork final : public compat::Work {
   std::vector<at::Tensor> result() override { return {target_.defined() ? target_ : buffer_}; }
 
  private:
+  c10d::OpType type_;
+  int source_ = -1;
   std::string op_;
   int rank_;
   std::chrono::milliseconds timeout_;
@@ -196,6 +206,7 @@ class MpiProcessGroup final : public ProcessGroup {
   c10::intrusive_ptr<MpiWork> start_scatter(const CollectiveCall& call, const std::string& who);
   c10::intrusive_ptr<MpiWork> start_reduce_scatter(const CollectiveCall& call, const std::string& who);
   c10::intrusive_ptr<MpiWork> start_all_to_all(const CollectiveCall& call, const std::string& who);
+  c10::intrusive_ptr<MpiWork> start_p2p(const CollectiveCall& call, const std::string& who);
   at::Tensor int_array(const std::vector<int64_t>& v, const char* op) const;
   void live(const char* op) const {
     if (comm_ == MPI_COMM_NULL)

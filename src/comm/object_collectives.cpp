@@ -1,9 +1,17 @@
 #include "ddp/comm/object_collectives.h"
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <set>
+
+#include "comm/object_exchange.h"
+#include "comm/plain_data.h"
 
 namespace ddp {
+namespace detail {
 namespace {
 
 torch::Tensor to_tensor(const std::string& bytes, int64_t size) {
@@ -17,9 +25,31 @@ std::string to_bytes(const torch::Tensor& t, int64_t size) {
   return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(size));
 }
 
+std::vector<int64_t> to_sizes(const torch::Tensor& t) {
+  auto c = t.cpu().contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+std::vector<int64_t> all_gather_sizes(ProcessGroup& pg, size_t mine) {
+  std::vector<int64_t> sizes;
+  for (const auto& l : pg.allgather(torch::tensor({static_cast<int64_t>(mine)}, torch::kInt64).to(pg.device())))
+    sizes.push_back(l.cpu().item<int64_t>());
+  return sizes;
+}
+
+void run(ProcessGroup& pg, CollectiveCall::Kind kind, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs,
+         int root) {
+  CollectiveCall call;
+  call.kind = kind;
+  call.inputs = std::move(inputs);
+  call.outputs = std::move(outputs);
+  call.root = root;
+  pg.collective(call).wait();
+}
+
 }  // namespace
 
-std::string broadcast_object(ProcessGroup& pg, std::string bytes, int root) {
+std::string broadcast_bytes(ProcessGroup& pg, std::string bytes, int root) {
   if (pg.size() == 1) return bytes;
   const bool mine = pg.rank() == root;
   auto length = torch::tensor({static_cast<int64_t>(mine ? bytes.size() : 0)}, torch::kInt64).to(pg.device());
@@ -32,15 +62,10 @@ std::string broadcast_object(ProcessGroup& pg, std::string bytes, int root) {
   return to_bytes(data, size);
 }
 
-std::vector<std::string> all_gather_object(ProcessGroup& pg, const std::string& bytes) {
+std::vector<std::string> all_gather_bytes(ProcessGroup& pg, const std::string& bytes) {
   if (pg.size() == 1) return {bytes};
-  auto lengths = pg.allgather(torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64).to(pg.device()));
-  std::vector<int64_t> sizes;
-  int64_t longest = 0;
-  for (const auto& l : lengths) {
-    sizes.push_back(l.cpu().item<int64_t>());
-    longest = std::max(longest, sizes.back());
-  }
+  const auto sizes = all_gather_sizes(pg, bytes.size());
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   if (longest == 0) return std::vector<std::string>(sizes.size());
   auto rows = pg.allgather(to_tensor(bytes, longest).to(pg.device()));
   std::vector<std::string> out;
@@ -48,4 +73,135 @@ std::vector<std::string> all_gather_object(ProcessGroup& pg, const std::string& 
   return out;
 }
 
+std::vector<std::string> gather_bytes(ProcessGroup& pg, const std::string& bytes, int root) {
+  if (pg.size() == 1) return {bytes};
+  const auto sizes = all_gather_sizes(pg, bytes.size());
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  if (longest == 0) return pg.rank() == root ? std::vector<std::string>(sizes.size()) : std::vector<std::string>();
+  std::vector<at::Tensor> rows;
+  if (pg.rank() == root)
+    for (int r = 0; r < pg.size(); ++r) rows.push_back(torch::empty({longest}, torch::kUInt8).to(pg.device()));
+  run(pg, CollectiveCall::Kind::Gather, {to_tensor(bytes, longest).to(pg.device())}, rows, root);
+  std::vector<std::string> out;
+  for (size_t r = 0; r < rows.size(); ++r) out.push_back(to_bytes(rows[r], sizes[r]));
+  return out;
+}
+
+std::string scatter_bytes(ProcessGroup& pg, const std::vector<std::string>& parts, int root) {
+  if (pg.size() == 1) return parts.at(0);
+  const bool mine = pg.rank() == root;
+  auto sizes = torch::zeros({pg.size()}, torch::kInt64);
+  if (mine)
+    for (int r = 0; r < pg.size(); ++r) sizes[r] = static_cast<int64_t>(parts.at(static_cast<size_t>(r)).size());
+  sizes = sizes.to(pg.device());
+  pg.broadcast(sizes, root).wait();
+  const auto all = to_sizes(sizes);
+  const int64_t longest = *std::max_element(all.begin(), all.end());
+  if (longest == 0) return std::string();
+  std::vector<at::Tensor> rows;
+  if (mine)
+    for (const auto& part : parts) rows.push_back(to_tensor(part, longest).to(pg.device()));
+  auto out = torch::empty({longest}, torch::kUInt8).to(pg.device());
+  run(pg, CollectiveCall::Kind::Scatter, rows, {out}, root);
+  return to_bytes(out, all[static_cast<size_t>(pg.rank())]);
+}
+
+}  // namespace detail
+
+namespace dist {
+namespace {
+
+std::string object_who(const char* op) {
+  return "rank " + std::to_string(ddp::is_initialized() ? default_process_group()->rank() : -1) + ": dist." + op +
+         ": ";
+}
+
+// The group's process group, or null (with PyTorch's warning, once per op)
+// where this rank is not in it.
+std::shared_ptr<ProcessGroup> member_group(const Group& group, const char* op) {
+  auto pg = group.process_group();
+  if (pg) return pg;
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (warned.insert(op).second)
+    TORCH_WARN("Running ", op, " on global rank ", default_process_group()->rank(),
+               " which does not belong to the given group.");
+  return nullptr;
+}
+
+c10::IValue decode(const std::string& bytes, const char* op, int from) {
+  return detail::decode_plain_data(bytes, object_who(op) + "from group rank " + std::to_string(from) + ": ");
+}
+
+}  // namespace
+
+void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue& obj, const Group& group) {
+  const auto pg = member_group(group, "all_gather_object");
+  if (!pg) return;
+  if (object_list.size() != static_cast<size_t>(pg->size()))
+    throw UsageError(object_who("all_gather_object") + "object_list has " + std::to_string(object_list.size()) +
+                     " entries; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
+  const auto parts = detail::all_gather_bytes(*pg, detail::encode_plain_data(obj, object_who("all_gather_object")));
+  for (size_t r = 0; r < parts.size(); ++r) object_list[r] = decode(parts[r], "all_gather_object", static_cast<int>(r));
+}
+
+void gather_object(const c10::IValue& obj, std::vector<c10::IValue>* object_gather_list, int dst,
+                   const Group& group) {
+  const auto pg = member_group(group, "gather_object");
+  if (!pg) return;
+  const int root = get_group_rank(group, dst);
+  const bool is_root = pg->rank() == root;
+  if (is_root && !object_gather_list)
+    throw UsageError(object_who("gather_object") + "Argument `object_gather_list` must be specified on destination rank.");
+  if (!is_root && object_gather_list)
+    throw UsageError(object_who("gather_object") +
+                     "Argument `object_gather_list` must NOT be specified on non-destination ranks.");
+  if (is_root && object_gather_list->size() != static_cast<size_t>(pg->size()))
+    throw UsageError(object_who("gather_object") + "object_gather_list has " + std::to_string(object_gather_list->size()) +
+                     " entries; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
+  const auto parts = detail::gather_bytes(*pg, detail::encode_plain_data(obj, object_who("gather_object")), root);
+  for (size_t r = 0; r < parts.size() && is_root; ++r)
+    (*object_gather_list)[r] = decode(parts[r], "gather_object", static_cast<int>(r));
+}
+
+void broadcast_object_list(std::vector<c10::IValue>& object_list, int src, const Group& group) {
+  const auto pg = member_group(group, "broadcast_object_list");
+  if (!pg) return;
+  const int root = get_group_rank(group, src);
+  std::string bytes;
+  if (pg->rank() == root)
+    bytes = detail::encode_plain_data(c10::ivalue::Tuple::create(object_list), object_who("broadcast_object_list"));
+  bytes = detail::broadcast_bytes(*pg, std::move(bytes), root);
+  if (pg->rank() == root) return;
+  const auto sent = decode(bytes, "broadcast_object_list", root);
+  const auto& elements = sent.toTupleRef().elements();
+  if (elements.size() != object_list.size())
+    throw UsageError(object_who("broadcast_object_list") + "object_list has " + std::to_string(object_list.size()) +
+                     " entries here and " + std::to_string(elements.size()) +
+                     " on src: every rank passes a list of the same length");
+  for (size_t i = 0; i < elements.size(); ++i) object_list[i] = elements[i];
+}
+
+void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
+                         const std::vector<c10::IValue>& scatter_object_input_list, int src, const Group& group) {
+  const auto pg = member_group(group, "scatter_object_list");
+  if (!pg) return;
+  if (scatter_object_output_list.empty())
+    throw UsageError(object_who("scatter_object_list") +
+                     "Expected argument scatter_object_output_list to be a list of size at least 1.");
+  const int root = get_group_rank(group, src);
+  std::vector<std::string> parts;
+  if (pg->rank() == root) {
+    if (scatter_object_input_list.size() != static_cast<size_t>(pg->size()))
+      throw UsageError(object_who("scatter_object_list") + "scatter_object_input_list has " +
+                       std::to_string(scatter_object_input_list.size()) +
+                       " entries on src; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
+    for (const auto& obj : scatter_object_input_list)
+      parts.push_back(detail::encode_plain_data(obj, object_who("scatter_object_list")));
+  }
+  scatter_object_output_list[0] = decode(detail::scatter_bytes(*pg, parts, root), "scatter_object_list", root);
+}
+
+}  // namespace dist
 }  // namespace ddp

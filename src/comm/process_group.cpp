@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <mutex>
 
 #include "comm/c10d_compat.h"
@@ -13,6 +14,7 @@
 #include "comm/store_client.h"
 #include "comm/comm_threads.h"
 #include "comm/gpu_ranks.h"
+#include "comm/backend_groups.h"
 #include "comm/before_shutdown.h"
 #include "comm/work_handle.h"
 #include "runtime/parse_number.h"
@@ -47,6 +49,11 @@ void Work::wait() {
   }
 }
 
+int Work::source_rank() const {
+  if (!handle_ || !handle_->any_source) return -1;
+  return handle_->work->sourceRank();
+}
+
 bool Work::on_complete(std::function<void()> fn) {
   if (!handle_) return false;
   c10::intrusive_ptr<c10::ivalue::Future> future;
@@ -68,6 +75,7 @@ std::mutex g_mutex;
 std::shared_ptr<ProcessGroup> g_default;
 std::vector<std::weak_ptr<ProcessGroup>> g_made;  // every group init_process_group made here
 int g_generation = 0;  // a fresh store prefix for each group made in this process
+std::map<std::string, std::shared_ptr<ProcessGroup>> g_beside;  // job_group_of_backend's, by backend
 
 struct BeforeShutdown {
   std::weak_ptr<ProcessGroup> group;
@@ -88,6 +96,7 @@ void shut_down_at_exit() {
       if (auto group = weak.lock()) up.push_back(std::move(group));
     g_made.clear();
     g_default.reset();
+    g_beside.clear();
   }
   for (auto it = up.rbegin(); it != up.rend(); ++it) {
     try {
@@ -455,15 +464,97 @@ bool is_initialized() {
 
 void destroy_process_group() {
   std::shared_ptr<ProcessGroup> last;
+  std::map<std::string, std::shared_ptr<ProcessGroup>> beside;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     last.swap(g_default);
+    beside.swap(g_beside);
   }
   // Outside the lock: a backend's shutdown may block briefly.
+  for (auto& [name, group] : beside) {
+    detail::run_before_shutdown(*group);
+    group->shutdown();
+  }
   if (!last) return;
   detail::run_before_shutdown(*last);
   last->shutdown();
 }
+
+namespace {
+
+// The rendezvous store for a group beside the default one: the default
+// group's own (under a prefix of its own), or, beside an mpi group, which has
+// none, one that rank 0 serves at MASTER_ADDR:MASTER_PORT.
+GroupStore store_beside(ProcessGroup& world, LaunchEnv& env, std::chrono::milliseconds timeout,
+                        const std::string& who, std::string& learned_interface) {
+  if (auto handle = world.store()) {
+    GroupStore out;
+    out.store = handle->get();
+    int generation;
+    {
+      std::lock_guard<std::mutex> lock(g_mutex);
+      generation = g_generation++;
+    }
+    out.prefix = "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
+    out.prefixed = c10::make_intrusive<c10d::PrefixStore>(out.prefix, out.store);
+    return out;
+  }
+  learned_interface = learn_master_if_unset(env, timeout, who);
+  return group_store(env, timeout, who);
+}
+
+std::shared_ptr<ProcessGroup> connect_beside(ProcessGroup& world, const std::string& backend,
+                                             std::chrono::milliseconds timeout, const std::string& who) {
+  LaunchEnv env = LaunchEnv::from_environment();
+  if (env.rank != world.rank() || env.world_size != world.size())
+    throw UsageError(who + "the launch environment (rank " + std::to_string(env.rank) + " of " +
+                     std::to_string(env.world_size) + ") is not the default group's; a group of another backend "
+                     "is made from it");
+  if (backend == "mpi") return make_mpi_group(env, timeout, who);
+  [[maybe_unused]] int gpu = -1;
+  if (backend == "nccl") {
+    if (!has_gpu()) throw UsageError(who + "the nccl backend needs a GPU and none is visible");
+    gpu = detail::gpu_of_rank(env, visible_gpus(), "nccl", who);
+    set_nccl_async_error_handling();
+  }
+  std::string learned_interface;
+  const GroupStore store = store_beside(world, env, timeout, who, learned_interface);
+  torch::Device device(torch::kCPU);
+  detail::GlooDevices gloo_devices;
+  c10::intrusive_ptr<compat::Backend> pg;
+  try {
+    pg = backend == "gloo" ? connect_gloo(store.prefixed, env, timeout, learned_interface, gloo_devices)
+                           : connect_nccl(store.prefixed, env, timeout, gpu, device);
+  } catch (const UsageError& e) {
+    throw UsageError(who + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(who + backend + " could not connect all " + std::to_string(env.world_size) +
+                    " ranks within the timeout: " + e.what() + "\n  (every rank must call new_group with this backend)");
+  }
+  return std::make_shared<detail::C10dProcessGroup>(store.store, pg, backend, device, timeout, store.prefix,
+                                                    std::move(gloo_devices));
+}
+
+}  // namespace
+
+namespace detail {
+
+std::shared_ptr<ProcessGroup> job_group_of_backend(const std::string& backend, std::chrono::milliseconds timeout) {
+  const auto world = default_process_group();
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    const auto it = g_beside.find(backend);
+    if (it != g_beside.end()) return it->second;
+  }
+  const std::string who = "rank " + std::to_string(world->rank()) + ": dist.new_group(backend=\"" + backend + "\"): ";
+  auto made = connect_beside(*world, backend, timeout, who);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_beside[backend] = made;
+  g_made.push_back(made);
+  return made;
+}
+
+}  // namespace detail
 
 namespace detail {
 

@@ -20,12 +20,13 @@ struct WorkHandle {
   c10::intrusive_ptr<c10d::Work> work;
   std::string op;  // "gloo allreduce", for errors
   int rank = 0;
+  bool any_source = false;  // a receive from any rank: work->sourceRank() names the sender
 };
 
 // A Work for the backend's `work`, named `op` in its errors.
-inline Work make_work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank) {
+inline Work make_work(c10::intrusive_ptr<c10d::Work> work, std::string op, int rank, bool any_source = false) {
   if (!work) return Work();
-  return Work(std::make_shared<WorkHandle>(WorkHandle{std::move(work), std::move(op), rank}));
+  return Work(std::make_shared<WorkHandle>(WorkHandle{std::move(work), std::move(op), rank, any_source}));
 }
 
 }  // namespace detail
@@ -35,6 +36,7 @@ class StoreHandle {
   explicit StoreHandle(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
   c10d::Store& operator*() const { return *store_; }
   c10d::Store* operator->() const { return store_.get(); }
+  const c10::intrusive_ptr<c10d::Store>& get() const { return store_; }
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -17,7 +17,7 @@
 #include <map>
 #include <sstream>
 
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 #include "runtime/steady_clock.h"
 
 namespace ddp {
@@ -142,7 +142,7 @@ std::string Timeline::events_json() const {
 void Timeline::write() {
   if (written_) return;
   written_ = true;
-  const auto parts = all_gather_object(*pg_, events_json());
+  const auto parts = detail::all_gather_bytes(*pg_, events_json());
   const auto launches = gather_launches(0, std::numeric_limits<int64_t>::max());
   if (pg_->rank() != 0) return;
   std::string csv;
@@ -178,7 +178,7 @@ std::vector<std::string> Timeline::gather_launches(int64_t from_step, int64_t to
       if (l.step >= from_step && l.step < to_step)
         mine += std::to_string(l.step) + " " + std::to_string(l.bucket) + " " + std::to_string(l.at_us) + "\n";
   }
-  return all_gather_object(*pg_, mine);
+  return detail::all_gather_bytes(*pg_, mine);
 }
 
 std::string Timeline::report_path(const std::string& suffix) const {

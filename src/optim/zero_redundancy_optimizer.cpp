@@ -7,7 +7,7 @@
 #include <sstream>
 #include <type_traits>
 
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 #include "usage_check.h"
 
 namespace ddp {
@@ -149,7 +149,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     error = std::string("the wrapped optimizer could not be made: ") + e.what();
   }
   // One collective: every rank's error (or "") and signature.
-  const auto all = all_gather_object(*pg_, (error.empty() ? "0" : "1" + error + "\x01") + signature.str());
+  const auto all = detail::all_gather_bytes(*pg_, (error.empty() ? "0" : "1" + error + "\x01") + signature.str());
   for (int r = 0; r < pg_->size(); ++r) {
     if (all[r][0] == '1') {
       const auto end = all[r].find('\x01');
@@ -287,10 +287,10 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     local_->param_groups()[g].set_options(param_groups_[g].options().clone());
   const std::string mine = archive_bytes(*local_);
   consolidated_.reset();
-  // As PyTorch: one broadcast_object per rank (gather is not on every backend).
+  // As PyTorch: one object broadcast per rank (gather is not on every backend).
   std::vector<std::string> shares(pg_->size());
   for (int r = 0; r < pg_->size(); ++r) {
-    auto bytes = broadcast_object(*pg_, r == pg_->rank() ? mine : std::string(), r);
+    auto bytes = detail::broadcast_bytes(*pg_, r == pg_->rank() ? mine : std::string(), r);
     if (pg_->rank() == to) shares[r] = std::move(bytes);
   }
   if (pg_->rank() != to) return;

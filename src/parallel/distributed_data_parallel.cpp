@@ -3,7 +3,7 @@
 #include "parallel/ddp_internals.h"
 
 #include "ddp/runtime/malloc_tuning.h"
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 #include "comm/before_shutdown.h"
 #include "parallel/tied_weights.h"
 #include "runtime/parse_number.h"
@@ -127,7 +127,7 @@ void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
   if (differ.empty()) return;
 
   // Everyone knows now: fetch rank 0's signature to say exactly what differs.
-  const auto theirs = split(broadcast_object(pg, text, 0));
+  const auto theirs = split(detail::broadcast_bytes(pg, text, 0));
 
   std::ostringstream msg;
   msg << "rank " << pg.rank() << ": DistributedDataParallel: the model is not the same on every rank; ranks";

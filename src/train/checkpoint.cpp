@@ -2,7 +2,7 @@
 
 #include "runtime/atomic_file.h"
 #include "checkpoint_extra.h"
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
@@ -441,9 +441,9 @@ TrainState load_checkpoint(
   share_verdict(pg, error.empty(), "to read the checkpoint " + path);
   if (!error.empty()) throw CheckpointError(rank_tag(pg) + ": cannot resume: " + error);
   {
-    const std::string shared = broadcast_object(pg, std::string(bytes.begin(), bytes.end()), 0);
+    const std::string shared = detail::broadcast_bytes(pg, std::string(bytes.begin(), bytes.end()), 0);
     if (pg.rank() != 0) bytes.assign(shared.begin(), shared.end());
-    used = broadcast_object(pg, used, 0);  // rank 0 may have fallen back to the previous file
+    used = detail::broadcast_bytes(pg, used, 0);  // rank 0 may have fallen back to the previous file
   }
 
   auto root = parse_checkpoint(bytes, used);

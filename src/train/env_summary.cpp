@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddp/runtime/launch_env.h"
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 
 #ifdef DDP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -61,7 +61,7 @@ std::string environment_summary(ProcessGroup& pg) {
   const std::string row = std::to_string(pg.rank()) + "|" + std::to_string(env.local_rank) + "|" + clean(host) + "|" +
                           std::to_string(::getpid()) + "|" + clean(pg.backend_name()) + "|" + device.str() + "|" +
                           clean(gpu) + "|" + memory;
-  const auto rows = all_gather_object(pg, row);
+  const auto rows = detail::all_gather_bytes(pg, row);
   if (pg.rank() != 0) return "";
 
   std::vector<std::vector<std::string>> table{{"rank", "local", "host", "pid", "backend", "device", "gpu", "memory"}};

@@ -16,7 +16,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "ddp/comm/object_collectives.h"
+#include "comm/object_exchange.h"
 #include "runtime/parse_number.h"
 
 namespace ddp {
@@ -227,7 +227,7 @@ std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResul
 }
 
 void save_ddp_logging_data(RunDir& run, const DistributedDataParallelBase& model, ProcessGroup& pg) {
-  const auto parts = all_gather_object(pg, model.get_ddp_logging_data().to_json());
+  const auto parts = detail::all_gather_bytes(pg, model.get_ddp_logging_data().to_json());
   if (pg.rank() != 0) return;
   std::string text = "[\n";
   for (size_t r = 0; r < parts.size(); ++r) text += (r ? ",\n" : "") + parts[r];

@@ -111,7 +111,9 @@ TEST_P(DistOverMpi, EveryCollectiveEqualToTorchDistributedAndTheOnesGlooLacksToT
   const std::string dir = make_dir();
   auto theirs = run_oracle(world, dir);
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
-  auto ours = run_mpirun(world, DIST_WORKER, {"parity"}, {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "mpi"}});
+  // The gloo group made beside the mpi one serves its store at MASTER_PORT.
+  auto ours = run_mpirun(world, DIST_WORKER, {"parity"},
+                         {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "mpi"}, {"MASTER_PORT", std::to_string(free_port())}});
   ASSERT_EQ(ours.exit_code, 0) << describe(ours);
   compare(dir, world, "mpi");
   std::filesystem::remove_all(dir);
@@ -125,7 +127,15 @@ void expect_refusals(const std::vector<std::string>& outputs, const std::string&
       {"new_group_twice", "listed twice"},
       {"new_group_outside", "not a rank of the job"},
       {"group_rank_outside", "is not in the group"},
-      {"undefined", "undefined"}};
+      {"undefined", "undefined"},
+      {"send_self", "Invalid destination rank"},
+      {"premul_bare", "needs its factor"},
+      {"premul_here", "PREMUL_SUM is NCCL's only"},
+      {"batch_empty", "empty"},
+      {"p2p_op", "Expected ``op``"},
+      {"object_list_size", "object_list has 1 entries"},
+      {"object_not_plain", "is not plain data"},
+      {"new_group_backend", "unknown backend 'ucc'"}};
   for (int r = 0; r < 2; ++r) {
     const auto& out = outputs[r];
     for (const auto& [name, words] : cases) {
@@ -140,7 +150,11 @@ void expect_refusals(const std::vector<std::string>& outputs, const std::string&
               std::string::npos)
         << out;
     EXPECT_NE(out.find("after 6"), std::string::npos) << out;
-    if (backend == "mpi") EXPECT_NE(out.find("ERR dtype_mismatch: rank " + std::to_string(r)), std::string::npos) << out;
+    if (backend == "mpi") {
+      EXPECT_NE(out.find("ERR dtype_mismatch: rank " + std::to_string(r)), std::string::npos) << out;
+      EXPECT_NE(out.find("ERR monitored_barrier: rank " + std::to_string(r)), std::string::npos) << out;
+      EXPECT_NE(out.find("only implemented for GLOO"), std::string::npos) << out;
+    }
   }
 }
 
@@ -156,6 +170,46 @@ TEST(DistErrors, RefusedOnEveryRankOverMpiToo) {
   auto ours = run_mpirun(2, DIST_WORKER, {"errors"}, {{"DDP_TEST_BACKEND", "mpi"}});
   ASSERT_EQ(ours.exit_code, 0) << describe(ours);
   expect_refusals(ours.ranks, "mpi");
+}
+
+// Gloo's monitored barrier: passed when every rank comes; when rank 0 comes
+// alone, it names the ranks that did not, within the timeout given.
+TEST(MonitoredBarrier, PassesWhenAllComeAndNamesTheRanksThatDidNot) {
+  auto ranks = run_ranks(3, DIST_WORKER, {"monitored"});
+  for (const auto& r : ranks) {
+    ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+    EXPECT_NE(r.output.find("passed"), std::string::npos) << r.output;
+  }
+  const std::string& out = ranks[0].output;
+  ASSERT_NE(out.find("ERR monitored: rank 0: "), std::string::npos) << out;
+  EXPECT_NE(out.find("1, 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("1000 ms"), std::string::npos) << out;
+}
+
+// new_group's backend: a group of the other kind beside the default one,
+// under mpirun both ways (an mpi group beside gloo; gloo beside mpi is in
+// the parity case above), and a gloo group beside gloo.
+TEST(GroupBeside, AnotherBackendsGroupBesideTheDefaultOne) {
+  std::vector<std::pair<std::string, std::string>> pairs = {{"gloo", "gloo"}};
+  const bool mpi = !ddp::mpi_library_version().empty() && !mpirun_path().empty();
+  if (mpi) pairs.push_back({"gloo", "mpi"});
+  for (const auto& [first, other] : pairs) {
+    std::vector<std::string> outputs;
+    if (other == "mpi") {
+      auto ours = run_mpirun(3, DIST_WORKER, {"beside"},
+                             {{"DDP_TEST_BACKEND", first}, {"DDP_TEST_OTHER_BACKEND", other},
+                              {"MASTER_PORT", std::to_string(free_port())}});
+      ASSERT_EQ(ours.exit_code, 0) << describe(ours);
+      outputs = ours.ranks;
+    } else {
+      auto ranks = run_ranks(3, DIST_WORKER, {"beside"}, {{"DDP_TEST_BACKEND", first}, {"DDP_TEST_OTHER_BACKEND", other}});
+      for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << describe(ranks);
+      for (const auto& r : ranks) outputs.push_back(r.output);
+    }
+    ASSERT_EQ(outputs.size(), 3u);
+    for (const auto& out : outputs) EXPECT_NE(out.find("beside " + other + " 12 " + other), std::string::npos) << out;
+  }
+  if (!mpi) GTEST_SKIP() << "the mpi half needs a libddp with MPI and mpirun (apt-get install openmpi-bin)";
 }
 
 // Output a program must not print when it ends: a warning of ours or

@@ -1,7 +1,7 @@
 // One rank of dist_test.cpp: every case of pytorch_dist_parity.py through
 // ddp::dist, written to $DDP_TEST_DIR/cpp_r<rank>.txt in that script's line
-// format (a case the backend lacks: "<case> unsupported"). `dist_worker
-// parity` runs them; `dist_worker errors` prints "ERR <case>: <message>" for
+// format (a case the backend lacks: "<case> unsupported"), objects shown
+// as that script's show() does. `dist_worker parity` runs them; `dist_worker errors` prints "ERR <case>: <message>" for
 // each refusal that must come before anything starts, then checks the group
 // still works; `dist_worker teardown` destroys the group while holding it
 // (its later calls must be refused) and `dist_worker exit` returns from main
@@ -10,6 +10,8 @@
 #include <ddp/ddp.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <functional>
 #include <fstream>
 #include <iostream>
@@ -89,6 +91,8 @@ ReduceOp op_of(const std::string& s) {
 }
 
 void subgroups(Out& out, int rank, int world, int last);
+void point_to_point(Out& out, int rank, int world);
+void objects(Out& out, int rank, int world, int last, int src1);
 
 void parity(const std::string& dir) {
   const int rank = dist::get_rank(), world = dist::get_world_size(), last = world - 1;
@@ -197,7 +201,11 @@ void parity(const std::string& dir) {
     dist::all_to_all_single(o2, val({in_rows, 2}, at::kDouble, 31, rank), out_splits, in_splits);
     out.add("all_to_all_single_uneven", o2);
   }
-  if (world > 1) subgroups(out, rank, world, last);
+  if (world > 1) {
+    subgroups(out, rank, world, last);
+    point_to_point(out, rank, world);
+  }
+  objects(out, rank, world, last, src1);
   dist::barrier();
   out.text("get", std::to_string(dist::get_rank()) + " " + std::to_string(dist::get_world_size()) + " " +
                       dist::get_backend());
@@ -239,6 +247,171 @@ void subgroups(Out& out, int rank, int world, int last) {
   }
 }
 
+// pytorch_dist_parity.py's show(): an object as text.
+std::string show(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    return "f" + std::to_string(bits);
+  }
+  if (v.isString()) return "'" + v.toStringRef() + "'";
+  if (v.isTensor()) {
+    Out o;
+    o.add("", v.toTensor());
+    return "T<" + o.lines[0].substr(1) + ">";
+  }
+  std::string s;
+  auto join = [&](const std::string& item) { s += (s.size() > 1 ? ", " : "") + item; };
+  if (v.isList()) {
+    s = "[";
+    for (const auto& x : v.toListRef()) join(show(x));
+    return s + "]";
+  }
+  if (v.isTuple()) {
+    s = "(";
+    for (const auto& x : v.toTupleRef().elements()) join(show(x));
+    return s + ")";
+  }
+  s = "{";
+  for (const auto& e : v.toGenericDict()) join(show(e.key()) + ": " + show(e.value()));
+  return s + "}";
+}
+
+// pytorch_dist_parity.py's obj(r).
+c10::IValue obj(int r) {
+  c10::impl::GenericList values(c10::AnyType::get());
+  values.push_back(int64_t{r});
+  values.push_back(r * 0.25 - 1.5);
+  values.push_back(r % 2 == 0);
+  values.push_back(c10::IValue());
+  c10::List<c10::List<int64_t>> deep;
+  deep.push_back(c10::List<int64_t>({r}));
+  deep.push_back(c10::List<int64_t>({r, r + 1}));
+  c10::impl::GenericDict nested(c10::StringType::get(), c10::AnyType::get());
+  nested.insert("deep", deep);
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("rank", int64_t{r});
+  d.insert("name", "rank" + std::to_string(r));
+  d.insert("values", values);
+  d.insert("pair", c10::ivalue::Tuple::create({int64_t{r}, std::string(static_cast<size_t>(r), 'x')}));
+  d.insert("t", val({2, 3}, at::kFloat, 60, r));
+  d.insert("i", val({r + 1}, at::kLong, 61, r));
+  d.insert("nested", nested);
+  return d;
+}
+
+void objects(Out& out, int rank, int world, int last, int src1) {
+  std::vector<c10::IValue> list(static_cast<size_t>(world));
+  dist::all_gather_object(list, obj(rank));
+  for (int r = 0; r < world; ++r) out.text("all_gather_object_" + std::to_string(r), show(list[r]));
+  std::vector<c10::IValue> got(static_cast<size_t>(world));
+  dist::gather_object(obj(rank + 10), rank == last ? &got : nullptr, last);
+  if (rank == last)
+    for (int r = 0; r < world; ++r) out.text("gather_object_" + std::to_string(r), show(got[r]));
+  std::vector<c10::IValue> objs(3);
+  if (rank == src1) objs = {obj(20 + rank), std::string("plain"), int64_t{42}};
+  dist::broadcast_object_list(objs, src1);
+  c10::impl::GenericList shown(c10::AnyType::get());
+  for (const auto& o : objs) shown.push_back(o);
+  out.text("broadcast_object_list", show(shown));
+  std::vector<c10::IValue> mine(1), ins;
+  if (rank == 0)
+    for (int r = 0; r < world; ++r) ins.push_back(obj(30 + r));
+  dist::scatter_object_list(mine, ins, 0);
+  out.text("scatter_object_list", show(mine[0]));
+}
+
+void point_to_point(Out& out, int rank, int world) {
+  const int next = (rank + 1) % world, prev = (rank - 1 + world) % world, last = world - 1;
+  auto s = val({4}, at::kFloat, 50, rank), r = zeros({4});
+  for (auto& w : std::vector<ddp::Work>{dist::isend(s, next), dist::irecv(r, prev)}) w.wait();
+  out.add("p2p_ring", r);
+  auto s2 = val({3}, at::kLong, 51, rank), r2 = zeros({3}, at::kLong);
+  for (auto& w : dist::batch_isend_irecv({dist::P2POp(dist::isend, s2, prev), dist::P2POp(dist::irecv, r2, next)}))
+    w.wait();
+  out.add("p2p_batch_ring", r2);
+  auto t = zeros({2}, at::kDouble);  // a pipeline: each rank adds its part and passes it on
+  if (rank > 0) dist::recv(t, rank - 1);
+  t += val({2}, at::kDouble, 52, rank);
+  if (rank < last) dist::send(t, rank + 1);
+  else out.add("p2p_pipeline", t);
+  for (std::string d : {"f16", "u8"}) {
+    if (rank == 0) {
+      dist::send(val({3}, kDtypes.at(d), 53, 0), last);
+    } else if (rank == last) {
+      auto got = zeros({3}, kDtypes.at(d));
+      dist::recv(got, 0);
+      out.add("p2p_" + d, got);
+    }
+  }
+  if (rank == 0) {  // tags: sent 4 then 3, received 3 then 4
+    for (auto& w : std::vector<ddp::Work>{dist::isend(val({2}, at::kFloat, 54, 0), 1, {}, 4),
+                                          dist::isend(val({2}, at::kFloat, 55, 0), 1, {}, 3)})
+      w.wait();
+  } else if (rank == 1) {
+    auto a = zeros({2}), b = zeros({2});
+    dist::recv(a, 0, {}, 3);
+    dist::recv(b, 0, {}, 4);
+    out.add("p2p_tag3", a);
+    out.add("p2p_tag4", b);
+  }
+  if (dist::get_backend() == "nccl") {
+    out.text("p2p_any_source", "unsupported");
+  } else if (rank == 0) {  // from any source: the sender is returned
+    std::vector<std::string> got;
+    for (int i = 0; i < world - 1; ++i) {
+      auto one = zeros({1}, at::kLong);
+      const int sender = dist::recv(one, std::nullopt, {}, 7);
+      got.push_back(std::to_string(sender) + ":" + std::to_string(one.item<int64_t>()));
+    }
+    std::sort(got.begin(), got.end());
+    std::string line;
+    for (const auto& g : got) line += (line.empty() ? "" : " ") + g;
+    out.text("p2p_any_source", line);
+  } else {
+    dist::send(torch::tensor({int64_t{rank} * 10}).to(g_device), 0, {}, 7);
+  }
+  auto g3 = dist::new_group({0, last}, std::nullopt, "gloo");  // a gloo group whatever the default's backend
+  if (g3.is_member()) {
+    auto v = val({3}, at::kFloat, 70, rank).cpu();
+    dist::all_reduce(v, ReduceOp::SUM, g3);
+    out.add("g3_gloo_all_reduce", v);
+    std::vector<c10::IValue> list(2);
+    dist::all_gather_object(list, "from " + std::to_string(rank), g3);
+    c10::impl::GenericList shown(c10::AnyType::get());
+    for (const auto& o : list) shown.push_back(o);
+    out.text("g3_all_gather_object", show(shown));
+  }
+}
+
+// A function of isend's type that is not isend: P2POp refuses it.
+ddp::Work not_isend(const at::Tensor& t, int dst, const dist::Group& g, int tag) { return dist::isend(t, dst, g, tag); }
+
+// Gloo's monitored barrier at 3 ranks: every rank comes (it passes), then
+// rank 0 comes alone and names the ranks that did not, within 1 s. The
+// ranks end without tearing the group down (what the failed barrier left
+// pending is not waited for).
+void monitored() {
+  const int rank = dist::get_rank();
+  dist::monitored_barrier();
+  std::cout << "passed" << std::endl;
+  if (rank == 0) {
+    try {
+      dist::monitored_barrier({}, std::chrono::milliseconds(1000), true);
+      std::cout << "NOERR monitored" << std::endl;
+    } catch (const ddp::CommError& e) {
+      std::cout << "ERR monitored: " << e.what() << std::endl;
+    }
+  } else {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  }
+  std::_Exit(0);
+}
+
 // Refusals that come before anything starts; the group works after them.
 void errors() {
   const int rank = dist::get_rank(), world = dist::get_world_size();
@@ -263,6 +436,21 @@ void errors() {
   expect("new_group_twice", [&] { dist::new_group({0, 0}); });
   expect("new_group_outside", [&] { dist::new_group({0, world}); });
   expect("group_rank_outside", [&] { dist::get_group_rank(dist::Group{}, world + 3); });
+  expect("send_self", [&] { dist::send(torch::ones({2}), rank); });
+  expect("premul_bare", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::PREMUL_SUM); });
+  expect("premul_here", [&] { dist::all_reduce(torch::ones({2}), dist::make_nccl_premul_sum(2.0)); });
+  expect("batch_empty", [&] { (void)dist::batch_isend_irecv({}); });
+  expect("p2p_op", [&] { dist::P2POp(not_isend, torch::ones({2}), (rank + 1) % world); });
+  expect("object_list_size", [&] {
+    std::vector<c10::IValue> list(1);
+    dist::all_gather_object(list, int64_t{1});
+  });
+  expect("object_not_plain", [&] {
+    std::vector<c10::IValue> list(static_cast<size_t>(world));
+    dist::all_gather_object(list, c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get()));
+  });
+  expect("new_group_backend", [&] { dist::new_group({}, std::nullopt, "ucc"); });
+  if (dist::get_backend() != "gloo") expect("monitored_barrier", [&] { dist::monitored_barrier(); });
   if (dist::get_backend() == "mpi")
     expect("dtype_mismatch", [&] {
       dist::all_to_all_single(zeros({2 * world}, at::kDouble), zeros({2 * world}, at::kFloat));
@@ -314,6 +502,16 @@ int main(int argc, char** argv) {
       dist::all_reduce(t);
       std::cout << "summed " << t.sum().item<double>() << std::endl;
       return 0;  // no destroy_process_group(): the library shuts the group down at exit
+    }
+    if (mode == "monitored") monitored();
+    if (mode == "beside") {  // a group of DDP_TEST_OTHER_BACKEND beside the default one
+      auto g = dist::new_group({}, std::nullopt, std::getenv("DDP_TEST_OTHER_BACKEND"));
+      auto t = torch::full({2}, dist::get_rank() + 1.0);
+      dist::all_reduce(t, ReduceOp::SUM, g);
+      std::vector<c10::IValue> names(static_cast<size_t>(dist::get_world_size()));
+      dist::all_gather_object(names, dist::get_backend(g), g);
+      std::cout << "beside " << dist::get_backend(g) << " " << t.sum().item<double>() << " " << names.back().toStringRef()
+                << std::endl;
     }
     if (mode == "parity") parity(std::getenv("DDP_TEST_DIR"));
     else errors();

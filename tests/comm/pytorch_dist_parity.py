@@ -1,12 +1,16 @@
 """torch.distributed's own collectives, the oracle of ddp::dist
 (dist_test.cpp): every case of dist_worker.cpp run by PyTorch, each rank
-writing <dir>/torch_r<rank>.txt in the same line format. Where the backend
+writing <dir>/torch_r<rank>.txt in the same line format: collectives,
+subgroups (one of them a gloo group made with new_group's backend),
+point-to-point (a ring, a batch, a pipeline, tags, a receive from any
+source) and the object collectives (objects shown by show()). Where the backend
 lacks an op (PyTorch 1.13's Gloo: all_gather_into_tensor, reduce_scatter,
 all_to_all, uneven lists), the line says "unsupported", and an "expect"
 line gives the result computed here from every rank's inputs, for the
 backends that have it (our MPI). Usage: pytorch_dist_parity.py DIR [BACKEND]
 (gloo, or nccl with CUDA tensors; rank and world from torchrun's variables)."""
 import os
+import struct
 import sys
 
 import torch
@@ -216,6 +220,8 @@ def main():
     # subgroups: every rank but 0, and the first and last ranks (from 2 ranks on)
     if world > 1:
         subgroups(out, rank, world, last)
+        point_to_point(out, rank, world, backend)
+    objects(out, rank, world, last, src1)
     dist.barrier()
     out.text("get", "%d %d %s" % (dist.get_rank(), dist.get_world_size(), dist.get_backend()))
     out.write()
@@ -244,6 +250,110 @@ def subgroups(out, rank, world, last):
             dist.reduce(t, dst=1, op=dist.ReduceOp.MIN, group=g1)
             if rank == 1:
                 out.add("g1_reduce", t)
+
+
+def show(v):
+    """An object as text, the same in dist_worker.cpp's show()."""
+    if v is None:
+        return "None"
+    if isinstance(v, bool):
+        return "True" if v else "False"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return "f%d" % struct.unpack("<q", struct.pack("<d", v))[0]
+    if isinstance(v, str):
+        return "'%s'" % v
+    if isinstance(v, torch.Tensor):
+        return "T<%s>" % line("", v).strip()
+    if isinstance(v, list):
+        return "[" + ", ".join(show(x) for x in v) + "]"
+    if isinstance(v, tuple):
+        return "(" + ", ".join(show(x) for x in v) + ")"
+    if isinstance(v, dict):
+        return "{" + ", ".join(show(k) + ": " + show(x) for k, x in v.items()) + "}"
+    raise TypeError(type(v))
+
+
+def obj(r):
+    """What rank r exchanges: strings, numbers, tensors, nested containers."""
+    return {"rank": r, "name": "rank%d" % r, "values": [r, r * 0.25 - 1.5, r % 2 == 0, None],
+            "pair": (r, "x" * r), "t": val((2, 3), torch.float32, 60, r), "i": val((r + 1,), torch.int64, 61, r),
+            "nested": {"deep": [[r], [r, r + 1]]}}
+
+
+def objects(out, rank, world, last, src1):
+    lst = [None] * world
+    dist.all_gather_object(lst, obj(rank))
+    for r, o in enumerate(lst):
+        out.text("all_gather_object_%d" % r, show(o))
+    got = [None] * world if rank == last else None
+    dist.gather_object(obj(rank + 10), got, dst=last)
+    if rank == last:
+        for r, o in enumerate(got):
+            out.text("gather_object_%d" % r, show(o))
+    objs = [obj(20 + rank), "plain", 42] if rank == src1 else [None, None, None]
+    dist.broadcast_object_list(objs, src=src1)
+    out.text("broadcast_object_list", show(objs))
+    mine = [None]
+    dist.scatter_object_list(mine, [obj(30 + r) for r in range(world)] if rank == 0 else None, src=0)
+    out.text("scatter_object_list", show(mine[0]))
+
+
+def point_to_point(out, rank, world, backend):
+    nxt, prv, last = (rank + 1) % world, (rank - 1 + world) % world, world - 1
+    s, r = val((4,), torch.float32, 50, rank), zeros(4)
+    for w in [dist.isend(s, nxt), dist.irecv(r, prv)]:
+        w.wait()
+    out.add("p2p_ring", r)
+    s, r = val((3,), torch.int64, 51, rank), zeros(3, torch.int64)
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, s, prv), dist.P2POp(dist.irecv, r, nxt)]):
+        w.wait()
+    out.add("p2p_batch_ring", r)
+    t = zeros((2,), torch.float64)  # a pipeline: each rank adds its part and passes it on
+    if rank > 0:
+        dist.recv(t, src=rank - 1)
+    t += val((2,), torch.float64, 52, rank)
+    if rank < world - 1:
+        dist.send(t, dst=rank + 1)
+    else:
+        out.add("p2p_pipeline", t)
+    for d in ["f16", "u8"]:
+        if rank == 0:
+            dist.send(val((3,), DTYPES[d], 53, 0), dst=last)
+        elif rank == last:
+            t = zeros(3, DTYPES[d])
+            dist.recv(t, src=0)
+            out.add("p2p_" + d, t)
+    if rank == 0:  # tags: sent 4 then 3, received 3 then 4
+        for w in [dist.isend(val((2,), torch.float32, 54, 0), 1, tag=4),
+                  dist.isend(val((2,), torch.float32, 55, 0), 1, tag=3)]:
+            w.wait()
+    elif rank == 1:
+        a, b = zeros(2), zeros(2)
+        dist.recv(a, src=0, tag=3)
+        dist.recv(b, src=0, tag=4)
+        out.add("p2p_tag3", a)
+        out.add("p2p_tag4", b)
+    if backend == "nccl":
+        out.unsupported("p2p_any_source")
+    elif rank == 0:  # from any source: the sender is returned
+        got = []
+        for _ in range(world - 1):
+            t = zeros(1, torch.int64)
+            sender = dist.recv(t, tag=7)
+            got.append("%d:%d" % (sender, t.item()))
+        out.text("p2p_any_source", " ".join(sorted(got)))
+    else:
+        dist.send(torch.tensor([rank * 10], device=DEVICE), dst=0, tag=7)
+    g3 = dist.new_group([0, world - 1], backend="gloo")  # a gloo group whatever the default's backend
+    if rank in (0, world - 1):
+        t = val((3,), torch.float32, 70, rank).cpu()
+        dist.all_reduce(t, group=g3)
+        out.add("g3_gloo_all_reduce", t)
+        lst = [None, None]
+        dist.all_gather_object(lst, "from %d" % rank, group=g3)
+        out.text("g3_all_gather_object", show(lst))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@
 //   w.wait()                                   ->  w.wait();
 //   g = dist.new_group([0, 2])                 ->  auto g = dist::new_group({0, 2});
 //   dist.broadcast(t, src=2, group=g)          ->  dist::broadcast(t, 2, g);
+//   dist.send(t, dst=1); dist.recv(t)          ->  dist::send(t, 1); int from = dist::recv(t);
+//   dist.batch_isend_irecv([dist.P2POp(dist.isend, t, 1)])
+//                                              ->  dist::batch_isend_irecv({dist::P2POp(dist::isend, t, 1)});
+//   g = dist.new_group(backend="gloo")         ->  auto g = dist::new_group({}, std::nullopt, "gloo");
 //
 // Blocking by default: a call returns when its collective has finished on
 // this rank. With dist::async_op it returns a [[nodiscard]] ddp::Work to
@@ -90,24 +94,58 @@ int get_global_rank(const Group& group, int group_rank);
 
 // Collective over the default group: every rank calls it with the same
 // `ranks` (global; any order, duplicates refused; empty = every rank) in the
-// same order as its other new_group calls. Same backend as the default group.
-Group new_group(std::vector<int> ranks = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+// same order as its other new_group calls. `backend`: "" for the default
+// group's; "gloo" (or "nccl", or "mpi" under mpirun where built) for a group
+// of another kind beside it, as PyTorch's common CPU group for metadata next
+// to NCCL. The first group of another kind connects every rank of the job
+// once (over the default group's store, or a store rank 0 serves at
+// MASTER_ADDR:MASTER_PORT when the default group is mpi's).
+Group new_group(std::vector<int> ranks = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                std::string backend = "");
 
 void barrier(const Group& group = {});
 [[nodiscard]] Work barrier(const Group& group, AsyncOp);
 [[nodiscard]] Work barrier(AsyncOp);
 
+// Gloo only, as PyTorch's: a barrier that, when some rank does not arrive
+// within `timeout` (omitted: the group's), fails on rank 0 with a CommError
+// naming it (every rank missing with wait_all_ranks), and on the others.
+void monitored_barrier(const Group& group = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                       bool wait_all_ranks = false);
+
+// ---- reductions ------------------------------------------------------------------
+
+// torch.distributed's `op` argument: a ReduceOp (which converts to it), or
+// PREMUL_SUM with its factor (NCCL only): make_nccl_premul_sum(f), as
+// torch.distributed._make_nccl_premul_sum. ReduceOp::PREMUL_SUM by itself,
+// without a factor, is a UsageError.
+class Reduction {
+ public:
+  Reduction(ReduceOp op) : op_(op) {}  // NOLINT(google-explicit-constructor): as `op=ReduceOp.MAX`
+  ReduceOp op() const { return op_; }
+  double factor() const { return factor_; }
+  bool has_factor() const { return has_factor_; }
+
+ private:
+  friend Reduction make_nccl_premul_sum(double factor);
+  ReduceOp op_;
+  double factor_ = 1.0;
+  bool has_factor_ = false;
+};
+// Each rank's tensor multiplied by `factor`, then summed (NCCL only).
+Reduction make_nccl_premul_sum(double factor);
+
 // ---- collectives (tensors are handles: results are written in place) ---------
 
-void all_reduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::SUM, const Group& group = {});
-[[nodiscard]] Work all_reduce(const at::Tensor& tensor, ReduceOp op, const Group& group, AsyncOp);
-[[nodiscard]] Work all_reduce(const at::Tensor& tensor, ReduceOp op, AsyncOp);
+void all_reduce(const at::Tensor& tensor, Reduction op = ReduceOp::SUM, const Group& group = {});
+[[nodiscard]] Work all_reduce(const at::Tensor& tensor, Reduction op, const Group& group, AsyncOp);
+[[nodiscard]] Work all_reduce(const at::Tensor& tensor, Reduction op, AsyncOp);
 [[nodiscard]] Work all_reduce(const at::Tensor& tensor, AsyncOp);
 
 // The result on `dst` only; the others' tensors are scratch (as in PyTorch).
-void reduce(const at::Tensor& tensor, int dst, ReduceOp op = ReduceOp::SUM, const Group& group = {});
-[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, ReduceOp op, const Group& group, AsyncOp);
-[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, ReduceOp op, AsyncOp);
+void reduce(const at::Tensor& tensor, int dst, Reduction op = ReduceOp::SUM, const Group& group = {});
+[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, Reduction op, const Group& group, AsyncOp);
+[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, Reduction op, AsyncOp);
 [[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, AsyncOp);
 
 void broadcast(const at::Tensor& tensor, int src, const Group& group = {});
@@ -141,16 +179,16 @@ void scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_li
 [[nodiscard]] Work scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src, AsyncOp);
 
 // output = the reduction over ranks of their input_list[this rank].
-void reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, ReduceOp op = ReduceOp::SUM,
+void reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, Reduction op = ReduceOp::SUM,
                     const Group& group = {});
-[[nodiscard]] Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, ReduceOp op,
+[[nodiscard]] Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, Reduction op,
                                   const Group& group, AsyncOp);
 [[nodiscard]] Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, AsyncOp);
 
 // input: world size x output along dim 0; output = the reduction of this rank's chunk.
-void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op = ReduceOp::SUM,
+void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op = ReduceOp::SUM,
                            const Group& group = {});
-[[nodiscard]] Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, ReduceOp op,
+[[nodiscard]] Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op,
                                          const Group& group, AsyncOp);
 [[nodiscard]] Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, AsyncOp);
 
@@ -172,5 +210,56 @@ void all_to_all_single(const at::Tensor& output, const at::Tensor& input,
                                      const std::vector<int64_t>& output_split_sizes,
                                      const std::vector<int64_t>& input_split_sizes, const Group& group, AsyncOp);
 [[nodiscard]] Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, AsyncOp);
+
+// ---- point to point ---------------------------------------------------------------
+
+// `dst` and `src` are global ranks, as in PyTorch; `tag` matches a send with
+// its receive (Gloo and MPI; NCCL ignores it). Complex tensors travel as
+// their real view, as PyTorch 2.x's. Over NCCL, each rank of a pair needs a
+// GPU of its own (docs/api.md).
+
+// Returns once `tensor` has been handed over. Sending to this rank itself is
+// a UsageError (it could never be received), as PyTorch 2.x's.
+void send(const at::Tensor& tensor, int dst, const Group& group = {}, int tag = 0);
+// Fills `tensor` from `src`, or from whichever rank sends first when src is
+// omitted (Gloo and MPI; NCCL cannot), and returns the sender's global rank
+// (-1 where this rank is not in the group).
+int recv(const at::Tensor& tensor, std::optional<int> src = std::nullopt, const Group& group = {}, int tag = 0);
+// The same, started: wait on the Work. An irecv from any source names its
+// sender in the Work's source_rank() (the group's rank) after wait().
+[[nodiscard]] Work isend(const at::Tensor& tensor, int dst, const Group& group = {}, int tag = 0);
+[[nodiscard]] Work irecv(const at::Tensor& tensor, std::optional<int> src = std::nullopt, const Group& group = {},
+                         int tag = 0);
+
+// One send or receive of batch_isend_irecv, as torch.distributed.P2POp:
+// `op` is dist::isend or dist::irecv (anything else does not compile, or
+// is a UsageError for another function of the same type); `peer` a global
+// rank.
+class P2POp {
+ public:
+  using Isend = Work (*)(const at::Tensor&, int, const Group&, int);
+  using Irecv = Work (*)(const at::Tensor&, std::optional<int>, const Group&, int);
+  P2POp(Isend op, at::Tensor tensor, int peer, Group group = {}, int tag = 0);
+  P2POp(Irecv op, at::Tensor tensor, int peer, Group group = {}, int tag = 0);
+
+  bool is_send() const { return send_; }
+  const at::Tensor& tensor() const { return tensor_; }
+  int peer() const { return peer_; }
+  const Group& group() const { return group_; }
+  int tag() const { return tag_; }
+
+ private:
+  bool send_;
+  at::Tensor tensor_;
+  int peer_;
+  Group group_;
+  int tag_;
+};
+
+// Starts every op of the list (all on one group) and returns their Works,
+// to wait on: NCCL's as one group of sends and receives, the other
+// backends' one by one, as PyTorch's. An empty list, or ops on different
+// groups, is a UsageError.
+[[nodiscard]] std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list);
 
 }  // namespace ddp::dist

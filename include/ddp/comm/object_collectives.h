@@ -1,22 +1,50 @@
-// Collectives over bytes, as PyTorch's broadcast_object_list and
-// all_gather_object: for what is not a tensor (a model's signature, a
-// checkpoint file, a row of the environment table). The bytes travel as uint8
-// tensors on the process group's device; lengths may differ across ranks.
+// torch.distributed's object collectives for C++ ranks: all_gather_object,
+// broadcast_object_list, gather_object and scatter_object_list exchange
+// values that are not one tensor: strings (any bytes), numbers, tensors,
+// and lists, tuples and dicts of them, as c10::IValue.
+//
+//   dist.all_gather_object(out, obj)               ->  dist::all_gather_object(out, obj);
+//   dist.broadcast_object_list(objs, src=0)        ->  dist::broadcast_object_list(objs, 0);
+//   dist.gather_object(obj, out if r == 0 else None, dst=0)
+//                                                  ->  dist::gather_object(obj, r == 0 ? &out : nullptr, 0);
+//   dist.scatter_object_list(out, ins, src=0)      ->  dist::scatter_object_list(out, ins, 0);
+//
+// As in PyTorch, the sizes travel first, then the bytes, on the group's
+// device; src and dst are global ranks; a rank outside the group does
+// nothing (a warning, once per op). Unlike pickle, the encoding is plain
+// data: what a rank receives only ever becomes such values, never runs
+// code, and a malformed message is a DataError. Values come back as they
+// were sent (a c10::List<int64_t> as one; tensors on the device they came
+// from, as PyTorch's unpickling puts them); exchanging objects with Python
+// ranks is not a goal.
 #pragma once
 
-#include <string>
+#include <ATen/core/ivalue.h>
+
 #include <vector>
 
-#include "ddp/comm/process_group.h"
+#include "ddp/comm/dist.h"
 
-namespace ddp {
+namespace ddp::dist {
 
-// Collective: every rank returns `root`'s bytes (the others' argument is
-// ignored). Two broadcasts: the length, then the bytes.
-std::string broadcast_object(ProcessGroup& pg, std::string bytes, int root = 0);
+// object_list: one entry per rank of the group (its size); entry r becomes
+// rank r's obj.
+void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue& obj, const Group& group = {});
 
-// Collective: every rank returns every rank's bytes, in rank order. Two
-// all-gathers: the lengths, then the bytes padded to the longest.
-std::vector<std::string> all_gather_object(ProcessGroup& pg, const std::string& bytes);
+// On `dst`, object_gather_list (one entry per rank of the group) gets every
+// rank's obj; every other rank passes nullptr (PyTorch's None).
+void gather_object(const c10::IValue& obj, std::vector<c10::IValue>* object_gather_list = nullptr, int dst = 0,
+                   const Group& group = {});
 
-}  // namespace ddp
+// Every rank's object_list becomes src's (each rank passes a list of the
+// same length; on the others its entries are overwritten).
+void broadcast_object_list(std::vector<c10::IValue>& object_list, int src = 0, const Group& group = {});
+
+// Rank r of the group gets scatter_object_input_list[r] (given on src,
+// ignored elsewhere) in scatter_object_output_list[0] (a list of at least
+// one entry).
+void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
+                         const std::vector<c10::IValue>& scatter_object_input_list, int src = 0,
+                         const Group& group = {});
+
+}  // namespace ddp::dist

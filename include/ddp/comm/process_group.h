@@ -39,6 +39,10 @@ class [[nodiscard]] Work {
   bool on_complete(std::function<void()> fn);
   // "gloo allreduce", ...; empty for a default-constructed Work.
   const std::string& op() const;
+  // After wait(), for a receive from any source (dist::irecv without src):
+  // the sender's rank in the group, as c10d's Work::sourceRank(). -1 for any
+  // other Work.
+  int source_rank() const;
 
  private:
   std::shared_ptr<detail::WorkHandle> handle_;
@@ -49,8 +53,9 @@ class [[nodiscard]] Work {
 class StoreHandle;
 
 // torch.distributed.ReduceOp. AVG: NCCL only, as in PyTorch (Gloo and MPI
-// refuse it); BAND, BOR, BXOR: integer tensors.
-enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR };
+// refuse it); BAND, BOR, BXOR: integer tensors. PREMUL_SUM: NCCL only, and
+// only with its factor (dist::make_nccl_premul_sum, ddp/comm/dist.h).
+enum class ReduceOp { SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM };
 // "SUM", "AVG", ... as PyTorch spells them.
 const char* reduce_op_name(ReduceOp op);
 
@@ -71,10 +76,17 @@ struct CollectiveCall {
     AllToAll,             // inputs[r] goes to rank r's outputs[this rank]
     AllToAllSingle,       // inputs[0] split along dim 0 by input_split_sizes (even when empty)
     Barrier,
+    MonitoredBarrier,     // Gloo's: names the ranks that did not come within `timeout`
+    Send,                 // inputs[0] to rank `root`, matched by `tag`
+    Recv,                 // outputs[0] from rank `root` (-1: from any rank), matched by `tag`
   };
   Kind kind = Kind::Barrier;
   ReduceOp op = ReduceOp::SUM;
+  double premul_factor = 1.0;  // PREMUL_SUM's: each rank's tensor times it, then summed
   int root = 0;
+  int tag = 0;                             // Send, Recv
+  std::chrono::milliseconds timeout{0};    // MonitoredBarrier's (0: the group's)
+  bool wait_all_ranks = false;             // MonitoredBarrier: name every rank missing, not the first
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> outputs;
   std::vector<int64_t> output_split_sizes, input_split_sizes;
@@ -109,6 +121,9 @@ class ProcessGroup {
   // UsageError naming the rank. The default refuses every one (a group of
   // one's own, e.g. a test's decorator, need not have them).
   virtual Work collective(const CollectiveCall& call);
+  // batch_isend_irecv's sends and receives, started together: NCCL's as one
+  // group (ncclGroupStart/End); the default starts each with collective().
+  virtual std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls);
   // ddp::dist::new_group: every rank of this group calls it, in the same
   // order; `ranks` (of this group, ascending, distinct) form the new group,
   // which this rank gets if it is one of them, else null. The default
