@@ -129,6 +129,11 @@ void parity(const std::string& dir) {
   auto a = val({4}, at::kFloat, 5, rank);
   dist::all_reduce(a, ReduceOp::MAX, dist::async_op).wait();
   out.add("all_reduce_async", a);
+  if (dist::get_backend() == "nccl") {  // PREMUL_SUM: NCCL's only
+    auto p = val({4}, at::kFloat, 56, rank);
+    dist::all_reduce(p, dist::make_nccl_premul_sum(2.0));
+    out.add("all_reduce_premul_sum", p);
+  }
 
   for (std::string op : {"SUM", "MAX"}) {
     auto t = val({2, 3}, at::kFloat, 6, rank);

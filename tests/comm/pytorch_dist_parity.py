@@ -132,6 +132,10 @@ def main():
     t = val((4,), torch.float32, 5, rank)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
     out.add("all_reduce_async", t)
+    if backend == "nccl":  # PREMUL_SUM: NCCL's only
+        t = val((4,), torch.float32, 56, rank)
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(2.0))
+        out.add("all_reduce_premul_sum", t)
 
     # reduce: the result on dst only
     for op in ["SUM", "MAX"]:
