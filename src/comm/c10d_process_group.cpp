@@ -221,9 +221,11 @@ Work C10dProcessGroup::monitored_barrier(const CollectiveCall& call, const std::
   try {
     backend_->monitoredBarrier(opts, call.wait_all_ranks);
   } catch (const std::exception& e) {
-    throw CommError(who + first_line(message_of(e)) +
-                    "\n  (the ranks named did not reach monitored_barrier within " + std::to_string(opts.timeout.count()) +
-                    " ms: each one's own log says where it is)");
+    const std::string hint = rank_ == 0 ? "the ranks named did not reach monitored_barrier within " +
+                                              std::to_string(opts.timeout.count()) +
+                                              " ms: each one's own log says where it is"
+                                        : "rank 0 gave up waiting for the ranks that did not come; its log names them";
+    throw CommError(who + first_line(message_of(e)) + "\n  (" + hint + ")");
   }
   return Work();
 }
@@ -262,8 +264,13 @@ std::vector<Work> C10dProcessGroup::coalesced(const std::vector<CollectiveCall>&
     refuse_unsupported(call, "rank " + std::to_string(rank()) + ": dist.batch_isend_irecv on nccl: ");
   std::vector<c10::intrusive_ptr<c10d::Work>> started_works;
   compat::start_coalescing(*backend_);
-  for (const auto& call : calls)
-    started_works.push_back(started(call, "rank " + std::to_string(rank()) + ": dist.batch_isend_irecv on nccl: "));
+  try {
+    for (const auto& call : calls)
+      started_works.push_back(started(call, "rank " + std::to_string(rank()) + ": dist.batch_isend_irecv on nccl: "));
+  } catch (...) {
+    compat::end_coalescing(*backend_, started_works);  // the group is closed whatever happened in it, as PyTorch's
+    throw;
+  }
   auto whole = compat::end_coalescing(*backend_, started_works);
   std::vector<Work> works;
   for (auto& w : started_works)

@@ -10,20 +10,16 @@
 #include <set>
 
 #include "comm/backend_groups.h"
+#include "comm/dist_notes.h"
 
-namespace ddp::dist {
+namespace ddp::detail {
 
-namespace {
-
-using Kind = CollectiveCall::Kind;
-
-std::string who(const char* op) {
+std::string dist_who(const char* op) {
   return "rank " + std::to_string(ddp::is_initialized() ? default_process_group()->rank() : -1) + ": dist." + op +
          ": ";
 }
 
-// PyTorch's note for a collective on a group this rank is not in, once per op.
-void warn_not_in_group(const char* op) {
+void dist_warn_not_in_group(const char* op) {
   static std::mutex mutex;
   static std::set<std::string> warned;
   std::lock_guard<std::mutex> lock(mutex);
@@ -31,6 +27,29 @@ void warn_not_in_group(const char* op) {
   TORCH_WARN("Running ", op, " on global rank ", default_process_group()->rank(),
              " which does not belong to the given group.");
 }
+
+int dist_root_of(const dist::Group& group, int global, const char* op, const char* what) {
+  if (!group.is_member()) return -1;
+  const auto ranks = group.ranks();
+  const auto it = std::find(ranks.begin(), ranks.end(), global);
+  if (it == ranks.end()) {
+    std::string list;
+    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    throw UsageError(dist_who(op) + what + " " + std::to_string(global) +
+                     " is not a rank of the group (its global ranks: " + list + ")");
+  }
+  return static_cast<int>(it - ranks.begin());
+}
+
+}  // namespace ddp::detail
+
+namespace ddp::dist {
+
+namespace {
+
+using Kind = CollectiveCall::Kind;
+std::string who(const char* op) { return ddp::detail::dist_who(op); }
+void warn_not_in_group(const char* op) { ddp::detail::dist_warn_not_in_group(op); }
 
 void check_tensor(const at::Tensor& t, const char* op, const char* what = "tensor") {
   if (!t.defined()) throw UsageError(who(op) + "the " + what + " is undefined");
@@ -71,18 +90,8 @@ CollectiveCall make(Kind kind, std::vector<at::Tensor> inputs, std::vector<at::T
   return call;
 }
 
-// `global`'s rank in `group`, or -1 where this rank is not in it (nothing runs then).
 int root_of(const Group& group, int global, const char* op, const char* what) {
-  if (!group.is_member()) return -1;
-  const auto ranks = group.ranks();
-  const auto it = std::find(ranks.begin(), ranks.end(), global);
-  if (it == ranks.end()) {
-    std::string list;
-    for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    throw UsageError(who(op) + what + " " + std::to_string(global) + " is not a rank of the group (its global ranks: " +
-                     list + ")");
-  }
-  return static_cast<int>(it - ranks.begin());
+  return ddp::detail::dist_root_of(group, global, op, what);
 }
 
 // PyTorch's rule for gather's and scatter's lists: given on the root only.

@@ -1,12 +1,9 @@
 #include "ddp/comm/object_collectives.h"
 
-#include <c10/util/Exception.h>
-
 #include <algorithm>
 #include <cstring>
-#include <mutex>
-#include <set>
 
+#include "comm/dist_notes.h"
 #include "comm/object_exchange.h"
 #include "comm/plain_data.h"
 
@@ -111,27 +108,18 @@ std::string scatter_bytes(ProcessGroup& pg, const std::vector<std::string>& part
 namespace dist {
 namespace {
 
-std::string object_who(const char* op) {
-  return "rank " + std::to_string(ddp::is_initialized() ? default_process_group()->rank() : -1) + ": dist." + op +
-         ": ";
-}
+using ddp::detail::dist_who;
 
 // The group's process group, or null (with PyTorch's warning, once per op)
 // where this rank is not in it.
 std::shared_ptr<ProcessGroup> member_group(const Group& group, const char* op) {
   auto pg = group.process_group();
-  if (pg) return pg;
-  static std::mutex mutex;
-  static std::set<std::string> warned;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (warned.insert(op).second)
-    TORCH_WARN("Running ", op, " on global rank ", default_process_group()->rank(),
-               " which does not belong to the given group.");
-  return nullptr;
+  if (!pg) ddp::detail::dist_warn_not_in_group(op);
+  return pg;
 }
 
 c10::IValue decode(const std::string& bytes, const char* op, int from) {
-  return detail::decode_plain_data(bytes, object_who(op) + "from group rank " + std::to_string(from) + ": ");
+  return detail::decode_plain_data(bytes, dist_who(op) + "from group rank " + std::to_string(from) + ": ");
 }
 
 }  // namespace
@@ -140,9 +128,9 @@ void all_gather_object(std::vector<c10::IValue>& object_list, const c10::IValue&
   const auto pg = member_group(group, "all_gather_object");
   if (!pg) return;
   if (object_list.size() != static_cast<size_t>(pg->size()))
-    throw UsageError(object_who("all_gather_object") + "object_list has " + std::to_string(object_list.size()) +
+    throw UsageError(dist_who("all_gather_object") + "object_list has " + std::to_string(object_list.size()) +
                      " entries; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
-  const auto parts = detail::all_gather_bytes(*pg, detail::encode_plain_data(obj, object_who("all_gather_object")));
+  const auto parts = detail::all_gather_bytes(*pg, detail::encode_plain_data(obj, dist_who("all_gather_object")));
   for (size_t r = 0; r < parts.size(); ++r) object_list[r] = decode(parts[r], "all_gather_object", static_cast<int>(r));
 }
 
@@ -150,17 +138,19 @@ void gather_object(const c10::IValue& obj, std::vector<c10::IValue>* object_gath
                    const Group& group) {
   const auto pg = member_group(group, "gather_object");
   if (!pg) return;
-  const int root = get_group_rank(group, dst);
+  const int root = ddp::detail::dist_root_of(group, dst, "gather_object", "dst");
   const bool is_root = pg->rank() == root;
   if (is_root && !object_gather_list)
-    throw UsageError(object_who("gather_object") + "Argument `object_gather_list` must be specified on destination rank.");
+    throw UsageError(dist_who("gather_object") +
+                     "Argument `object_gather_list` must be specified on destination rank.");
   if (!is_root && object_gather_list)
-    throw UsageError(object_who("gather_object") +
+    throw UsageError(dist_who("gather_object") +
                      "Argument `object_gather_list` must NOT be specified on non-destination ranks.");
   if (is_root && object_gather_list->size() != static_cast<size_t>(pg->size()))
-    throw UsageError(object_who("gather_object") + "object_gather_list has " + std::to_string(object_gather_list->size()) +
+    throw UsageError(dist_who("gather_object") + "object_gather_list has " +
+                     std::to_string(object_gather_list->size()) +
                      " entries; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
-  const auto parts = detail::gather_bytes(*pg, detail::encode_plain_data(obj, object_who("gather_object")), root);
+  const auto parts = detail::gather_bytes(*pg, detail::encode_plain_data(obj, dist_who("gather_object")), root);
   for (size_t r = 0; r < parts.size() && is_root; ++r)
     (*object_gather_list)[r] = decode(parts[r], "gather_object", static_cast<int>(r));
 }
@@ -168,16 +158,19 @@ void gather_object(const c10::IValue& obj, std::vector<c10::IValue>* object_gath
 void broadcast_object_list(std::vector<c10::IValue>& object_list, int src, const Group& group) {
   const auto pg = member_group(group, "broadcast_object_list");
   if (!pg) return;
-  const int root = get_group_rank(group, src);
+  const int root = ddp::detail::dist_root_of(group, src, "broadcast_object_list", "src");
   std::string bytes;
   if (pg->rank() == root)
-    bytes = detail::encode_plain_data(c10::ivalue::Tuple::create(object_list), object_who("broadcast_object_list"));
+    bytes = detail::encode_plain_data(c10::ivalue::Tuple::create(object_list), dist_who("broadcast_object_list"));
   bytes = detail::broadcast_bytes(*pg, std::move(bytes), root);
   if (pg->rank() == root) return;
   const auto sent = decode(bytes, "broadcast_object_list", root);
+  if (!sent.isTuple())
+    throw DataError(dist_who("broadcast_object_list") + "src sent a " + sent.tagKind() +
+                    ", not the list of objects (every rank must call the same object collectives in the same order)");
   const auto& elements = sent.toTupleRef().elements();
   if (elements.size() != object_list.size())
-    throw UsageError(object_who("broadcast_object_list") + "object_list has " + std::to_string(object_list.size()) +
+    throw UsageError(dist_who("broadcast_object_list") + "object_list has " + std::to_string(object_list.size()) +
                      " entries here and " + std::to_string(elements.size()) +
                      " on src: every rank passes a list of the same length");
   for (size_t i = 0; i < elements.size(); ++i) object_list[i] = elements[i];
@@ -188,17 +181,17 @@ void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
   const auto pg = member_group(group, "scatter_object_list");
   if (!pg) return;
   if (scatter_object_output_list.empty())
-    throw UsageError(object_who("scatter_object_list") +
+    throw UsageError(dist_who("scatter_object_list") +
                      "Expected argument scatter_object_output_list to be a list of size at least 1.");
-  const int root = get_group_rank(group, src);
+  const int root = ddp::detail::dist_root_of(group, src, "scatter_object_list", "src");
   std::vector<std::string> parts;
   if (pg->rank() == root) {
     if (scatter_object_input_list.size() != static_cast<size_t>(pg->size()))
-      throw UsageError(object_who("scatter_object_list") + "scatter_object_input_list has " +
+      throw UsageError(dist_who("scatter_object_list") + "scatter_object_input_list has " +
                        std::to_string(scatter_object_input_list.size()) +
                        " entries on src; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
     for (const auto& obj : scatter_object_input_list)
-      parts.push_back(detail::encode_plain_data(obj, object_who("scatter_object_list")));
+      parts.push_back(detail::encode_plain_data(obj, dist_who("scatter_object_list")));
   }
   scatter_object_output_list[0] = decode(detail::scatter_bytes(*pg, parts, root), "scatter_object_list", root);
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "ddp/errors.h"
@@ -61,6 +62,14 @@ bool known_dtype(int code) {
 struct Writer {
   std::string out;
   const std::string& who;
+  std::vector<int64_t> path;  // the entry being written at each level, for errors
+
+  // "the object[2][0]": where in the value the entry being written is.
+  std::string where() const {
+    std::string w = "the object";
+    for (int64_t i : path) w += "[" + std::to_string(i) + "]";
+    return w;
+  }
 
   void byte(char c) { out.push_back(c); }
   template <typename T>
@@ -70,18 +79,18 @@ struct Writer {
     out.append(b, sizeof(T));
   }
   void bytes(const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
-  void value(const c10::IValue& v, const std::string& where);
-  void tensor(const at::Tensor& t, const std::string& where);
-  void container(const c10::IValue& v, const std::string& where);
+  void value(const c10::IValue& v);
+  void tensor(const at::Tensor& t);
+  void container(const c10::IValue& v);
 };
 
-void Writer::tensor(const at::Tensor& t, const std::string& where) {
+void Writer::tensor(const at::Tensor& t) {
   if (!t.defined()) return byte(kNone);  // an undefined tensor is None, as in TorchScript
   if (t.layout() != at::kStrided || t.is_quantized() || !known_dtype(static_cast<int>(t.scalar_type())) ||
       !(t.is_cpu() || t.is_cuda()) || static_cast<size_t>(t.dim()) > kMaxDims)
-    throw UsageError(who + where + ": a " + std::string(c10::toString(t.scalar_type())) + " tensor on " +
+    throw UsageError(who + where() + ": a " + std::string(c10::toString(t.scalar_type())) + " tensor on " +
                      t.device().str() + " is not plain data (dense CPU or CUDA tensors of up to 64 dimensions are)");
-  const at::Tensor c = t.detach().to(at::kCPU).contiguous();
+  const at::Tensor c = t.detach().resolve_conj().resolve_neg().to(at::kCPU).contiguous();
   byte(kTensor);
   raw<uint8_t>(static_cast<uint8_t>(t.scalar_type()));
   raw<uint8_t>(t.is_cuda() ? 1 : 0);
@@ -94,36 +103,41 @@ void Writer::tensor(const at::Tensor& t, const std::string& where) {
   if (n) bytes(c.data_ptr(), n);
 }
 
-void Writer::container(const c10::IValue& v, const std::string& where) {
+void Writer::container(const c10::IValue& v) {
   if (v.isList()) {
     const auto list = v.toList();
     byte(kList);
     raw<uint8_t>(kind_of(list.elementType()));
     raw<uint64_t>(list.size());
-    for (size_t i = 0; i < list.size(); ++i) value(list.get(i), where + "[" + std::to_string(i) + "]");
+    for (size_t i = 0; i < list.size(); ++i) path.back() = static_cast<int64_t>(i), value(list.get(i));
   } else if (v.isTuple()) {
     const auto& elements = v.toTupleRef().elements();
     byte(kTuple);
     raw<uint64_t>(elements.size());
-    for (size_t i = 0; i < elements.size(); ++i) value(elements[i], where + "[" + std::to_string(i) + "]");
+    for (size_t i = 0; i < elements.size(); ++i) path.back() = static_cast<int64_t>(i), value(elements[i]);
   } else {
     const auto dict = v.toGenericDict();
     const ElementKind key = kind_of(dict.keyType());
     if (key == kAnyKind && dict.size() > 0)
-      throw UsageError(who + where + ": a dict whose keys are " + dict.keyType()->str() +
+      throw UsageError(who + where() + ": a dict whose keys are " + dict.keyType()->str() +
                        " is not plain data (keys: int, float, bool, str, complex or Tensor)");
     byte(kDict);
     raw<uint8_t>(key);
     raw<uint8_t>(kind_of(dict.valueType()));
     raw<uint64_t>(dict.size());
+    int64_t i = 0;
     for (const auto& entry : dict) {
-      value(entry.key(), where + " key");
-      value(entry.value(), where + "[" + entry.key().tagKind() + "]");
+      path.back() = i++;  // the entry's place in the dict's order
+      value(entry.key());
+      value(entry.value());
     }
   }
 }
 
-void Writer::value(const c10::IValue& v, const std::string& where) {
+void Writer::value(const c10::IValue& v) {
+  if (path.size() > static_cast<size_t>(kMaxPlainDataDepth))
+    throw UsageError(who + where() + ": nested deeper than " + std::to_string(kMaxPlainDataDepth) +
+                     " levels (a container that holds itself?); the object collectives refuse such values");
   if (v.isNone()) return byte(kNone);
   if (v.isBool()) return byte(v.toBool() ? kTrue : kFalse);
   if (v.isInt()) return byte(kInt), raw<int64_t>(v.toInt());
@@ -136,9 +150,14 @@ void Writer::value(const c10::IValue& v, const std::string& where) {
     const auto& s = v.toStringRef();
     return byte(kString), raw<uint64_t>(s.size()), bytes(s.data(), s.size());
   }
-  if (v.isTensor()) return tensor(v.toTensor(), where);
-  if (v.isList() || v.isTuple() || v.isGenericDict()) return container(v, where);
-  throw UsageError(who + where + ": a " + v.tagKind() +
+  if (v.isTensor()) return tensor(v.toTensor());
+  if (v.isList() || v.isTuple() || v.isGenericDict()) {
+    path.push_back(0);
+    container(v);
+    path.pop_back();
+    return;
+  }
+  throw UsageError(who + where() + ": a " + v.tagKind() +
                    " is not plain data; the object collectives take None, bool, int, double, complex, str, Tensor, "
                    "and lists, tuples and dicts of them");
 }
@@ -151,7 +170,8 @@ struct Reader {
   const std::string& who;
 
   [[noreturn]] void fail(const std::string& what) const {
-    throw DataError(who + "the object received is not plain data libddp wrote: " + what);
+    throw DataError(who + "the object received is not plain data libddp wrote: " + what +
+                    " (every rank must run the same libddp and call the same object collectives in the same order)");
   }
   void need(size_t n, const char* what) const {
     if (n > left) fail(std::string("it ends inside ") + what);
@@ -193,11 +213,14 @@ void check_element(const Reader& r, ElementKind kind, const c10::IValue& value) 
   if (!ok) r.fail("a container holds a " + value.tagKind() + " where its type says " + type_of(kind)->str());
 }
 
+// The tensor's element count; the sizes' product with every 0 taken as 1
+// (what LibTorch's strides are made of) must fit too.
 int64_t checked_numel(Reader& r, const std::vector<int64_t>& sizes) {
-  int64_t numel = 1;
+  int64_t numel = 1, span = 1;
   for (int64_t s : sizes) {
     if (s < 0) r.fail("a tensor of negative size");
-    if (__builtin_mul_overflow(numel, s, &numel)) r.fail("a tensor too large to exist");
+    if (__builtin_mul_overflow(numel, s, &numel) || __builtin_mul_overflow(span, std::max<int64_t>(s, 1), &span))
+      r.fail("a tensor too large to exist");
   }
   return numel;
 }
@@ -227,6 +250,7 @@ c10::IValue Reader::tensor() {
     t.set_requires_grad(true);
   }
   if (!cuda) return t;
+  if (index < 0 || index > 127) fail("a tensor of cuda:" + std::to_string(index));
   try {
     return t.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
   } catch (const std::exception& e) {
@@ -240,9 +264,10 @@ c10::IValue Reader::list(int depth) {
   const ElementKind kind = this->kind("list");
   const size_t n = count("list");
   c10::impl::GenericList out(type_of(kind));
-  out.reserve(n);
+  out.reserve(std::min<size_t>(n, 64));  // a count is only a claim: the elements must follow
   for (size_t i = 0; i < n; ++i) {
     auto v = value(depth + 1);
+    if (kind == kTensorKind && v.isNone()) v = at::Tensor();  // an undefined tensor was sent as None
     check_element(*this, kind, v);
     out.push_back(std::move(v));
   }
@@ -252,7 +277,7 @@ c10::IValue Reader::list(int depth) {
 c10::IValue Reader::tuple(int depth) {
   const size_t n = count("tuple");
   std::vector<c10::IValue> elements;
-  elements.reserve(n);
+  elements.reserve(std::min<size_t>(n, 64));
   for (size_t i = 0; i < n; ++i) elements.push_back(value(depth + 1));
   return c10::ivalue::Tuple::create(std::move(elements));
 }
@@ -316,7 +341,7 @@ c10::IValue decode_plain_data(const std::string& bytes, const std::string& who) 
 
 std::string encode_plain_data(const c10::IValue& value, const std::string& who) {
   Writer w{std::string(kMagic, sizeof kMagic), who};
-  w.value(value, "the object");
+  w.value(value);
   return std::move(w.out);
 }
 

@@ -76,6 +76,7 @@ std::shared_ptr<ProcessGroup> g_default;
 std::vector<std::weak_ptr<ProcessGroup>> g_made;  // every group init_process_group made here
 int g_generation = 0;  // a fresh store prefix for each group made in this process
 std::map<std::string, std::shared_ptr<ProcessGroup>> g_beside;  // job_group_of_backend's, by backend
+LaunchEnv g_launch_env;  // what the default group was made from, for the groups beside it
 
 struct BeforeShutdown {
   std::weak_ptr<ProcessGroup> group;
@@ -413,6 +414,10 @@ std::shared_ptr<ProcessGroup> init_process_group(const LaunchEnv& env_in, const 
   apply_init_method(options.init_method(), who, env);
   const std::string backend = chosen_backend(options, who);
   const auto timeout = options.timeout();
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_launch_env = env;
+  }
   [[maybe_unused]] int gpu = -1;
   if (backend == "nccl") {
     if (!has_gpu()) throw UsageError(who + "the nccl backend needs a GPU and none is visible");
@@ -505,11 +510,15 @@ GroupStore store_beside(ProcessGroup& world, LaunchEnv& env, std::chrono::millis
 
 std::shared_ptr<ProcessGroup> connect_beside(ProcessGroup& world, const std::string& backend,
                                              std::chrono::milliseconds timeout, const std::string& who) {
-  LaunchEnv env = LaunchEnv::from_environment();
+  LaunchEnv env;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    env = g_launch_env;  // the default group's, with its master and job id
+  }
   if (env.rank != world.rank() || env.world_size != world.size())
-    throw UsageError(who + "the launch environment (rank " + std::to_string(env.rank) + " of " +
-                     std::to_string(env.world_size) + ") is not the default group's; a group of another backend "
-                     "is made from it");
+    throw UsageError(who + "the default group (rank " + std::to_string(world.rank()) + " of " +
+                     std::to_string(world.size()) + ") was not made by init_process_group; make it with "
+                     "init_process_group before asking for a group of another backend beside it");
   if (backend == "mpi") return make_mpi_group(env, timeout, who);
   [[maybe_unused]] int gpu = -1;
   if (backend == "nccl") {
@@ -529,7 +538,8 @@ std::shared_ptr<ProcessGroup> connect_beside(ProcessGroup& world, const std::str
     throw UsageError(who + e.what());
   } catch (const std::exception& e) {
     throw CommError(who + backend + " could not connect all " + std::to_string(env.world_size) +
-                    " ranks within the timeout: " + e.what() + "\n  (every rank must call new_group with this backend)");
+                    " ranks within the timeout: " + e.what() +
+                    "\n  (every rank must call new_group with this backend)");
   }
   return std::make_shared<detail::C10dProcessGroup>(store.store, pg, backend, device, timeout, store.prefix,
                                                     std::move(gloo_devices));

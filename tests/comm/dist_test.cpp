@@ -113,7 +113,9 @@ TEST_P(DistOverMpi, EveryCollectiveEqualToTorchDistributedAndTheOnesGlooLacksToT
   for (const auto& r : theirs) ASSERT_EQ(r.exit_code, 0) << describe(theirs);
   // The gloo group made beside the mpi one serves its store at MASTER_PORT.
   auto ours = run_mpirun(world, DIST_WORKER, {"parity"},
-                         {{"DDP_TEST_DIR", dir}, {"DDP_TEST_BACKEND", "mpi"}, {"MASTER_PORT", std::to_string(free_port())}});
+                         {{"DDP_TEST_DIR", dir},
+                          {"DDP_TEST_BACKEND", "mpi"},
+                          {"MASTER_PORT", std::to_string(free_port())}});
   ASSERT_EQ(ours.exit_code, 0) << describe(ours);
   compare(dir, world, "mpi");
   std::filesystem::remove_all(dir);
@@ -202,7 +204,8 @@ TEST(GroupBeside, AnotherBackendsGroupBesideTheDefaultOne) {
       ASSERT_EQ(ours.exit_code, 0) << describe(ours);
       outputs = ours.ranks;
     } else {
-      auto ranks = run_ranks(3, DIST_WORKER, {"beside"}, {{"DDP_TEST_BACKEND", first}, {"DDP_TEST_OTHER_BACKEND", other}});
+      auto ranks =
+          run_ranks(3, DIST_WORKER, {"beside"}, {{"DDP_TEST_BACKEND", first}, {"DDP_TEST_OTHER_BACKEND", other}});
       for (const auto& r : ranks) ASSERT_EQ(r.exit_code, 0) << describe(ranks);
       for (const auto& r : ranks) outputs.push_back(r.output);
     }

@@ -244,6 +244,19 @@ void subgroups(Out& out, int rank, int world, int last) {
       dist::reduce(m, 1, ReduceOp::MIN, g1);
       if (rank == 1) out.add("g1_reduce", m);
     }
+    if (world > 2 && rank == 1) {  // point-to-point on a group without rank 0
+      dist::send(val({2}, at::kFloat, 44, rank), last, g1);
+      dist::isend(val({2}, at::kFloat, 45, rank), last, g1).wait();
+    } else if (world > 2 && rank == last) {
+      auto t = zeros({2});
+      out.text("g1_recv_sender", std::to_string(dist::recv(t, std::nullopt, g1)));
+      out.add("g1_recv", t);
+      auto t2 = zeros({2});
+      auto w = dist::irecv(t2, std::nullopt, g1);
+      w.wait();
+      out.text("g1_irecv_source_rank", std::to_string(w.source_rank()));
+      out.add("g1_irecv", t2);
+    }
   } else {
     auto t = val({3}, at::kLong, 41, rank);
     const auto before = t.clone();
@@ -515,8 +528,8 @@ int main(int argc, char** argv) {
       dist::all_reduce(t, ReduceOp::SUM, g);
       std::vector<c10::IValue> names(static_cast<size_t>(dist::get_world_size()));
       dist::all_gather_object(names, dist::get_backend(g), g);
-      std::cout << "beside " << dist::get_backend(g) << " " << t.sum().item<double>() << " " << names.back().toStringRef()
-                << std::endl;
+      std::cout << "beside " << dist::get_backend(g) << " " << t.sum().item<double>() << " "
+                << names.back().toStringRef() << std::endl;
     }
     if (mode == "parity") parity(std::getenv("DDP_TEST_DIR"));
     else errors();

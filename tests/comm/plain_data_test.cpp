@@ -69,6 +69,23 @@ TEST(PlainData, WhatIsNotPlainDataIsRefusedWhenSentNamingWhere) {
     EXPECT_NE(std::string(e.what()).find("the object[1]: a Future is not plain data"), std::string::npos) << e.what();
   }
   EXPECT_THROW(encode_plain_data(torch::ones({2}).to_sparse(), "rank 0: "), ddp::UsageError);
+  c10::impl::GenericList itself(c10::AnyType::get());  // a list that holds itself: refused, not a stack overflow
+  itself.push_back(int64_t{1});
+  itself.push_back(itself);
+  EXPECT_THROW(encode_plain_data(itself, "rank 0: "), ddp::UsageError);
+  itself.set(1, c10::IValue());  // the cycle broken: nothing leaks
+}
+
+TEST(PlainData, TensorViewsAndUndefinedTensorsComeBackAsValues) {
+  auto z = torch::tensor({c10::complex<float>(1, 2), c10::complex<float>(3, -4)});
+  EXPECT_TRUE(round_trip(z.conj()).toTensor().equal(z.conj().resolve_conj()));  // the conjugate's values
+  EXPECT_TRUE(round_trip(-torch::arange(3.0)).toTensor().equal(-torch::arange(3.0)));
+  c10::List<at::Tensor> tensors;
+  tensors.push_back(torch::ones({1}));
+  tensors.push_back(at::Tensor());
+  const auto back = round_trip(tensors).toTensorList();
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_FALSE(back.get(1).defined());
 }
 
 TEST(PlainData, EveryCutOfAnEncodingIsADataError) {
@@ -91,6 +108,11 @@ TEST(PlainData, HostileBytesAreBoundedByWhatTheyHold) {
   std::string huge = magic + "X" + std::string(1, '\x06') + std::string(1, '\0') + std::string("\xff\xff", 2) +
                      std::string(1, '\0') + std::string(1, '\x02') + u64(1ull << 40) + u64(1ull << 40) + u64(0);
   EXPECT_THROW(decode_plain_data(huge, "t: "), ddp::DataError);
+  // No elements, but sizes whose strides would overflow.
+  std::string empty_huge = magic + "X" + std::string(1, '\x06') + std::string(1, '\0') + std::string("\xff\xff", 2) +
+                           std::string(1, '\0') + std::string(1, '\x03') + u64(0) + u64(1ull << 62) +
+                           u64(1ull << 62) + u64(0);
+  EXPECT_THROW(decode_plain_data(empty_huge, "t: "), ddp::DataError);
   // Nesting past the bound: a tuple of a tuple of ... (each one byte and a count).
   std::string deep = magic;
   for (int i = 0; i < 600; ++i) deep += "U" + u64(1);

@@ -254,6 +254,19 @@ def subgroups(out, rank, world, last):
             dist.reduce(t, dst=1, op=dist.ReduceOp.MIN, group=g1)
             if rank == 1:
                 out.add("g1_reduce", t)
+        if world > 2:  # point-to-point on a group without rank 0: global ranks in, the sender's out
+            if rank == 1:
+                dist.send(val((2,), torch.float32, 44, rank), dst=last, group=g1)
+                dist.isend(val((2,), torch.float32, 45, rank), dst=last, group=g1).wait()
+            elif rank == last:
+                t = zeros(2)
+                out.text("g1_recv_sender", str(dist.recv(t, group=g1)))
+                out.add("g1_recv", t)
+                t = zeros(2)
+                w = dist.irecv(t, group=g1)
+                w.wait()
+                out.text("g1_irecv_source_rank", str(w._source_rank()))
+                out.add("g1_irecv", t)
 
 
 def show(v):
