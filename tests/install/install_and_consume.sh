@@ -3,8 +3,7 @@
 # must be relocatable), then configures, builds and runs separate projects
 # against it with find_package(ddp CONFIG REQUIRED):
 #   consumer        ddp::ddp only, with Boost and zlib hidden from CMake
-#   train_consumer  ddp::train
-#   readme          the README's code snippet, as it is
+#   train_consumer  ddp::train, and the README's code snippet as it is (ddp::ddp)
 # Usage: install_and_consume.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -54,10 +53,9 @@ configure() {  # configure DIR [cmake args...]
     { cat "$work/$dir.log"; echo "building $dir failed"; exit 1; }
 }
 configure consumer -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON
-configure train_consumer
 awk '/^```cpp/{inside=1; next} /^```/{if (inside) exit} inside' "$src/README.md" >"$work/readme_snippet.cpp"
 test -s "$work/readme_snippet.cpp" || { echo "no \`\`\`cpp snippet in README.md"; exit 1; }
-configure readme -DREADME_SNIPPET="$work/readme_snippet.cpp"
+configure train_consumer -DREADME_SNIPPET="$work/readme_snippet.cpp"
 
 # One process each: world size 1 still goes through the store, Gloo and the reducer.
 # Its store's port: below the kernel's ephemeral range, where other tests'
@@ -85,4 +83,4 @@ run() {
 }
 run "$work/build-consumer/consumer"
 run "$work/build-train_consumer/train_consumer"
-run "$work/build-readme/readme_snippet"
+run "$work/build-train_consumer/readme_snippet"
