@@ -320,10 +320,11 @@ struct GroupStore {
   c10::intrusive_ptr<c10d::Store> prefixed;
 };
 
-GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, const std::string& who) {
+// `store` under a fresh prefix of this process's groups (the same on every
+// rank, which makes its groups in the same order).
+GroupStore prefixed_store(c10::intrusive_ptr<c10d::Store> store, const LaunchEnv& env) {
   GroupStore out;
-  out.store = env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
-  if (!env.job_id.empty()) check_same_job(*out.store, env, who, timeout);
+  out.store = std::move(store);
   int generation;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
@@ -332,6 +333,12 @@ GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, 
   out.prefix = "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
   out.prefixed = c10::make_intrusive<c10d::PrefixStore>(out.prefix, out.store);
   return out;
+}
+
+GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, const std::string& who) {
+  auto store = env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
+  if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
+  return prefixed_store(std::move(store), env);
 }
 
 c10::intrusive_ptr<compat::Backend> connect_gloo([[maybe_unused]] const c10::intrusive_ptr<c10d::Store>& prefixed,
@@ -492,18 +499,7 @@ namespace {
 // none, one that rank 0 serves at MASTER_ADDR:MASTER_PORT.
 GroupStore store_beside(ProcessGroup& world, LaunchEnv& env, std::chrono::milliseconds timeout,
                         const std::string& who, std::string& learned_interface) {
-  if (auto handle = world.store()) {
-    GroupStore out;
-    out.store = handle->get();
-    int generation;
-    {
-      std::lock_guard<std::mutex> lock(g_mutex);
-      generation = g_generation++;
-    }
-    out.prefix = "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
-    out.prefixed = c10::make_intrusive<c10d::PrefixStore>(out.prefix, out.store);
-    return out;
-  }
+  if (auto handle = world.store()) return prefixed_store(handle->get(), env);
   learned_interface = learn_master_if_unset(env, timeout, who);
   return group_store(env, timeout, who);
 }
