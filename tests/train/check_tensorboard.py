@@ -220,6 +220,9 @@ def check_run(run_dir, tags):
     for tag in acc.Tags()["scalars"]:
         steps = [s.step for s in acc.Scalars(tag)]
         expect(steps == sorted(set(steps)), f"{run_dir}: {tag}: steps {steps} repeat or go back")
+    if "epoch" in acc.Tags()["scalars"]:
+        epochs = [s.value for s in acc.Scalars("epoch")]
+        expect(epochs == list(range(1, len(epochs) + 1)), f"{run_dir}: epochs {epochs}, each once in order expected")
     hp = [d for d in glob.glob(os.path.join(run_dir, "*")) if os.path.isdir(d) and d.split("/")[-1][0].isdigit()]
     expect(hp, f"{run_dir}: no add_hparams folder")
     for folder in hp:

@@ -73,28 +73,6 @@ std::vector<fs::path> event_files(const fs::path& dir) {
   return out;
 }
 
-// The Python with tensorboard (and torch 2.x): DDP_TENSORBOARD_PYTHON, else
-// the torch 2.x environment's (deploy/install-torch2.sh). Empty, with why, if none.
-std::string tensorboard_python(std::string& why) {
-  std::string py;
-  if (const char* p = std::getenv("DDP_TENSORBOARD_PYTHON")) py = p;
-  else if (const char* v = std::getenv("DDP_TORCH2_VENV")) py = std::string(v) + "/bin/python";
-  else if (const char* h = std::getenv("HOME")) py = std::string(h) + "/.cache/libddp/torch2/bin/python";
-  if (py.empty() || ::access(py.c_str(), X_OK) != 0) {
-    why = "no Python with tensorboard at " + (py.empty() ? std::string("~/.cache/libddp/torch2") : py) +
-          " (deploy/install-torch2.sh installs it; DDP_TENSORBOARD_PYTHON names another)";
-    return "";
-  }
-  const auto out = ddp::testing::run(py + " -c 'import importlib.util, sys; sys.exit(any(importlib.util.find_spec(m) "
-                                          "is None for m in (\"tensorboard\", \"torch\")))'");
-  if (out.rfind("FAILED", 0) == 0) {
-    why = py + " lacks tensorboard or torch (deploy/install-torch2.sh installs them)";
-    return "";
-  }
-  return py;
-}
-
-
 // The calls check_tensorboard.py makes with PyTorch's SummaryWriter (keep
 // the two alike).
 void write_the_calls(const fs::path& dir) {
@@ -248,7 +226,7 @@ TEST(SummaryWriter, ALinkWhereAFolderGoesIsNotFollowed) {
 
 TEST(SummaryWriter, TensorBoardReadsEveryRecordAndTheFilesEqualPyTorchsRecordForRecord) {
   std::string why;
-  const std::string py = tensorboard_python(why);
+  const std::string py = ddp::testing::tensorboard_python(why);
   if (py.empty()) GTEST_SKIP() << why;
   const auto dir = scratch("parity");
   write_the_calls(dir / "ours");
