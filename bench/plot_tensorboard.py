@@ -36,7 +36,7 @@ def with_matplotlib(data, out, title):
     if "test/acc" in data:
         right.plot(*zip(*data["test/acc"]), "^-", color="tab:red", label="test/acc")
     right.set_ylabel("accuracy")
-    fig.legend(loc="upper center", ncol=4)
+    fig.legend(loc="lower left")
     left.set_title(title, y=-0.25)
     fig.tight_layout()
     fig.savefig(out)
@@ -55,7 +55,7 @@ def with_gnuplot(data, out, title):
         plots.append(f"'{path}' using 1:2 with {style} axes {axes} title '{tag}'")
     script = (f"set terminal pngcairo size 800,450\nset output '{out}'\nset title '{title}' noenhanced\n"
               "set xlabel 'optimizer step'\nset ylabel 'loss'\nset y2label 'accuracy'\nset y2tics\n"
-              "set ytics nomirror\nset key noenhanced top center horizontal\nplot " + ", ".join(plots) + "\n")
+              "set ytics nomirror\nset key noenhanced bottom left box opaque\nplot " + ", ".join(plots) + "\n")
     subprocess.run(["gnuplot"], input=script, text=True, check=True)
 
 
