@@ -1,7 +1,8 @@
 // ddp::SummaryWriter: the TFRecord framing and CRC-32C, PyTorch's default
 // histogram buckets, the tags refused, a disk that fills (RLIMIT_FSIZE in a
 // child) and a link where a folder goes (the writer stops with one warning,
-// the program goes on); then what TensorBoard itself reads from our files,
+// the program goes on), a killed process (what was flushed stays) and the
+// timed flush; then what TensorBoard itself reads from our files,
 // and that they equal, record for record, the files torch 2.x's
 // SummaryWriter writes with the same calls (check_tensorboard.py, one
 // Python process, with the torch 2.x environment's Python: skipped, saying
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "ddp/errors.h"
 #include "ddp/train/summary_writer.h"
@@ -203,6 +205,38 @@ TEST(SummaryWriter, ADiskThatFillsStopsOnlyTheWriterWithOneWarningAndKeepsWhatWa
   const auto recs = records(files[0]);
   EXPECT_GE(recs.size(), 11u);  // the file_version record and the 10 flushed before the limit
   EXPECT_LE(fs::file_size(files[0]), 4096u);
+  fs::remove_all(dir);
+}
+
+TEST(SummaryWriter, WhatWasFlushedSurvivesAKilledProcessAndTheWriterFlushesByItself) {
+  const auto dir = scratch("killed");
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ddp::SummaryWriter w((dir / "tb").string(), ddp::SummaryWriterOptions().flush_secs(3600));
+    for (int s = 1; s <= 10; ++s) w.add_scalar("loss", s, s);
+    w.flush();
+    for (int s = 11; s <= 15; ++s) w.add_scalar("loss", s, s);  // buffered: lost with the process
+    ::kill(::getpid(), SIGKILL);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  auto files = event_files(dir / "tb");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(records(files[0]).size(), 11u) << "the file_version record and the 10 flushed";
+
+  // flush_secs: written out by the writer's thread, with no flush() called.
+  ddp::SummaryWriter w((dir / "timed").string(), ddp::SummaryWriterOptions().flush_secs(0.05));
+  w.add_scalar("loss", 1, 1);
+  files = event_files(dir / "timed");
+  ASSERT_EQ(files.size(), 1u);
+  size_t seen = 0;
+  for (int i = 0; i < 200 && seen < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    seen = records(files[0]).size();
+  }
+  EXPECT_EQ(seen, 2u) << "not written out within 2 s at flush_secs 0.05";
+  w.close();
   fs::remove_all(dir);
 }
 
