@@ -21,7 +21,8 @@
 // naming the file and the error; every later call does nothing, and nothing
 // is thrown: the training goes on without events. A tag TensorBoard cannot
 // take (empty, or not UTF-8) is a UsageError naming it.
-// Not thread-safe: one thread adds records (the flushing thread is ours).
+// Calls may come from several threads: one lock orders the records (and the
+// writer's own flushing thread).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -73,9 +74,10 @@ class HParamValue {
 
 class SummaryWriter {
  public:
-  // Creates log_dir (and its parents). An empty log_dir is PyTorch's
-  // default, runs/<Mon dd_HH-MM-SS>_<host>. The event file itself is made at
-  // the first record (or flush).
+  // Creates log_dir (and its parents) and its event file, whose first
+  // records (file_version; the purge step's) are written out at once, as
+  // PyTorch's. An empty log_dir is PyTorch's default,
+  // runs/<Mon dd_HH-MM-SS>_<host>. flush_secs <= 0 is a UsageError.
   explicit SummaryWriter(std::string log_dir = "", SummaryWriterOptions options = {});
   ~SummaryWriter();  // close()
   SummaryWriter(const SummaryWriter&) = delete;
