@@ -20,6 +20,7 @@ import os
 import shutil
 import struct
 import sys
+import time
 
 from tensorboard.backend.event_processing import event_accumulator as ea_mod
 from tensorboard.compat.proto import event_pb2
@@ -91,6 +92,9 @@ def the_calls(top):
     with SummaryWriter(os.path.join(top, "purge")) as first:
         for s in range(1, 4):
             first.add_scalar("p", s, s)
+    made = int(time.time())  # as summary_writer_test.cpp: the resumed file from a later second
+    while int(time.time()) == made:
+        time.sleep(0.02)
     with SummaryWriter(os.path.join(top, "purge"), purge_step=2) as resumed:
         for s in range(2, 5):
             resumed.add_scalar("p", 10 * s, s)

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <ctime>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -99,6 +100,12 @@ void write_the_calls(const fs::path& dir) {
     ddp::SummaryWriter first((dir / "purge").string());
     for (int s = 1; s <= 3; ++s) first.add_scalar("p", s, s);
   }
+  // TensorBoard reads a folder's files in the order of their names, whose
+  // first part is the second they were made in: the resumed writer's file
+  // must come from a later second (in the same second, the file counter
+  // decides, and "10" sorts before "9").
+  const auto made = std::time(nullptr);
+  while (std::time(nullptr) == made) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ddp::SummaryWriter resumed((dir / "purge").string(), ddp::SummaryWriterOptions().purge_step(2));
   for (int s = 2; s <= 4; ++s) resumed.add_scalar("p", 10 * s, s);
 }
