@@ -27,6 +27,9 @@ packages=(
   # clang, and libFuzzer and the sanitizer runtimes for clang 14
   # (libclang_rt.fuzzer-x86_64.a, libclang_rt.asan-x86_64.a)
   clang libclang-rt-14-dev
+  # the training kit's TensorBoard event files: protoc for the message code
+  # (libprotobuf-dev comes with libtorch-dev; named here all the same)
+  protobuf-compiler libprotobuf-dev
 )
 
 missing=()

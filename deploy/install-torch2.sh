@@ -11,14 +11,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${DDP_TORCH2_VERSION:-2.11.0}
 numpy_version=2.4.6
+# TensorBoard, to read the training kit's event files back in the tests
+# (EventAccumulator) and to look at runs (`tensorboard --logdir runs`).
+tensorboard_version=${DDP_TENSORBOARD_VERSION:-2.21.0}
 venv=${DDP_TORCH2_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/libddp/torch2}
 
 if [[ -x "$venv/bin/python" ]] &&
-  "$venv/bin/python" - "$version" "$numpy_version" <<'PY' 2>/dev/null; then
+  "$venv/bin/python" - "$version" "$numpy_version" "$tensorboard_version" <<'PY' 2>/dev/null; then
 import sys, importlib.metadata as md
-sys.exit(md.version("torch").split("+")[0] != sys.argv[1] or md.version("numpy") != sys.argv[2])
+sys.exit(md.version("torch").split("+")[0] != sys.argv[1] or md.version("numpy") != sys.argv[2]
+         or md.version("tensorboard") != sys.argv[3])
 PY
-  echo "install-torch2: torch $version and numpy $numpy_version present in $venv"
+  echo "install-torch2: torch $version, numpy $numpy_version and tensorboard $tensorboard_version present in $venv"
   exit 0
 fi
 
@@ -34,5 +38,6 @@ if [[ "$status" != ii* ]]; then
   }
 fi
 [[ -x "$venv/bin/python" ]] || { mkdir -p "$(dirname "$venv")" && /usr/bin/python3 -m venv "$venv"; }
-echo "install-torch2: installing torch $version (with its CUDA runtime wheels) and numpy $numpy_version into $venv"
-"$venv/bin/pip" install --progress-bar off --disable-pip-version-check "torch==$version" "numpy==$numpy_version"
+echo "install-torch2: installing torch $version (with its CUDA runtime wheels), numpy $numpy_version and tensorboard $tensorboard_version into $venv"
+"$venv/bin/pip" install --progress-bar off --disable-pip-version-check "torch==$version" "numpy==$numpy_version" \
+  "tensorboard==$tensorboard_version"

@@ -147,7 +147,11 @@ int main(int argc, char** argv) {
         optimizer.zero_grad();
         auto loss = F::cross_entropy(model(x).flatten(0, 1), y.flatten());
         loss.backward();  // gradients are averaged over the ranks when it returns
-        if (clip > 0) torch::nn::utils::clip_grad_norm_(params, clip);
+        if (clip > 0) {
+          // The norm before clipping, as PyTorch's clip_grad_norm_ returns it; TensorBoard gets it (rank 0).
+          const double norm = torch::nn::utils::clip_grad_norm_(params, clip);
+          if (auto* tb = run.tensorboard()) tb->add_scalar("train/grad_norm", norm, state.step + 1);
+        }
         ddp::optimizer_step(model, optimizer);
         return loss;
       });

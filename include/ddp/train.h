@@ -1,8 +1,9 @@
 // The training kit on top of the core, everything in one include: datasets
 // (Fashion-MNIST, CSV series, tensors), evaluation, checkpoints and state
 // dicts, run folders with metrics and charts, progress, the environment
-// table, the examples' command line and their epoch loop. Needs the core
-// (<ddp/ddp.h>, included here), Boost.ProgramOptions and zlib.
+// table, TensorBoard event files, the examples' command line and their epoch
+// loop. Needs the core (<ddp/ddp.h>, included here), Boost.ProgramOptions,
+// zlib and protobuf.
 #pragma once
 
 #include "ddp/ddp.h"
@@ -18,4 +19,5 @@
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/state_dict.h"
+#include "ddp/train/summary_writer.h"
 #include "ddp/train/train_options.h"

@@ -554,6 +554,7 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
   state.run = &run;
   state.config = opts.to_config();
   run.start(state.epoch);
+  if (opts.tensorboard()) run.open_tensorboard(state.step + 1, state.config);
   if (opts.preemption_check_every() > 0) {
     // SIGUSR1: Slurm's warning. SIGTERM: how ddprun and torchrun stop the
     // workers when a node joins or leaves (SIGKILL follows after

@@ -1,6 +1,7 @@
 #include "ddp/train/epoch_loop.h"
 
 #include "train/epoch_checks.h"
+#include "train/run_tensorboard.h"
 
 #include "runtime/atomic_file.h"
 
@@ -210,7 +211,10 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
                TrainState& state, RunDir& run, ProcessGroup& pg) {
   state.epoch = epoch + 1;
   state.sampler_epoch = epoch + 1;
-  run.record({state.epoch, train.loss, test_loss, test_metric, train.samples_per_s(), train.seconds});
+  const EpochMetrics m{state.epoch, train.loss, test_loss, test_metric, train.samples_per_s(), train.seconds};
+  run.record(m);
+  const auto& groups = optimizer.param_groups();
+  detail::write_epoch_records(run, m, state.step, groups.empty() ? 0.0 : groups[0].options().get_lr(), state.scaler);
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
   if (opts.checkpoint_due(state.epoch)) {
     save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
@@ -241,6 +245,7 @@ void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup&
   if (pg.rank() == 0) save_state_dict(model, run.model_path());
   if (!summary.empty()) run.log(summary);
   run.draw_charts();
+  run.close_tensorboard();
 }
 
 }  // namespace ddp

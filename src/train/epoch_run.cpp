@@ -3,6 +3,7 @@
 // tally, the ranks' checks every preemption_check_every() steps and at the
 // epoch's end.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 
@@ -11,6 +12,7 @@
 #include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
 #include "train/epoch_checks.h"
+#include "train/run_tensorboard.h"
 
 namespace ddp::detail {
 
@@ -62,6 +64,9 @@ struct EpochRun::State {
   int64_t taken = 0, taken_samples = 0;  // steps and samples of this rank in this run of the epoch
   const int64_t first_step, first_epoch_step;
   std::optional<SampleLog> sample_log;
+  // Since the last TensorBoard step record: when, and how many steps.
+  std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
+  int64_t window_steps = 0;
 };
 
 namespace {
@@ -111,9 +116,20 @@ void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
   ++s.state.epoch_step;
   ++s.state.step;
   if (s.sample_log) s.sample_log->step(s.taken - 1, s.batch_size, s.state.step);
-  // The loss is read back only when the bar shows it.
-  s.bar.update(s.bar.shows_next() ? std::optional<double>(loss.item<double>()) : std::nullopt,
-               samples * s.pg.size());
+  // The loss is read back only when the bar shows it; TensorBoard gets it then.
+  ++s.window_steps;
+  std::optional<double> shown;
+  if (s.bar.shows_next()) {
+    shown = loss.item<double>();
+    if (s.state.run) {
+      const auto now = std::chrono::steady_clock::now();
+      const double ms = std::chrono::duration<double, std::milli>(now - s.window_start).count();
+      detail::write_step_records(*s.state.run, s.state.step, *shown, ms / static_cast<double>(s.window_steps));
+      s.window_start = now;
+      s.window_steps = 0;
+    }
+  }
+  s.bar.update(shown, samples * s.pg.size());
 }
 
 TrainEpoch EpochRun::finish() {

@@ -110,6 +110,9 @@ TrainOptions& TrainOptions::supports(const std::vector<std::string>& names) {
     chosen.insert(n);
   }
   chosen.insert("help");
+  // The run folder's TensorBoard files are the kit's, whatever the program implements.
+  chosen.insert("tensorboard");
+  chosen.insert("no-tensorboard");
   supported_ = std::move(chosen);
   return *this;
 }

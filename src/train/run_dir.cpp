@@ -1,6 +1,7 @@
 #include "ddp/train/run_dir.h"
 
 #include "runtime/atomic_file.h"
+#include "train/run_tensorboard.h"
 #include "runtime/parse_number.h"
 
 #include <unistd.h>
@@ -42,6 +43,8 @@ RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name
 }
 
 RunDir::~RunDir() {
+  detail::forget_open_run(this);
+  if (tensorboard_) tensorboard_->close();  // flushed; the hyperparameters only at finish_run
   if (log_fd_ >= 0) ::close(log_fd_);
 }
 
@@ -68,6 +71,7 @@ void RunDir::log(const std::string& text) {
   if (!writer_) return;
   const std::string line = text + (text.empty() || text.back() != '\n' ? "\n" : "");
   std::cout << line << std::flush;
+  if (!tensorboard_ && logged_.size() < (64u << 10)) logged_ += line;  // the "environment" text
   for (size_t done = 0; log_fd_ >= 0 && done < line.size();) {  // best effort, as a console's
     const ssize_t n = ::write(log_fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -78,6 +82,7 @@ void RunDir::log(const std::string& text) {
 
 void RunDir::record(const EpochMetrics& m) {
   if (!writer_) return;
+  last_ = m;
   char buf[256];
   std::snprintf(buf, sizeof buf, "%lld,%.6f,%.6f,%.6f,%.1f,%.3f\n", static_cast<long long>(m.epoch), m.train_loss,
                 m.test_loss, m.test_metric, m.samples_per_s, m.epoch_s);

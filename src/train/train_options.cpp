@@ -84,7 +84,8 @@ const std::vector<std::string>& TrainOptions::kit_options() {
   static const std::vector<std::string> names{
       "help", "epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb", "timeout",
       "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
-      "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp", "log-samples"};
+      "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp", "log-samples", "tensorboard",
+      "no-tensorboard"};
   return names;
 }
 
@@ -110,7 +111,8 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"nonfinite_loss", nonfinite_loss()},
           {"amp", amp() ? "1" : "0"},
           {"amp_dtype", amp_dtype()},
-          {"log_samples", log_samples() ? "1" : "0"}};
+          {"log_samples", log_samples() ? "1" : "0"},
+          {"tensorboard", tensorboard() ? "1" : "0"}};
   for (const auto& o : program_) config[o.config_key()] = o.text();
   return config;
 }
@@ -142,9 +144,16 @@ std::vector<std::string> join_amp_value(int argc, char** argv) {
   return args;
 }
 
-// The kit's options, bound to `o` (and --bucket-cap-mb's and --amp's text
-// to the strings, read once parsed).
-void add_kit_options(po::options_description& kit, TrainOptions& o, std::string& bucket_cap, std::string& amp) {
+// What the command line said where `o` cannot hold it as given: read once parsed.
+struct KitText {
+  std::string bucket_cap, amp;
+  bool tensorboard = false, no_tensorboard = false;
+};
+
+// The kit's options, bound to `o` and `text`.
+void add_kit_options(po::options_description& kit, TrainOptions& o, KitText& text) {
+  std::string& bucket_cap = text.bucket_cap;
+  std::string& amp = text.amp;
   // clang-format off
   kit.add_options()
     ("help,h", "print this help and exit")
@@ -186,7 +195,12 @@ void add_kit_options(po::options_description& kit, TrainOptions& o, std::string&
        "mixed precision: --amp (auto: float16 with a loss scaler, ddp::GradScaler, on GPUs; bfloat16 on CPUs), "
        "--amp fp16 (GPUs) or --amp bf16 (no scaler); parameters, gradients and DDP's buckets stay float32")
     ("log-samples", po::bool_switch(&o.log_samples()),
-       "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt");
+       "record the dataset indices every step trained on, per rank, in <run-dir>/samples/rank<R>.txt")
+    ("tensorboard", po::bool_switch(&text.tensorboard),
+       "write TensorBoard event files into the run folder (the default): losses, the metric, learning rate, "
+       "samples/s, step time, loss scale, DDP's buckets, the environment, the options as hparams; "
+       "`tensorboard --logdir <runs>` shows them")
+    ("no-tensorboard", po::bool_switch(&text.no_tensorboard), "write no TensorBoard event files");
   // clang-format on
 }
 
@@ -262,9 +276,9 @@ void export_timeline_variables(const TrainOptions& o) {
 TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
                                  const po::options_description* extra) {
   po::options_description kit("Training options");
-  std::string bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
-  std::string amp;
-  add_kit_options(kit, o, bucket_cap, amp);
+  KitText text;
+  text.bucket_cap = o.bucket_cap_auto() ? "auto" : detail::shortest_text(o.bucket_cap_mb());
+  add_kit_options(kit, o, text);
   // The kit's options the program implements; the others stay unknown.
   po::options_description common("Training options");
   for (const auto& option : kit.options())
@@ -285,9 +299,11 @@ TrainOptions parse_train_options(int argc, char** argv, TrainOptions o,
   }
   settle_batch_sizes(vm, o);
   detail::check_program_options(o.program_options());
-  check_values(vm, amp, o);
+  check_values(vm, text.amp, o);
+  if (text.tensorboard && text.no_tensorboard) throw UsageError("give --tensorboard or --no-tensorboard, not both");
+  if (text.tensorboard || text.no_tensorboard) o.tensorboard(text.tensorboard);
   if (o.timeline_skew_every() > 0) o.timeline(true);
-  set_bucket_cap(bucket_cap, o);
+  set_bucket_cap(text.bucket_cap, o);
   // What the core options refuse (a bucket of 0 MiB, an unknown backend), refused now.
   o.process_group_options();
   o.ddp_options();

@@ -12,6 +12,7 @@
 #include "../support/located.h"
 #include "../support/multiprocess.h"
 #include "ddp/errors.h"
+#include "python_run.h"
 #include "ddp/train/state_dict.h"
 
 namespace fs = std::filesystem;
@@ -126,6 +127,40 @@ TEST_F(Examples, LenetResumeEndsWithTheSameParametersAsOneRun) {
   results = run_ranks(1, LENET_FMNIST, one_rank);
   expect_ok(results);
   EXPECT_NE(results[0].output.find("was written by 2 ranks; resuming with 1"), std::string::npos) << results[0].output;
+}
+
+// The run folder's TensorBoard files over a run resumed from the checkpoint
+// before its last (as after a crash between the two) at another world size:
+// TensorBoard shows every kit tag once per step (the resumed writer's purge
+// step drops the first run's later records); --no-tensorboard writes none.
+TEST_F(Examples, LenetTensorBoardFilesShowAResumedRunWithoutRepeatedSteps) {
+  ddp::testing::write_fashion_mnist(dir_ + "/data", 256, 64);
+  const std::string run = dir_ + "/run";
+  auto args = [&](const std::string& folder, const std::string& epochs) {
+    return std::vector<std::string>{"--epochs", epochs, "--global-batch-size", "64", "--lr", "0.1", "--data-dir",
+                                    dir_ + "/data", "--run-dir", folder};
+  };
+  expect_ok(run_ranks(2, LENET_FMNIST, args(run, "2")));
+  auto resume = args(run, "3");
+  resume.insert(resume.end(), {"--resume", run + "/checkpoint.prev.pt"});
+  expect_ok(run_ranks(1, LENET_FMNIST, resume));
+  auto off = args(dir_ + "/off", "1");
+  off.push_back("--no-tensorboard");
+  expect_ok(run_ranks(2, LENET_FMNIST, off));
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(run)) files += e.path().filename().string().rfind("events.out", 0) == 0;
+  EXPECT_EQ(files, 2) << "one event file per run of the program";
+  for (const auto& e : fs::recursive_directory_iterator(dir_ + "/off"))
+    EXPECT_NE(e.path().filename().string().rfind("events.out", 0), 0u) << e.path();
+
+  std::string why;
+  const std::string py = ddp::testing::tensorboard_python(why);
+  if (py.empty()) GTEST_SKIP() << "the run's files are not read back: " << why;
+  const std::string out = ddp::testing::run(
+      py + " " + TENSORBOARD_CHECK + " run " + run +
+      " epoch train/loss test/loss test/acc train/lr train/samples_per_s train/epoch_s train/step_loss train/step_ms"
+      " ddp/num_buckets ddp/bytes_reduced ddp/comm_ms ddp/exposed_comm_ms environment/text_summary");
+  EXPECT_NE(out.find("check_tensorboard: run OK"), std::string::npos) << out;
 }
 
 TEST_F(Examples, LenetPreemptedInsideAnEpochResumesToTheSameParametersAsOneRun) {

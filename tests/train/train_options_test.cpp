@@ -139,6 +139,20 @@ TEST(TrainOptions, AmpIsASwitchRecordedInTheConfig) {
   EXPECT_THROW(parse({"--amp", "yes"}), ddp::UsageError) << "not a dtype";
 }
 
+// TensorBoard files are on unless --no-tensorboard; every program takes both
+// switches, whatever kit options it declares.
+TEST(TrainOptions, TensorBoardIsOnByDefaultAndEveryProgramTakesBothSwitches) {
+  EXPECT_TRUE(parse({}).tensorboard());
+  EXPECT_EQ(parse({}).to_config().at("tensorboard"), "1");
+  EXPECT_TRUE(parse({"--tensorboard"}).tensorboard());
+  EXPECT_FALSE(parse({"--no-tensorboard"}).tensorboard());
+  EXPECT_EQ(parse({"--no-tensorboard"}).to_config().at("tensorboard"), "0");
+  EXPECT_FALSE(parse({}, ddp::TrainOptions().tensorboard(false)).tensorboard()) << "a program's own default";
+  EXPECT_THROW(parse({"--tensorboard", "--no-tensorboard"}), ddp::UsageError);
+  const auto declared = ddp::TrainOptions().supports({"epochs"});
+  EXPECT_FALSE(parse({"--no-tensorboard"}, declared).tensorboard());
+}
+
 // --amp [auto|fp16|bf16]: float16 with the loss scaler on GPUs, bfloat16
 // without one; auto picks by device; float16 on a CPU is refused.
 TEST(TrainOptions, AmpTakesADtype) {

@@ -77,6 +77,10 @@ class EpochRun {
   std::unique_ptr<State> s_;
 };
 
+// The model's ReducerStats after a step, kept for the run's TensorBoard
+// records (rank 0, with --tensorboard; nothing otherwise).
+void note_ddp_step(const DistributedDataParallelBase& model);
+
 }  // namespace detail
 
 // One training epoch: the sampler's epoch set, its batches gathered ahead on
@@ -120,7 +124,8 @@ TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoc
 }
 
 // The end of an epoch (collective): the state advanced past `epoch`, its row
-// in metrics.csv, `line` logged after "epoch N: ", and a checkpoint when
+// in metrics.csv and its TensorBoard records (the learning rate of the first
+// parameter group among them), `line` logged after "epoch N: ", and a checkpoint when
 // opts.checkpoint_due().
 void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,
                const torch::nn::Module& model, const torch::optim::Optimizer& optimizer, const TrainOptions& opts,
@@ -131,17 +136,20 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
 std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval);
 
 // The end of a run: the model's state dict as <run-dir>/model.pt (rank 0),
-// `summary` logged unless empty, the charts drawn.
+// `summary` logged unless empty, the charts drawn, the options written as
+// TensorBoard hyperparameters with the last epoch's figures.
 void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary = "");
 
 // optimizer.step(), shown on the model's DDP timeline as "optimizer step"
-// when one runs (--timeline, DDP_TIMELINE).
+// when one runs (--timeline, DDP_TIMELINE); the model's ReducerStats kept
+// for the run's TensorBoard records.
 template <typename Optimizer>
 void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimizer) {
   const auto& timeline = model.timeline();
   const int64_t start = timeline ? timeline->now_us() : 0;
   optimizer.step();
   if (timeline) timeline->span(Timeline::Row::compute, "optimizer step", start, timeline->now_us());
+  detail::note_ddp_step(model);
 }
 
 // scaler.step(optimizer) and scaler.update() (ddp/amp/grad_scaler.h; collective
@@ -156,6 +164,7 @@ inline bool optimizer_step(const DistributedDataParallelBase& model, torch::opti
   scaler.update();
   if (timeline) timeline->span(Timeline::Row::compute, stepped ? "optimizer step" : "optimizer step skipped (inf/NaN)",
                                start, timeline->now_us());
+  detail::note_ddp_step(model);
   return stepped;
 }
 

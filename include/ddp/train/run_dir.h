@@ -8,6 +8,9 @@
 //   <run-dir>/model.pt        the final model's state dict
 //   <run-dir>/loss.png, <metric>.png, throughput.png, charts.gp
 //                             charts drawn by gnuplot at the end (charts.gp redraws them)
+//   <run-dir>/events.out.tfevents.*  TensorBoard's (--tensorboard, on by default;
+//                             ddp/train/summary_writer.h): `tensorboard --logdir runs/`
+//   <run-dir>/<time>/         the options as TensorBoard hparams, at the run's end
 //
 //   ddp::RunDir run(opts.run_dir(), *pg);
 //   run.start(state.epoch);                 // after a resume, keeps the earlier epochs' rows
@@ -20,9 +23,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "ddp/comm/process_group.h"
+#include "ddp/parallel/reducer_stats.h"
+#include "ddp/train/summary_writer.h"
 
 namespace ddp {
 
@@ -63,10 +71,34 @@ class RunDir {
   // notice naming the package to install, if gnuplot is missing or fails.
   bool draw_charts();
 
+  // Rank 0: opens the run's TensorBoard writer on the run folder itself
+  // (resume_or_start does, with --tensorboard). Every record of an earlier
+  // run of this folder at a step >= first_step is dropped by TensorBoard
+  // (purge_step): a resumed run's steps replace a crashed run's. The lines
+  // logged so far (the environment) become the text "environment"; the
+  // options, the run's hyperparameters at its end (close_tensorboard).
+  void open_tensorboard(int64_t first_step, std::map<std::string, std::string> options);
+  // Rank 0 with --tensorboard: the writer (the kit's records go there, and a
+  // program may add its own); nullptr otherwise.
+  SummaryWriter* tensorboard() const { return tensorboard_.get(); }
+  // The DDP model's statistics after a step (ddp::optimizer_step notes them),
+  // written with the epoch's records.
+  void note_ddp_stats(const ReducerStats& stats);
+  const std::optional<ReducerStats>& ddp_stats() const { return ddp_stats_; }
+  const std::string& metric_name() const { return metric_; }
+  // Writes the hyperparameters with the last epoch's figures and closes the
+  // writer (finish_run does).
+  void close_tensorboard();
+
  private:
   std::string path_, metric_;
   bool writer_;
   int log_fd_ = -1;  // log.txt, appended to
+  std::unique_ptr<SummaryWriter> tensorboard_;
+  std::map<std::string, std::string> options_;
+  std::string logged_;  // before the writer opens, up to 64 KiB
+  std::optional<EpochMetrics> last_;
+  std::optional<ReducerStats> ddp_stats_;
 };
 
 }  // namespace ddp

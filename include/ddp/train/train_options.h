@@ -117,6 +117,10 @@ struct TrainOptions {
   // <run-dir>/samples/rank<R>.txt (ddp/train/epoch_loop.h says the format):
   // an audit of the data order, across resumes and world-size changes.
   TORCH_ARG(bool, log_samples) = false;
+  // TensorBoard event files in the run folder (ddp/train/summary_writer.h;
+  // `tensorboard --logdir runs/`): --tensorboard (the default) or
+  // --no-tensorboard. Every program has both switches.
+  TORCH_ARG(bool, tensorboard) = true;
 
  public:
   // What --amp autocasts to on `device`, "auto" resolved: Half or BFloat16;
