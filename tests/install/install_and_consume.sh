@@ -39,6 +39,9 @@ launcher=$(command -v ccache || true)
 # ccache sees the paths under $work (a new folder each run) as relative ones,
 # so a second run of this test finds the consumers compiled already.
 export CCACHE_BASEDIR=$work
+# The headers were installed a moment ago: without this ccache takes their
+# fresh times for a file being written and compiles again, every run.
+export CCACHE_SLOPPINESS=include_file_mtime,include_file_ctime
 # The consumer finds the LibTorch this build used, as a user names theirs
 # (docs/gpu.md): Torch_ROOT when the build had one (a pip wheel, a zip).
 torch_root=$(sed -n 's/^Torch_ROOT:[A-Z]*=//p' "$build/CMakeCache.txt")

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -166,6 +167,8 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
     }
     if (code != 0) results[0].output += "\n[the process that forked the ranks: exit " + std::to_string(code) + "]\n" +
                                         read_file(dir + "/ranks.log");
+    else if (is_python(program))  // where PyTorch's results came from: a run, or the oracle cache
+      std::cout << read_file(dir + "/ranks.log") << std::flush;
     if (own_dir) std::filesystem::remove_all(dir);
     return results;
   }
