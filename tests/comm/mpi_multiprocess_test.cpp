@@ -8,7 +8,6 @@
 
 #include "../support/located.h"
 #include "../support/multiprocess.h"
-#include "ddp/comm/process_group.h"
 
 using namespace ddp::testing;
 
@@ -16,7 +15,7 @@ namespace {
 
 #define SKIP_WITHOUT_MPI()                                                                              \
   do {                                                                                                  \
-    if (ddp::mpi_library_version().empty())                                                             \
+    if (!libddp_has_mpi())                                                             \
       GTEST_SKIP() << "this libddp has no mpi backend (CMake found no MPI; apt-get install libopenmpi-dev)"; \
     if (mpirun_path().empty()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";      \
   } while (0)

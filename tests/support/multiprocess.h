@@ -242,6 +242,17 @@ inline pid_t find_rank_pid(const std::string& dir, int rank) {
   return 0;
 }
 
+// Whether this libddp has its mpi backend (CMake found MPI), as its build
+// tells the test program (DDP_WITH_MPI_BUILT): a program that only starts
+// processes then need not load the library, and LibTorch with it.
+inline bool libddp_has_mpi() {
+#ifdef DDP_WITH_MPI_BUILT
+  return true;
+#else
+  return false;
+#endif
+}
+
 // Where mpirun is, or "" (then MPI tests skip).
 inline std::string mpirun_path() {
   for (const char* p : {"/usr/bin/mpirun", "/usr/local/bin/mpirun", "/usr/bin/orterun"})

@@ -14,7 +14,8 @@ The key holds:
 - the arguments, with a file named by its content and a folder (the job's
   own, and any other an argument names) by a placeholder;
 - the environment, but the variables that only place the job (its port,
-  its folder, the working directory).
+  its folder, the working directory) and those of the tools around it
+  (ccache, the terminal, CI's own).
 
 What a job reads is its arguments and environment: the oracles read no file
 of the folders they are given, which they only write to; what is kept is
@@ -37,8 +38,16 @@ import time
 VERSION = 1
 MAX_BYTES = 1 << 30
 
-# Variables that say where a job runs, not what it computes.
-PLACE_ONLY = {"MASTER_PORT", "DDP_TEST_DIR", "DDP_TEST_FORK_RANKS", "DDP_ORACLE_CACHE", "PWD", "OLDPWD", "SHLVL", "_"}
+# Variables that say where a job runs, not what it computes; and those of
+# the tools around it (the build's ccache, the shell, the terminal, CI).
+PLACE_ONLY = {"MASTER_PORT", "DDP_TEST_DIR", "DDP_TEST_FORK_RANKS", "DDP_ORACLE_CACHE", "DDP_TEST_JOBS", "PWD", "OLDPWD",
+              "SHLVL", "_", "CI", "TERM", "COLORTERM", "LS_COLORS", "DISPLAY", "TMUX", "STY", "WINDOW", "MAIL"}
+TOOLS = ("CCACHE_", "SSH_", "CTEST_", "XDG_SESSION_", "DBUS_", "GITHUB_", "GITLAB_", "RUNNER_")
+
+
+def counts(variable):
+    """Whether an environment variable is part of a job's key."""
+    return variable not in PLACE_ONLY and not variable.startswith(TOOLS)
 # What the starter writes itself, or must not come back (process ids).
 NOT_RESULTS = ("ranks.log",)
 
@@ -146,7 +155,7 @@ def job_key(folders, world, script, args):
         "world": world,
         "script": [os.path.relpath(os.path.abspath(script), tests_root), file_digest(script)],
         "args": described_args,
-        "environment": sorted((k, placed(v, folders)) for k, v in os.environ.items() if k not in PLACE_ONLY),
+        "environment": sorted((k, placed(v, folders)) for k, v in os.environ.items() if counts(k)),
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
