@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "fork_server.h"
 #include "located.h"
 #include "reserved_port.h"
 
@@ -132,6 +133,22 @@ inline pid_t spawn_forking(const std::string& program, const std::vector<std::st
   return spawn(program, args, env, dir + "/ranks.log");
 }
 
+// The job of run_ranks from the rank fork server for `program`
+// (fork_server.h): a C++ program only; {-1, -1} to start it here.
+inline ServerJob fork_server_job(const std::string& program, const std::vector<std::string>& args,
+                                 std::map<std::string, std::string> env, const std::string& dir) {
+#if defined(DDP_TEST_RANK_FORK_LIB)
+  if (is_python(program)) return {};
+  env["DDP_TEST_FORK_RANKS"] = dir;
+  env.erase("RANK");
+  env.erase("LOCAL_RANK");
+  return start_server_job(program, args, env, DDP_TEST_RANK_FORK_LIB);
+#else
+  (void)program, (void)args, (void)env, (void)dir;
+  return {};
+#endif
+}
+
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
 // at most `timeout`; stragglers are killed (and reported as signal 9).
 inline std::vector<RankResult> run_ranks(int world, const std::string& program, const std::vector<std::string>& args,
@@ -156,8 +173,14 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   if (forks_ranks(program)) {
     for (int r = 0; r < world; ++r)  // what an earlier job in the same folder left
       for (const char* what : {".exit", ".pid"}) std::filesystem::remove(dir + "/rank" + std::to_string(r) + what);
-    const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
-    const int code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
+    int code = 0;
+    const ServerJob job = fork_server_job(program, args, rank_env(0), dir);
+    if (job.fd >= 0) {
+      code = wait_server_job(job, deadline);
+    } else {
+      const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
+      code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
+    }
     for (int r = 0; r < world; ++r) {
       const std::string exit_file = read_file(dir + "/rank" + std::to_string(r) + ".exit");
       // No exit file: the rank never ended (killed with the others at the

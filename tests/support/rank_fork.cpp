@@ -15,18 +15,35 @@
 // usual. Neither variable nor LD_PRELOAD reaches the ranks' own children.
 // Should an initializer have started a thread (fork copies only the caller),
 // each rank execs the program afresh instead.
+//
+// With DDP_TEST_RANK_FORK_SERVER naming a socket, the program is instead a
+// fork server (tests/support/fork_server.h starts it, and sends it jobs):
+// it pays the initializers once for every job of the tests that share its
+// program and environment. Each job is a child of its own process group,
+// with the environment, arguments and working folder the test sent, its
+// output in <folder>/ranks.log, and forks its ranks as above; the server
+// tells the test the job's process id, then its exit code, and kills the
+// job should the test go away first. It ends once no job has come for
+// kIdleSeconds, or when its socket is gone.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -109,6 +126,178 @@ int fork_ranks(int argc, char** argv, char** envp) {
   ::_exit(0);
 }
 
+// ---- The fork server ----
+
+constexpr int kIdleSeconds = 10;
+
+// A job as the test sends it: "<bytes>\n" then the strings, each
+// "<length>:<text>": the count of arguments, the arguments, the count of
+// variables, the variables ("K=V"), the working folder.
+struct Job {
+  std::vector<std::string> argv, env;
+  std::string cwd;
+};
+
+bool take_string(const std::string& data, size_t& pos, std::string& out) {
+  const size_t colon = data.find(':', pos);
+  if (colon == std::string::npos || colon == pos || colon - pos > 9) return false;
+  const size_t length = std::strtoul(data.c_str() + pos, nullptr, 10);
+  if (colon + 1 + length > data.size()) return false;
+  out = data.substr(colon + 1, length);
+  pos = colon + 1 + length;
+  return true;
+}
+
+bool take_list(const std::string& data, size_t& pos, std::vector<std::string>& out) {
+  std::string count;
+  if (!take_string(data, pos, count)) return false;
+  const long n = std::strtol(count.c_str(), nullptr, 10);
+  if (n < 0 || n > 100000) return false;
+  out.resize(n);
+  for (auto& item : out)
+    if (!take_string(data, pos, item)) return false;
+  return true;
+}
+
+// Reads one job from `fd` within 5 s; false on anything else.
+bool read_job(int fd, Job& job) {
+  std::string data;
+  size_t want = 0;
+  char buf[65536];
+  while (want == 0 || data.size() < want) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return false;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.append(buf, n);
+    const size_t newline = data.find('\n');
+    if (want == 0 && newline != std::string::npos) {
+      want = std::strtoul(data.c_str(), nullptr, 10) + newline + 1;
+      if (want > (64u << 20)) return false;
+    }
+  }
+  size_t pos = data.find('\n') + 1;
+  return take_list(data, pos, job.argv) && take_list(data, pos, job.env) && take_string(data, pos, job.cwd) &&
+         !job.argv.empty();
+}
+
+void send_line(int fd, const std::string& line) { (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL); }
+
+// In the forked job: becomes the program the test asked for, then forks its ranks; never returns.
+[[noreturn]] void run_job(Job& job, const std::vector<int>& fds_to_close) {
+  ::setpgid(0, 0);
+  for (int fd : fds_to_close) ::close(fd);
+  ::signal(SIGPIPE, SIG_DFL);
+  ::clearenv();
+  for (const auto& v : job.env) ::putenv(::strdup(v.c_str()));
+  const char* folder = std::getenv("DDP_TEST_FORK_RANKS");
+  if (::chdir(job.cwd.c_str()) != 0 || !folder) ::_exit(126);
+  const std::string log = std::string(folder) + "/ranks.log";
+  const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (out < 0 || in < 0) ::_exit(126);
+  ::dup2(in, 0);
+  ::dup2(out, 1);
+  ::dup2(out, 2);
+  std::vector<char*> argv;
+  for (auto& a : job.argv) argv.push_back(::strdup(a.c_str()));
+  argv.push_back(nullptr);
+  // fork_ranks ends the job itself; a rank comes back from the program's main.
+  std::exit(fork_ranks(static_cast<int>(job.argv.size()), argv.data(), environ));
+}
+
+// Whether `path` is still the socket this server bound (inode `ino`).
+bool still_ours(const char* path, ino_t ino) {
+  struct stat st {};
+  return ::stat(path, &st) == 0 && st.st_ino == ino;
+}
+
+int listen_on(const char* path, ino_t& ino) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (fd < 0 || std::strlen(path) >= sizeof addr.sun_path) return -1;
+  std::strcpy(addr.sun_path, path);
+  // Another server that won the race holds the path: this one leaves.
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) return -1;
+  struct stat st {};
+  if (::stat(path, &st) != 0) return -1;
+  ino = st.st_ino;
+  return fd;
+}
+
+// Reaps ended jobs and tells each one's test its exit code.
+void reap(std::map<pid_t, int>& jobs) {
+  int status = 0;
+  for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
+    const auto it = jobs.find(pid);
+    if (it == jobs.end()) continue;
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    send_line(it->second, "exit " + std::to_string(code) + "\n");
+    ::close(it->second);
+    jobs.erase(it);
+  }
+}
+
+// Kills the jobs whose test has gone (its end of the connection closed).
+void drop_abandoned(std::map<pid_t, int>& jobs) {
+  for (auto& [pid, fd] : jobs) {
+    pollfd p{fd, POLLIN, 0};
+    char c;
+    if (::poll(&p, 1, 0) > 0 && ((p.revents & (POLLHUP | POLLERR)) || ::recv(fd, &c, 1, MSG_DONTWAIT) == 0))
+      ::kill(-pid, SIGKILL);
+  }
+}
+
+void accept_job(int listener, std::map<pid_t, int>& jobs) {
+  const int fd = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  Job job;
+  if (!read_job(fd, job)) {
+    ::close(fd);
+    return;
+  }
+  std::vector<int> fds{listener, fd};
+  for (auto& [pid, other] : jobs) fds.push_back(other);
+  const pid_t pid = ::fork();
+  if (pid == 0) run_job(job, fds);
+  if (pid < 0) {
+    send_line(fd, "error fork: " + std::string(std::strerror(errno)) + "\n");
+    ::close(fd);
+    return;
+  }
+  send_line(fd, "pid " + std::to_string(pid) + "\n");
+  jobs[pid] = fd;
+}
+
+[[noreturn]] void serve(const char* path) {
+  ::unsetenv("DDP_TEST_RANK_FORK_SERVER");
+  ::unsetenv("LD_PRELOAD");
+  ino_t ino = 0;
+  const int listener = listen_on(path, ino);
+  if (listener < 0) ::_exit(0);
+  std::map<pid_t, int> jobs;
+  time_t last = std::time(nullptr);
+  while (!jobs.empty() || (std::time(nullptr) - last < kIdleSeconds && still_ours(path, ino))) {
+    pollfd p{listener, POLLIN, 0};
+    if (::poll(&p, 1, 50) > 0) accept_job(listener, jobs);
+    reap(jobs);
+    drop_abandoned(jobs);
+    if (!jobs.empty()) last = std::time(nullptr);
+  }
+  if (still_ours(path, ino)) {
+    ::unlink(path);
+    ::unlink((std::string(path) + ".log").c_str());  // its output (fork_server.h), empty but for a failure
+  }
+  ::_exit(0);
+}
+
+int start(int argc, char** argv, char** envp) {
+  if (const char* path = std::getenv("DDP_TEST_RANK_FORK_SERVER")) serve(path);
+  return fork_ranks(argc, argv, envp);
+}
+
 }  // namespace
 
 extern "C" int __libc_start_main(Main main, int argc, char** argv, void (*init)(), void (*fini)(),
@@ -116,5 +305,5 @@ extern "C" int __libc_start_main(Main main, int argc, char** argv, void (*init)(
   using Start = int (*)(Main, int, char**, void (*)(), void (*)(), void (*)(), void*);
   const auto real_start = reinterpret_cast<Start>(::dlsym(RTLD_NEXT, "__libc_start_main"));
   real_main = main;
-  return real_start(fork_ranks, argc, argv, init, fini, rtld_fini, stack_end);
+  return real_start(start, argc, argv, init, fini, rtld_fini, stack_end);
 }
