@@ -43,7 +43,7 @@ if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
   deploy/build-torch2.sh
   ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" "${ctest_args[@]}" -LE 'cluster|torch_free'
 else
-  echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does)"
+  echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does), nor the end_to_end tests"
 fi
 
 if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then

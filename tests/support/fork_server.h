@@ -18,6 +18,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -102,13 +104,20 @@ inline std::string server_socket(const std::string& program, const std::string& 
   return dir + "/" + key + ".sock";
 }
 
+// Connects without waiting (a server whose backlog is full is no server
+// here); sends then time out after 30 s.
 inline int connect_to(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (fd < 0 || path.size() >= sizeof addr.sun_path) return -1;
   std::strcpy(addr.sun_path, path.c_str());
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    timeval send_timeout{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+    return fd;
+  }
   const int why = errno;
   ::close(fd);
   errno = why;
@@ -142,6 +151,7 @@ inline void start_server(const std::string& program, const std::string& forker, 
     ::dup2(null, 0);
     ::dup2(log >= 0 ? log : null, 1);
     ::dup2(log >= 0 ? log : null, 2);
+    ::syscall(SYS_close_range, 3u, ~0u, 0u);  // nothing of the test's stays open in the server
     ::execve(argv[0], argv, env.data());
     ::_exit(127);
   }
@@ -156,7 +166,9 @@ inline bool read_reply(int fd, const std::string& word, long& number,
   while (std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 20) <= 0) continue;
-    if (::read(fd, &c, 1) != 1) return false;
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != 1) return false;
     if (c != '\n') {
       line += c;
       continue;
@@ -191,7 +203,7 @@ inline ServerJob start_server_job(const std::string& program, const std::vector<
   const std::string request = job_request(program, args, all_env);
   long pid = -1;
   if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size()) ||
-      !read_reply(fd, "pid", pid, std::chrono::steady_clock::now() + std::chrono::seconds(30))) {
+      !read_reply(fd, "pid", pid, std::chrono::steady_clock::now() + std::chrono::seconds(30)) || pid <= 1) {
     ::close(fd);
     return {};
   }

@@ -35,8 +35,9 @@ TEST(RankForkServer, JobsOfOneProgramAndEnvironmentShareAServerThatKillsAJobAtIt
 #if !defined(DDP_TEST_RANK_FORK_LIB)
   GTEST_SKIP() << "this build starts each rank by itself (the sanitized one)";
 #else
-  if (!forks_ranks(DDP_WORKER) || std::getenv("DDP_TEST_FORK_SERVER"))
-    GTEST_SKIP() << "ranks are not forked by a server here (DDP_TEST_EXEC_EACH_RANK or DDP_TEST_FORK_SERVER set)";
+  const char* off = std::getenv("DDP_TEST_FORK_SERVER");
+  if (!forks_ranks(DDP_WORKER) || (off && std::string(off) == "0"))
+    GTEST_SKIP() << "ranks are not forked by a server here (DDP_TEST_EXEC_EACH_RANK=1 or DDP_TEST_FORK_SERVER=0)";
   auto first = run_ranks(2, DDP_WORKER, {"grads"});
   for (const auto& r : first) ASSERT_EQ(r.exit_code, 0) << describe(first);
   const std::string socket = socket_for({});

@@ -246,7 +246,7 @@ inline RankResult run_program(const std::string& program, const std::vector<std:
 // DDP_TEST_DIR), or 0.
 inline pid_t find_rank_pid(const std::string& dir, int rank) {
   // A rank forked by run_ranks: its starter wrote its id (its environ shows
-  // the starter's variables).
+  // the starter's variables, or the fork server's).
   const std::string forked = read_file(dir + "/rank" + std::to_string(rank) + ".pid");
   if (!forked.empty()) {
     const pid_t pid = std::atoi(forked.c_str());

@@ -7,8 +7,11 @@ The key holds:
 - the interpreter (its path, version and flags) and every installed
   distribution's name and version (torch, numpy, ...);
 - the size and modification time of torch's native libraries (the wheel's
-  torch/lib, or Debian's libtorch and libc10 under /usr/lib);
-- the CPU (model and flags, which choose LibTorch's kernels) and any GPU;
+  torch/lib, or Debian's libtorch and libc10 under /usr/lib), and of the
+  system's package list (an upgraded BLAS, libm or OpenMP changes it), the
+  C library's version and the BLAS the alternatives choose;
+- the CPU (model and flags, which choose LibTorch's kernels), any GPU and
+  its driver;
 - the content of every Python file in the tests' tree (the script, what it
   imports from there, this file);
 - the arguments, with a file named by its content and a folder (the job's
@@ -30,6 +33,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import shutil
 import sys
 import tempfile
@@ -78,8 +82,8 @@ def native_libraries():
     if spec and spec.origin:
         package = os.path.dirname(spec.origin)
         places += [os.path.join(package, "_C*.so"), os.path.join(package, "lib", "*.so*")]
-    places += ["/usr/lib/*/libtorch*.so*", "/usr/lib/*/libc10*.so*"]
-    found = []
+    places += ["/usr/lib/*/libtorch*.so*", "/usr/lib/*/libc10*.so*", "/var/lib/dpkg/status"]
+    found = [platform.libc_ver(), sorted(os.path.realpath(p) for p in glob.glob("/etc/alternatives/lib*blas*"))]
     for pattern in places:
         for path in sorted(glob.glob(pattern)):
             try:
@@ -102,7 +106,7 @@ def machine():
                     break  # the first processor is enough: they are alike
     except OSError:
         pass
-    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")) + glob.glob("/proc/driver/nvidia/version"):
         with open(info) as f:
             parts.append(f.read())
     return parts
@@ -200,7 +204,7 @@ class OracleCache:
             with open(os.path.join(self.entry, "manifest.json")) as f:
                 manifest = json.load(f)
             for i, relative in manifest["files"]:
-                if os.path.isabs(relative) or ".." in relative.split(os.sep):
+                if not 0 <= i < len(self.folders) or os.path.isabs(relative) or ".." in relative.split(os.sep):
                     return False
                 target = os.path.join(self.folders[i], relative)
                 os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -232,12 +236,22 @@ class OracleCache:
         self.trim()
 
     def trim(self):
-        """Removes the least recently used entries while the cache holds more than MAX_BYTES."""
+        """Removes the least recently used entries while the cache holds more than MAX_BYTES, and what a store
+        that was killed left (a staging folder older than an hour)."""
         entries, total = [], 0
+        for staging in glob.glob(os.path.join(self.root, "*", ".staging-*")):
+            try:
+                if time.time() - os.path.getmtime(staging) > 3600:
+                    shutil.rmtree(staging, ignore_errors=True)
+            except OSError:
+                pass  # another job's trim took it
         for manifest in glob.glob(os.path.join(self.root, "*", "*", "manifest.json")):
             entry = os.path.dirname(manifest)
-            size = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(entry) for n in ns)
-            entries.append((os.path.getmtime(manifest), size, entry))
+            try:
+                size = sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(entry) for n in ns)
+                entries.append((os.path.getmtime(manifest), size, entry))
+            except OSError:
+                continue  # another job's trim took it
             total += size
         for _, size, entry in sorted(entries):
             if total <= MAX_BYTES:

@@ -12,7 +12,8 @@
 // each rank's process id is in <folder>/rank<r>.pid while it runs (its
 // /proc/<pid>/environ shows the variables it was started with, not RANK).
 // The folder is DDP_TEST_FORK_RANKS; without it the program runs as
-// usual. Neither variable nor LD_PRELOAD reaches the ranks' own children.
+// usual. (A job of the fork server below is the same, but its ranks'
+// /proc/<pid>/environ shows the server's variables.) Neither variable nor LD_PRELOAD reaches the ranks' own children.
 // Should an initializer have started a thread (fork copies only the caller),
 // each rank execs the program afresh instead.
 //
@@ -141,8 +142,10 @@ struct Job {
 bool take_string(const std::string& data, size_t& pos, std::string& out) {
   const size_t colon = data.find(':', pos);
   if (colon == std::string::npos || colon == pos || colon - pos > 9) return false;
+  for (size_t i = pos; i < colon; ++i)
+    if (data[i] < '0' || data[i] > '9') return false;
   const size_t length = std::strtoul(data.c_str() + pos, nullptr, 10);
-  if (colon + 1 + length > data.size()) return false;
+  if (length > data.size() - colon - 1) return false;
   out = data.substr(colon + 1, length);
   pos = colon + 1 + length;
   return true;
@@ -159,27 +162,32 @@ bool take_list(const std::string& data, size_t& pos, std::vector<std::string>& o
   return true;
 }
 
-// Reads one job from `fd` within 5 s; false on anything else.
+// Reads one job from `fd` within 5 s in all; false on anything else.
 bool read_job(int fd, Job& job) {
+  constexpr size_t kMaxBytes = 64u << 20;
+  const time_t until = std::time(nullptr) + 5;
   std::string data;
   size_t want = 0;
   char buf[65536];
   while (want == 0 || data.size() < want) {
+    const int left_ms = static_cast<int>(until - std::time(nullptr)) * 1000;
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 5000) <= 0) return false;
+    if (left_ms <= 0 || ::poll(&p, 1, left_ms) <= 0) return false;
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     data.append(buf, n);
     const size_t newline = data.find('\n');
+    if (want == 0 && newline == std::string::npos && data.size() > 20) return false;
     if (want == 0 && newline != std::string::npos) {
+      if (newline == 0 || newline > 9 || data.find_first_not_of("0123456789") != newline) return false;
       want = std::strtoul(data.c_str(), nullptr, 10) + newline + 1;
-      if (want > (64u << 20)) return false;
+      if (want > kMaxBytes) return false;
     }
   }
   size_t pos = data.find('\n') + 1;
   return take_list(data, pos, job.argv) && take_list(data, pos, job.env) && take_string(data, pos, job.cwd) &&
-         !job.argv.empty();
+         pos == data.size() && !job.argv.empty();
 }
 
 void send_line(int fd, const std::string& line) { (void)!::send(fd, line.data(), line.size(), MSG_NOSIGNAL); }
@@ -188,7 +196,12 @@ void send_line(int fd, const std::string& line) { (void)!::send(fd, line.data(),
 [[noreturn]] void run_job(Job& job, const std::vector<int>& fds_to_close) {
   ::setpgid(0, 0);
   for (int fd : fds_to_close) ::close(fd);
-  ::signal(SIGPIPE, SIG_DFL);
+  // As a fresh start has them: no signal blocked or ignored.
+  for (int sig = 1; sig < NSIG; ++sig)
+    if (sig != SIGKILL && sig != SIGSTOP) ::signal(sig, SIG_DFL);
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::clearenv();
   for (const auto& v : job.env) ::putenv(::strdup(v.c_str()));
   const char* folder = std::getenv("DDP_TEST_FORK_RANKS");
@@ -200,6 +213,8 @@ void send_line(int fd, const std::string& line) { (void)!::send(fd, line.data(),
   ::dup2(in, 0);
   ::dup2(out, 1);
   ::dup2(out, 2);
+  ::close(in);
+  ::close(out);
   std::vector<char*> argv;
   for (auto& a : job.argv) argv.push_back(::strdup(a.c_str()));
   argv.push_back(nullptr);
@@ -262,6 +277,7 @@ void accept_job(int listener, std::map<pid_t, int>& jobs) {
   for (auto& [pid, other] : jobs) fds.push_back(other);
   const pid_t pid = ::fork();
   if (pid == 0) run_job(job, fds);
+  if (pid > 0) ::setpgid(pid, pid);  // as the job does itself: a kill of its group right away finds it
   if (pid < 0) {
     send_line(fd, "error fork: " + std::string(std::strerror(errno)) + "\n");
     ::close(fd);
@@ -274,6 +290,9 @@ void accept_job(int listener, std::map<pid_t, int>& jobs) {
 [[noreturn]] void serve(const char* path) {
   ::unsetenv("DDP_TEST_RANK_FORK_SERVER");
   ::unsetenv("LD_PRELOAD");
+  // A thread would be lost to every fork: no server then, and the tests
+  // start the program themselves.
+  if (thread_count() > 1) ::_exit(0);
   ino_t ino = 0;
   const int listener = listen_on(path, ino);
   if (listener < 0) ::_exit(0);
