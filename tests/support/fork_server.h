@@ -53,6 +53,20 @@ inline bool places_one_job(const std::string& name) {
   return false;
 }
 
+// The variables a server for `all_env` starts with: all but those that place one job.
+inline std::vector<std::string> server_variables(const std::map<std::string, std::string>& all_env) {
+  std::vector<std::string> vars;
+  for (const auto& [k, v] : all_env)
+    if (!places_one_job(k)) vars.push_back(k + "=" + v);
+  return vars;
+}
+
+// LD_PRELOAD with `forker` first, before what this process preloads.
+inline std::string preload_with(const std::string& forker) {
+  const char* preload = std::getenv("LD_PRELOAD");
+  return forker + (preload && *preload ? std::string(":") + preload : "");
+}
+
 inline std::string file_identity(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return "";
@@ -92,8 +106,7 @@ inline std::string job_request(const std::string& program, const std::vector<std
 inline std::string server_socket(const std::string& program, const std::string& forker,
                                  const std::map<std::string, std::string>& all_env) {
   std::string identity = program + "|" + file_identity(program) + "|" + file_identity(forker);
-  for (const auto& [k, v] : all_env)
-    if (!places_one_job(k)) identity += "|" + k + "=" + v;
+  for (const auto& v : server_variables(all_env)) identity += "|" + v;
   const std::string dir = "/tmp/ddp-rank-fork-" + std::to_string(::getuid());
   ::mkdir(dir.c_str(), 0700);
   struct stat st {};
@@ -129,11 +142,8 @@ inline int connect_to(const std::string& path) {
 // outlives the test and holds none of its output.
 inline void start_server(const std::string& program, const std::string& forker, const std::string& socket,
                          const std::map<std::string, std::string>& all_env) {
-  std::vector<std::string> vars;
-  for (const auto& [k, v] : all_env)
-    if (!places_one_job(k)) vars.push_back(k + "=" + v);
-  const char* preload = std::getenv("LD_PRELOAD");
-  vars.push_back("LD_PRELOAD=" + forker + (preload && *preload ? std::string(":") + preload : ""));
+  std::vector<std::string> vars = server_variables(all_env);
+  vars.push_back("LD_PRELOAD=" + preload_with(forker));
   vars.push_back("DDP_TEST_RANK_FORK_SERVER=" + socket);
   // Everything made before the fork: a test may have threads, and its child
   // must not allocate.

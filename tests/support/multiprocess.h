@@ -110,14 +110,20 @@ inline bool forks_ranks(const std::string& program) {
 #endif
 }
 
-// Starts the ranks of run_ranks as one process that forks them; their exit
-// codes come back in <dir>/rank<r>.exit.
-inline pid_t spawn_forking(const std::string& program, const std::vector<std::string>& args,
-                           std::map<std::string, std::string> env, const std::string& dir) {
-#if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
+// The environment of a job whose ranks are forked into `dir`: rank 0's,
+// less the variables each rank gets from the forker.
+inline std::map<std::string, std::string> forking_env(std::map<std::string, std::string> env, const std::string& dir) {
   env["DDP_TEST_FORK_RANKS"] = dir;
   env.erase("RANK");
   env.erase("LOCAL_RANK");
+  return env;
+}
+
+// Starts the ranks of run_ranks as one process that forks them (`env` as
+// forking_env gives it); their exit codes come back in <dir>/rank<r>.exit.
+inline pid_t spawn_forking(const std::string& program, const std::vector<std::string>& args,
+                           std::map<std::string, std::string> env, const std::string& dir) {
+#if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
   if (is_python(program)) {
     // The interpreter's own flags (-O) stay before the wrapper.
     std::vector<std::string> wrapped;
@@ -127,24 +133,21 @@ inline pid_t spawn_forking(const std::string& program, const std::vector<std::st
     for (; i < args.size(); ++i) wrapped.push_back(args[i]);
     return spawn(program, wrapped, env, dir + "/ranks.log");
   }
-  const char* preload = std::getenv("LD_PRELOAD");
-  env["LD_PRELOAD"] = std::string(DDP_TEST_RANK_FORK_LIB) + (preload && *preload ? std::string(":") + preload : "");
+  env["LD_PRELOAD"] = preload_with(DDP_TEST_RANK_FORK_LIB);
 #endif
   return spawn(program, args, env, dir + "/ranks.log");
 }
 
 // The job of run_ranks from the rank fork server for `program`
-// (fork_server.h): a C++ program only; {-1, -1} to start it here.
+// (fork_server.h; `env` as forking_env gives it): a C++ program only;
+// {-1, -1} to start it here.
 inline ServerJob fork_server_job(const std::string& program, const std::vector<std::string>& args,
-                                 std::map<std::string, std::string> env, const std::string& dir) {
+                                 const std::map<std::string, std::string>& env) {
 #if defined(DDP_TEST_RANK_FORK_LIB)
   if (is_python(program)) return {};
-  env["DDP_TEST_FORK_RANKS"] = dir;
-  env.erase("RANK");
-  env.erase("LOCAL_RANK");
   return start_server_job(program, args, env, DDP_TEST_RANK_FORK_LIB);
 #else
-  (void)program, (void)args, (void)env, (void)dir;
+  (void)program, (void)args, (void)env;
   return {};
 #endif
 }
@@ -174,11 +177,12 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
     for (int r = 0; r < world; ++r)  // what an earlier job in the same folder left
       for (const char* what : {".exit", ".pid"}) std::filesystem::remove(dir + "/rank" + std::to_string(r) + what);
     int code = 0;
-    const ServerJob job = fork_server_job(program, args, rank_env(0), dir);
+    const auto env = forking_env(rank_env(0), dir);
+    const ServerJob job = fork_server_job(program, args, env);
     if (job.fd >= 0) {
       code = wait_server_job(job, deadline);
     } else {
-      const pid_t pid = spawn_forking(program, args, rank_env(0), dir);
+      const pid_t pid = spawn_forking(program, args, env, dir);
       code = wait_exit_code(pid, deadline, [&] { ::kill(-pid, SIGKILL); });
     }
     for (int r = 0; r < world; ++r) {

@@ -61,6 +61,9 @@ int thread_count() {
   return count;
 }
 
+// A wait status as a shell shows it: the exit code, or 128+signal.
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
 // Written whole under another name, then renamed: a reader never sees part.
 void write_file(const std::string& path, const std::string& text) {
   const std::string partial = path + ".partial";
@@ -120,7 +123,7 @@ int fork_ranks(int argc, char** argv, char** envp) {
     if (pid < 0) break;
     const auto it = ranks.find(pid);
     if (it == ranks.end()) continue;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int code = exit_code(status);
     write_file(folder + "/rank" + std::to_string(it->second) + ".exit", std::to_string(code));
     ranks.erase(it);
   }
@@ -248,7 +251,7 @@ void reap(std::map<pid_t, int>& jobs) {
   for (pid_t pid; (pid = ::waitpid(-1, &status, WNOHANG)) > 0;) {
     const auto it = jobs.find(pid);
     if (it == jobs.end()) continue;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    const int code = exit_code(status);
     send_line(it->second, "exit " + std::to_string(code) + "\n");
     ::close(it->second);
     jobs.erase(it);
