@@ -52,8 +52,7 @@ TOOLS = ("CCACHE_", "SSH_", "CTEST_", "XDG_SESSION_", "DBUS_", "GITHUB_", "GITLA
 def counts(variable):
     """Whether an environment variable is part of a job's key."""
     return variable not in PLACE_ONLY and not variable.startswith(TOOLS)
-# What the starter writes itself, or must not come back (process ids).
-NOT_RESULTS = ("ranks.log",)
+
 
 
 def cache_folder():
@@ -178,10 +177,11 @@ def snapshot(folders):
 
 
 def is_result(where):
+    """Whether a file the job wrote is kept: not the starter's own log (ranks.log in the job's folder), not a
+    rank's process id (it would name another process) nor a file half written."""
     i, relative = where
     name = os.path.basename(relative)
-    return (i, relative) not in ((0, n) for n in NOT_RESULTS) and not (
-        name.startswith("rank") and name.endswith((".pid", ".partial")))
+    return (i, relative) != (0, "ranks.log") and not (name.startswith("rank") and name.endswith((".pid", ".partial")))
 
 
 class OracleCache:
