@@ -37,8 +37,10 @@ if [[ -f "$build/launcher/ddprun" ]]; then test -x "$prefix/bin/ddprun"; "$prefi
 
 launcher=$(command -v ccache || true)
 # ccache sees the paths under $work (a new folder each run) as relative ones,
-# so a second run of this test finds the consumers compiled already.
+# so a second run of this test finds the consumers compiled already, from
+# whichever checkout: their sources are copied there too.
 export CCACHE_BASEDIR=$work
+cp -R "$src/tests/install/consumer" "$src/tests/install/train_consumer" "$work/"
 # The headers were installed a moment ago: without this ccache takes their
 # fresh times for a file being written and compiles again, every run.
 export CCACHE_SLOPPINESS=include_file_mtime,include_file_ctime
@@ -49,7 +51,7 @@ torch_args=()
 [[ -n "$torch_root" ]] && torch_args=(-DTorch_ROOT="$torch_root")
 configure() {  # configure DIR [cmake args...]
   local dir=$1; shift
-  cmake -S "$src/tests/install/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" "${torch_args[@]}" \
+  cmake -S "$work/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" "${torch_args[@]}" \
     -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" "$@" >"$work/$dir.log" 2>&1 ||
     { cat "$work/$dir.log"; echo "configuring $dir failed"; exit 1; }
   cmake --build "$work/build-$dir" -j 2 >>"$work/$dir.log" 2>&1 ||
