@@ -9,8 +9,15 @@
 # DDP_SKIP_SANITIZED=1 skips the sanitized part, for a quick local run only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-deploy/install-deps.sh
-deploy/build.sh
+# step WHAT COMMAND...: runs COMMAND, then says how long it took.
+step() {
+  local what=$1 started=$SECONDS
+  shift
+  "$@"
+  echo "run-tests: $what took $((SECONDS - started)) s"
+}
+step "installing what is missing" deploy/install-deps.sh
+step "the LibTorch 1.13 build" deploy/build.sh
 # Four tests at a time, in a new order each run: a 2-core machine stays busy
 # (at -j 2 the suite kept 1.6 cores busy; its tests wait on one another's
 # ranks, sockets and timeouts), and no test depends on its neighbours or on
@@ -20,7 +27,7 @@ deploy/build.sh
 # runs PyTorch every time).
 ctest_args=(--output-on-failure -j "${DDP_TEST_JOBS:-4}" --schedule-random --timeout 600)
 # LibTorch 1.13: all but the end_to_end tests, which the 2.x build runs (below).
-ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -LE end_to_end
+step "its tests" ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -LE end_to_end
 
 # LibTorch 2.x: the pinned PyTorch wheel's (CUDA and NCCL on; no GPU needed,
 # the GPU tests skip with their reason), with PyTorch 2.x's Python as the
@@ -40,8 +47,8 @@ ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -LE end_to_end
 #   Slurm, which check the templates and Slurm's environment, not LibTorch.
 # DDP_SKIP_TORCH2=1 skips this part, for a quick local run only.
 if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
-  deploy/build-torch2.sh
-  ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" "${ctest_args[@]}" -LE 'cluster|torch_free'
+  step "the LibTorch 2.x build" deploy/build-torch2.sh
+  step "its tests" ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" "${ctest_args[@]}" -LE 'cluster|torch_free'
 else
   echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does), nor the end_to_end tests"
 fi
@@ -50,6 +57,7 @@ if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then
   echo "run-tests: DDP_SKIP_SANITIZED=1: not running the sanitized tests and the fuzzers (CI runs them)"
   exit 0
 fi
-deploy/build-san.sh
+step "the sanitized build" deploy/build-san.sh
 # The sanitizers' options come with the tests (cmake/sanitize.cmake).
-ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" "${ctest_args[@]}"
+step "its tests" ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" "${ctest_args[@]}"
+echo "run-tests: everything passed in $SECONDS s"

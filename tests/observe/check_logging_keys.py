@@ -1,40 +1,24 @@
 #!/usr/bin/python3
-"""Checks a DDP logging-data JSON written by libddp (the logging_data scenario
-of ddp_worker: find_unused_parameters, one unused layer, 3 steps) against
-the oracle PyTorch's (1.13, or 2.x in a 2.x build) for the same configuration: every key PyTorch reports is
-there, with a value of the same kind (number or text).
+"""PyTorch's DDP logging data against libddp's (the logging_data scenario of
+ddp_worker: find_unused_parameters, one unused layer, 3 steps), in two steps:
 
-  check_logging_keys.py ours.json
+  check_logging_keys.py write theirs.json   as rank 0 of a job of one
+      (run_ranks, so through the oracle cache): the logging data of the
+      oracle PyTorch (1.13, or 2.x in a 2.x build) for the same configuration
+  check_logging_keys.py compare theirs.json ours.json   without torch:
+      every key PyTorch reports is in ours, with a value of the same kind
+      (number or text)
 """
 import json
 import os
-import socket
 import sys
-
-import torch
-import torch.distributed as dist
-
-
-_held = []  # the holders of reserved_port(), open until the process exits
-
-
-def reserved_port():
-    """A port for this process's store, reserved until the process exits (as
-    tests/support/reserved_port.h does): bound on every address without
-    SO_REUSEADDR, so the kernel hands out a port no socket holds, then given
-    SO_REUSEADDR and kept open, bound and not listening. No bind() to port 0
-    and no outgoing connection of any process draws it meanwhile, and the
-    store's own bind (TCPStore sets SO_REUSEADDR) succeeds."""
-    holder = socket.socket()
-    holder.bind(("", 0))
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    _held.append(holder)
-    return holder.getsockname()[1]
 
 
 def pytorch_logging_data():
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(reserved_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # the job's MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE
     net = torch.nn.ModuleDict({"l1": torch.nn.Linear(8, 32), "l2": torch.nn.Linear(32, 4),
                                "extra": torch.nn.Linear(8, 4)}).double()
 
@@ -55,13 +39,15 @@ def pytorch_logging_data():
     model(torch.randn(6, 8, dtype=torch.double))
     data = model._get_ddp_logging_data()
     dist.destroy_process_group()
-    return data
+    return {"torch": torch.__version__, "data": data}
 
 
-def main():
-    with open(sys.argv[1]) as f:
+def compare(theirs_path, ours_path):
+    with open(theirs_path) as f:
+        theirs = json.load(f)
+    with open(ours_path) as f:
         ours = json.load(f)
-    theirs = pytorch_logging_data()
+    version, theirs = theirs["torch"], theirs["data"]
     problems = []
     for key, value in sorted(theirs.items()):
         if key not in ours:
@@ -69,10 +55,23 @@ def main():
         elif isinstance(value, int) != isinstance(ours[key], int):
             problems.append(f"{key}: PyTorch's is {type(value).__name__} {value!r}, ours {ours[key]!r}")
     extra = sorted(set(ours) - set(theirs))
-    print(f"PyTorch {torch.__version__} reports {len(theirs)} keys, libddp {len(ours)}; ours only: {', '.join(extra)}")
+    print(f"PyTorch {version} reports {len(theirs)} keys, libddp {len(ours)}; ours only: {', '.join(extra)}")
     if problems:
         print("\n".join(problems))
-        sys.exit(1)
+        return 1
+    return 0
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "write":
+        data = pytorch_logging_data()
+        with open(sys.argv[2] + ".partial", "w") as f:
+            json.dump(data, f)
+        os.replace(sys.argv[2] + ".partial", sys.argv[2])
+    elif len(sys.argv) == 4 and sys.argv[1] == "compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
+    else:
+        sys.exit(__doc__)
 
 
 if __name__ == "__main__":

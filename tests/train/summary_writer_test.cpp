@@ -14,9 +14,9 @@
 
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <csignal>
-#include <ctime>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -103,9 +103,14 @@ void write_the_calls(const fs::path& dir) {
   // TensorBoard reads a folder's files in the order of their names, whose
   // first part is the second they were made in: the resumed writer's file
   // must come from a later second (in the same second, the file counter
-  // decides, and "10" sorts before "9").
-  const auto made = std::time(nullptr);
-  while (std::time(nullptr) == made) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // decides, and "10" sorts before "9"). The second is read from the clock
+  // the writer names files by: time() reads a coarser one, which can still
+  // say the second before while the first file is named by the next.
+  const auto second = [] {
+    return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch());
+  };
+  const auto made = second();
+  while (second() == made) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   ddp::SummaryWriter resumed((dir / "purge").string(), ddp::SummaryWriterOptions().purge_step(2));
   for (int s = 2; s <= 4; ++s) resumed.add_scalar("p", 10 * s, s);
 }
