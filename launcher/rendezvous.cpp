@@ -102,6 +102,17 @@ class StoreRendezvous : public Rendezvous {
     if (acknowledged_ || hosting_) return;
     acknowledged_ = true;
     try {
+      if (lost_contact_) {
+        // The host was unreachable a moment ago: one short attempt on a new
+        // connection. watch()'s would wait keep_alive_interval x
+        // keep_alive_max_attempt (15 s by default) on a link that is still
+        // down before this node could exit, and the host stops waiting for
+        // a silent node anyway (finish).
+        auto o = options(false);
+        o.timeout = kConnectAttempt;
+        ddp::store_client::connect_bounded(c_.host, o)->add(key("left"), 1);
+        return;
+      }
       watch().add(key("left"), 1);
     } catch (const std::exception&) {
       // The host is gone already; nobody is waiting for this acknowledgement.
@@ -174,6 +185,7 @@ class StoreRendezvous : public Rendezvous {
     // A call that timed out may get its answer later, which the next call
     // on that connection would read as its own: never reuse it.
     watch_.reset();
+    lost_contact_ = true;
     return LaunchError("lost contact with the rendezvous store at " + where() +
                        " (the node hosting it may have stopped): " + first_line(e.what()));
   }
@@ -401,6 +413,7 @@ class StoreRendezvous : public Rendezvous {
     Assignment a = assignment_from(node_keys);
     agree_on_master(a, deadline, tick);
     gone_ = 0;
+    lost_contact_ = false;  // this round's store answered
     alive_seen_.assign(n_, -1);
     alive_changed_.assign(n_, Clock::now());
     next_keep_alive_ = Clock::now();
@@ -572,6 +585,7 @@ class StoreRendezvous : public Rendezvous {
   c10::intrusive_ptr<c10d::TCPStore> watch_;
   bool hosting_ = false;
   bool acknowledged_ = false;
+  bool lost_contact_ = false;  // a call on the store failed (lost())
   int round_ = 0;
   int me_ = 0;
   int n_ = 1;

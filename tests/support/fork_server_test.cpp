@@ -18,7 +18,7 @@ namespace {
 #if defined(DDP_TEST_RANK_FORK_LIB)
 // The socket of the server that run_ranks' jobs of DDP_WORKER with `extra` go to.
 std::string socket_for(const std::map<std::string, std::string>& extra) {
-  std::map<std::string, std::string> env = {{"OMP_NUM_THREADS", "1"}};  // what run_ranks adds
+  std::map<std::string, std::string> env = run_ranks_defaults();
   for (const auto& [k, v] : extra) env[k] = v;
   return server_socket(DDP_WORKER, DDP_TEST_RANK_FORK_LIB, job_environment(env));
 }

@@ -152,6 +152,10 @@ inline ServerJob fork_server_job(const std::string& program, const std::vector<s
 #endif
 }
 
+// What run_ranks sets for every job besides what places it (ranks, port,
+// folder); the caller's variables go over it.
+inline std::map<std::string, std::string> run_ranks_defaults() { return {{"OMP_NUM_THREADS", "1"}}; }
+
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
 // at most `timeout`; stragglers are killed (and reported as signal 9).
 inline std::vector<RankResult> run_ranks(int world, const std::string& program, const std::vector<std::string>& args,
@@ -163,11 +167,11 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   char dir_template[] = "/tmp/ddp_test_XXXXXX";
   const std::string dir = own_dir ? std::string(::mkdtemp(dir_template)) : extra_env["DDP_TEST_DIR"];
   auto rank_env = [&](int rank) {
-    std::map<std::string, std::string> env = {
-        {"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
-        {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
-        {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)},
-        {"OMP_NUM_THREADS", "1"},             {"DDP_TEST_DIR", dir}};
+    std::map<std::string, std::string> env = run_ranks_defaults();
+    env.insert({{"RANK", std::to_string(rank)},       {"WORLD_SIZE", std::to_string(world)},
+                {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", std::to_string(world)},
+                {"MASTER_ADDR", "127.0.0.1"},         {"MASTER_PORT", std::to_string(port)},
+                {"DDP_TEST_DIR", dir}});
     for (auto& [k, v] : extra_env) env[k] = v;
     return env;
   };
