@@ -102,18 +102,11 @@ class StoreRendezvous : public Rendezvous {
     if (acknowledged_ || hosting_) return;
     acknowledged_ = true;
     try {
-      if (lost_contact_) {
-        // The host was unreachable a moment ago: one short attempt on a new
-        // connection. watch()'s would wait keep_alive_interval x
-        // keep_alive_max_attempt (15 s by default) on a link that is still
-        // down before this node could exit, and the host stops waiting for
-        // a silent node anyway (finish).
-        auto o = options(false);
-        o.timeout = kConnectAttempt;
-        ddp::store_client::connect_bounded(c_.host, o)->add(key("left"), 1);
-        return;
-      }
-      watch().add(key("left"), 1);
+      // After a lost contact, one short attempt: not watch()'s wait of the
+      // keep-alive limit (15 s by default) on a link that may still be down.
+      auto o = options(false);
+      o.timeout = kConnectAttempt;
+      (lost_contact_ ? *ddp::store_client::connect_bounded(c_.host, o) : watch()).add(key("left"), 1);
     } catch (const std::exception&) {
       // The host is gone already; nobody is waiting for this acknowledgement.
     }
