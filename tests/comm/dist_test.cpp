@@ -244,9 +244,10 @@ TEST(ProcessGroupTeardown, DestroyShutsTheBackendDownWhileTheProgramHoldsIt) {
 }
 
 // A program that returns from main without destroy_process_group() exits 0
-// and prints nothing of its own or PyTorch's at exit.
+// and prints nothing of its own or PyTorch's at exit (each rank started by
+// itself: its whole exit, every static object's destructor included).
 TEST(ProcessGroupTeardown, ReturningFromMainWithoutDestroyEndsCleanly) {
-  auto ranks = run_ranks(2, DIST_WORKER, {"exit"});
+  auto ranks = run_ranks(2, DIST_WORKER, {"exit"}, {{"DDP_TEST_EXEC_EACH_RANK", "1"}});
   for (const auto& r : ranks) {
     ASSERT_EQ(r.exit_code, 0) << describe(ranks);
     EXPECT_NE(r.output.find("summed 6"), std::string::npos) << r.output;

@@ -219,11 +219,13 @@ TEST(GpuDist, EveryCollectiveOverNcclAsTorchDistributed) {
 // An NCCL program that returns from main without destroy_process_group()
 // exits 0, and neither libddp nor PyTorch prints anything at its end (no
 // warning that the group was not destroyed, no deprecated variable, no abort
-// from a backend torn down after the CUDA runtime).
+// from a backend torn down after the CUDA runtime). Each rank is started by
+// itself: its whole exit, every static object's destructor included.
 TEST(GpuTeardown, NcclProgramReturningFromMainWithoutDestroyEndsCleanly) {
   SKIP_WITHOUT_GPU();
   const int world = std::min(gpu_count(), 2);
-  auto ranks = run_ranks(world, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", "nccl"}}, std::chrono::seconds(120));
+  auto ranks = run_ranks(world, DIST_WORKER, {"exit"}, {{"DDP_TEST_BACKEND", "nccl"}, {"DDP_TEST_EXEC_EACH_RANK", "1"}},
+                         std::chrono::seconds(120));
   for (const auto& r : ranks) {
     ASSERT_EQ(r.exit_code, 0) << describe(ranks);
     EXPECT_NE(r.output.find("summed " + std::to_string(3 * world)), std::string::npos) << r.output;

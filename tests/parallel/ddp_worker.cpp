@@ -234,6 +234,9 @@ int scenario_malloc(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
     } catch (const std::exception& e) {
       std::cout << "caught: " << e.what() << std::endl;
       EXPECT_OR_FAIL(std::string(e.what()).find(flags["--expect-error"]) != std::string::npos, e.what());
+      // The refusal comes before any collective: a rank that ended at once
+      // could close its connection while another still finished joining.
+      pg->barrier();
       return 0;
     }
     throw Fail("no error for DDP_MALLOC_MMAP_THRESHOLD_MB=" + std::string(std::getenv("DDP_MALLOC_MMAP_THRESHOLD_MB")));
@@ -315,6 +318,27 @@ int scenario_straggler(ddp::ProcessGroup& pg) {
   throw Fail("an all-reduce that rank 1 never joined completed");
 }
 
+// A rank's end (tests/support/rank_fork.cpp ends a forked one itself): an
+// atexit handler and a function-local static that main registered both run,
+// last first, when main returns or calls exit(--exit), each appending a
+// line to <DDP_TEST_DIR>/rank<r>.atexit.
+std::string g_exit_note;
+void note_exit(const char* what) {
+  std::ofstream(g_exit_note, std::ios::app) << what << "\n";
+}
+struct NotedAtDestruction {
+  ~NotedAtDestruction() { note_exit("static"); }
+};
+
+int scenario_exit_handlers(ddp::ProcessGroup& pg, std::map<std::string, std::string> flags) {
+  g_exit_note = std::string(std::getenv("DDP_TEST_DIR")) + "/rank" + std::to_string(pg.rank()) + ".atexit";
+  static NotedAtDestruction made_in_main;
+  std::atexit([] { note_exit("atexit"); });
+  pg.barrier();
+  if (flags.count("--exit")) std::exit(std::stoi(flags["--exit"]));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -375,6 +399,7 @@ int main(int argc, char** argv) {
     else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
     else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
     else if (scenario == "straggler") rc = scenario_straggler(*pg);
+    else if (scenario == "exit_handlers") rc = scenario_exit_handlers(*pg, flags);
     else throw Fail("unknown scenario " + scenario);
     ddp::destroy_process_group();
     return rc;

@@ -1,11 +1,14 @@
 // The rank fork server (fork_server.h, rank_fork.cpp) as run_ranks uses it:
 // the jobs of one program and environment share one server, which outlives
 // the test; another environment gets a server of its own; a job past its
-// deadline is killed as one started here would be.
+// deadline is killed as one started here would be. And a rank's end, forked
+// or not: the exit handlers its main registered run, and it ends with the
+// code main returned or passed to exit().
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <string>
 
 #include "located.h"
@@ -65,4 +68,20 @@ TEST(RankForkServer, JobsOfOneProgramAndEnvironmentShareAServerThatKillsAJobAtIt
                         std::chrono::seconds(3));
   for (const auto& r : late) EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(late);
 #endif
+}
+
+TEST(RankFork, ARankRunsTheExitHandlersItsMainRegisteredAndEndsWithItsCode) {
+  for (const std::string code : {"0", "3"}) {
+    char dir_template[] = "/tmp/ddp_test_XXXXXX";
+    const std::string dir = ::mkdtemp(dir_template);
+    std::vector<std::string> args{"exit_handlers"};
+    if (code != "0") args.insert(args.end(), {"--exit", code});
+    auto ranks = run_ranks(2, DDP_WORKER, args, {{"DDP_TEST_DIR", dir}});
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(ranks[r].exit_code, std::stoi(code)) << describe(ranks);
+      EXPECT_EQ(read_file(dir + "/rank" + std::to_string(r) + ".atexit"), "atexit\nstatic\n")
+          << "rank " << r << ", exit code " << code;
+    }
+    std::filesystem::remove_all(dir);
+  }
 }

@@ -158,6 +158,9 @@ inline std::map<std::string, std::string> run_ranks_defaults() { return {{"OMP_N
 
 // Runs `program args...` as ranks 0..world-1 on loopback and waits for all,
 // at most `timeout`; stragglers are killed (and reported as signal 9).
+// DDP_TEST_EXEC_EACH_RANK=1 in `extra_env` starts each rank itself: a test
+// of what a program does at its whole exit (a forked rank skips the exit
+// handlers registered before main, tests/support/rank_fork.cpp).
 inline std::vector<RankResult> run_ranks(int world, const std::string& program, const std::vector<std::string>& args,
                                          std::map<std::string, std::string> extra_env = {},
                                          std::chrono::seconds timeout = std::chrono::seconds(240)) {
@@ -177,7 +180,8 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<RankResult> results(world);
-  if (forks_ranks(program)) {
+  const auto each = extra_env.find("DDP_TEST_EXEC_EACH_RANK");
+  if (forks_ranks(program) && (each == extra_env.end() || each->second == "0")) {
     for (int r = 0; r < world; ++r)  // what an earlier job in the same folder left
       for (const char* what : {".exit", ".pid"}) std::filesystem::remove(dir + "/rank" + std::to_string(r) + what);
     int code = 0;

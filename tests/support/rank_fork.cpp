@@ -17,6 +17,17 @@
 // Should an initializer have started a thread (fork copies only the caller),
 // each rank execs the program afresh instead.
 //
+// A forked rank ends as it began, without the initializers' work: the exit
+// handlers registered before main (the destructors of every static object
+// the initializers made: LibTorch's deregister its operators, 0.1-0.2 s of
+// CPU in a forked rank, whose pages they copy) do not run. Those registered
+// once main has begun (libddp's shutdown of the groups still up, the
+// function-local statics main made) run as exit() runs them, last first,
+// when main returns or the program calls exit(); then the output is flushed
+// and the rank ends with main's code. Not run either: the main thread's
+// thread_local destructors. A program started by itself (no fork, the
+// sanitized build, DDP_TEST_EXEC_EACH_RANK=1) runs every handler.
+//
 // With DDP_TEST_RANK_FORK_SERVER naming a socket, the program is instead a
 // fork server (tests/support/fork_server.h starts it, and sends it jobs):
 // it pays the initializers once for every job of the tests that share its
@@ -36,13 +47,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <iterator>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +64,45 @@ namespace {
 
 using Main = int (*)(int, char**, char**);
 Main real_main = nullptr;
+
+// ---- A forked rank's exit handlers ----
+
+struct ExitHandler {
+  void (*fn)(void*);
+  void* arg;
+  void* dso;
+};
+std::atomic<bool> in_rank{false};  // set in a forked rank as its main begins
+std::mutex handlers_mutex;
+std::vector<ExitHandler>* handlers = nullptr;  // left alone at the end: nothing of ours is destroyed
+
+// Runs the handlers registered since main began (those of `dso` alone
+// unless it is null), last first; a handler may register more.
+void run_handlers(void* dso) {
+  for (;;) {
+    ExitHandler h{};
+    {
+      std::lock_guard<std::mutex> lock(handlers_mutex);
+      auto it = handlers->rbegin();
+      while (it != handlers->rend() && dso && it->dso != dso) ++it;
+      if (it == handlers->rend()) return;
+      h = *it;
+      handlers->erase(std::next(it).base());
+    }
+    h.fn(h.arg);
+  }
+}
+
+[[noreturn]] void end_rank(int code) {
+  run_handlers(nullptr);
+  std::fflush(nullptr);
+  ::_exit(code);
+}
+
+template <typename F>
+F next_symbol(const char* name) {
+  return reinterpret_cast<F>(::dlsym(RTLD_NEXT, name));
+}
 
 int thread_count() {
   int count = 0;
@@ -105,7 +158,9 @@ int fork_ranks(int argc, char** argv, char** envp) {
         ::execv("/proc/self/exe", argv);
         ::_exit(127);
       }
-      return real_main(argc, argv, environ);
+      handlers = new std::vector<ExitHandler>();
+      in_rank = true;
+      end_rank(real_main(argc, argv, environ));
     }
     if (pid > 0) {
       ranks[pid] = rank;
@@ -321,6 +376,33 @@ int start(int argc, char** argv, char** envp) {
 }
 
 }  // namespace
+
+// Where the program, its libraries and the C++ runtime register exit
+// handlers (atexit() and static objects' destructors come here too), and
+// where they run: a forked rank keeps those of its main for end_rank.
+extern "C" int __cxa_atexit(void (*fn)(void*), void* arg, void* dso) noexcept {
+  if (in_rank) {
+    std::lock_guard<std::mutex> lock(handlers_mutex);
+    handlers->push_back({fn, arg, dso});
+    return 0;
+  }
+  static const auto real = next_symbol<int (*)(void (*)(void*), void*, void*)>("__cxa_atexit");
+  return real(fn, arg, dso);
+}
+
+// A library unloaded (dlclose) runs its handlers first.
+extern "C" void __cxa_finalize(void* dso) noexcept {
+  if (in_rank && dso) run_handlers(dso);
+  static const auto real = next_symbol<void (*)(void*)>("__cxa_finalize");
+  real(dso);
+}
+
+extern "C" void exit(int code) noexcept {
+  if (in_rank) end_rank(code);
+  static const auto real = next_symbol<void (*)(int)>("exit");
+  real(code);
+  ::_exit(code);  // not reached
+}
 
 extern "C" int __libc_start_main(Main main, int argc, char** argv, void (*init)(), void (*fini)(),
                                  void (*rtld_fini)(), void* stack_end) {
