@@ -46,9 +46,10 @@ void on_nonfinite_loss(const RankCheck& check, NonFiniteStep& mine, bool& warned
 
 // One rank's training losses of an epoch, kept where the losses are: a
 // GPU's are never read back at a step (that would make the host wait for
-// the GPU, and the next batch with it). read() brings back their sum over
-// samples and the first step whose loss was not finite, at the points the
-// loop synchronises anyway (the ranks' checks, the epoch's end).
+// the GPU, and the next batch with it), and a step costs one copy on the
+// device. read() brings the steps' losses back in one copy, at the points
+// the loop synchronises anyway (the ranks' checks, the epoch's end), and
+// keeps their sum over samples and the first step whose loss was not finite.
 class LossTally {
  public:
   // The next step's loss (the first added is step index 0), over `samples` samples.
@@ -58,14 +59,16 @@ class LossTally {
     int64_t nonfinite = -1;     // the first step index whose loss was not finite, or -1
     double nonfinite_loss = 0;
   };
-  Read read() const;
+  Read read();
   // Forgets the non-finite step (--nonfinite-loss continue, after the warning).
   void forget_nonfinite();
 
  private:
-  at::Tensor sum_;    // float64, on the losses' device
-  at::Tensor steps_;  // float64: the steps added
-  at::Tensor bad_;    // float64 [index + 1, loss] of the first non-finite loss ([0, 0]: none)
+  static constexpr int64_t kPending = 64;  // steps kept on the device before a read back
+  at::Tensor pending_;                     // float64 [kPending], on the losses' device
+  std::vector<int64_t> pending_samples_;   // the samples of each pending step
+  Read read_;                              // what the steps read back so far give
+  int64_t steps_read_ = 0;
 };
 
 // A resumed epoch: the sampler starts at state.epoch_samples (checked

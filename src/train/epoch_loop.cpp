@@ -26,34 +26,33 @@ namespace detail {
 
 void LossTally::add(const at::Tensor& loss, int64_t samples) {
   torch::NoGradGuard no_grad;
-  const auto l = loss.detach().reshape({}).to(torch::kDouble);
-  if (!sum_.defined()) {
-    sum_ = torch::zeros({}, l.options());
-    steps_ = torch::zeros({}, l.options());
-    bad_ = torch::zeros({2}, l.options());
-  }
-  // loss x samples, then the sum: the arithmetic of a sum kept on the host.
-  sum_.add_(l * static_cast<double>(samples));
-  steps_.add_(1.0);
-  const auto first_bad = at::logical_and(at::logical_not(at::isfinite(l)), bad_[0] == 0);
-  bad_.copy_(at::where(first_bad, at::stack({steps_, l}), bad_));
+  if (static_cast<int64_t>(pending_samples_.size()) == kPending) read();
+  if (!pending_.defined()) pending_ = torch::empty({kPending}, loss.options().dtype(torch::kDouble));
+  pending_[static_cast<int64_t>(pending_samples_.size())].copy_(loss.detach().reshape({}));
+  pending_samples_.push_back(samples);
 }
 
-LossTally::Read LossTally::read() const {
-  Read r;
-  if (!sum_.defined()) return r;
-  const auto host = at::cat({sum_.reshape({1}), bad_}).to(torch::kCPU);  // one read back
+LossTally::Read LossTally::read() {
+  const auto n = static_cast<int64_t>(pending_samples_.size());
+  if (n == 0) return read_;
+  const auto host = pending_.narrow(0, 0, n).to(torch::kCPU).contiguous();  // one read back
   const double* v = host.data_ptr<double>();
-  r.sum = v[0];
-  if (v[1] != 0) {
-    r.nonfinite = static_cast<int64_t>(v[1]) - 1;
-    r.nonfinite_loss = v[2];
+  for (int64_t i = 0; i < n; ++i, ++steps_read_) {
+    // loss x samples, then the sum: the arithmetic of a sum kept on the host.
+    read_.sum += v[i] * static_cast<double>(pending_samples_[static_cast<size_t>(i)]);
+    if (!std::isfinite(v[i]) && read_.nonfinite < 0) {
+      read_.nonfinite = steps_read_;
+      read_.nonfinite_loss = v[i];
+    }
   }
-  return r;
+  pending_samples_.clear();
+  return read_;
 }
 
 void LossTally::forget_nonfinite() {
-  if (bad_.defined()) bad_.zero_();
+  read();
+  read_.nonfinite = -1;
+  read_.nonfinite_loss = 0;
 }
 
 bool RankCheck::any_nonfinite() const {
