@@ -2,14 +2,19 @@
 """Whether the examples' input path keeps the device busy: an example's
 steady-state samples/s against the fixed-data bench's on the same device.
 
-Steady state without the start: each round runs the example for one epoch of
---short and of --long batches (one worker through ddprun, default options
-otherwise) and takes (long - short) batches over the difference of the two
-epochs' times (metrics.csv's epoch_s); then ddp_bench_lenet trains the same
+Steady state without the start: each round runs the example for --epochs
+epochs (one worker through ddprun, default options otherwise; whole epochs
+unless --limit-batches) and takes the median of the samples/s that
+metrics.csv gives for the epochs after the first (each epoch's training
+alone, its evaluation not included); then ddp_bench_lenet trains the same
 model at the same batch (and, for ResNet-18, the same image size) on data
-already on the device, --long - --short timed steps after --short warm-up
-ones. The ratio is the example's rate over the bench's (goal: >= 0.97 on a
-GPU). Every round is printed, then min / median / max.
+already on the device, --iters timed steps after --warmup ones. The ratio
+is the example's rate over the bench's (goal: >= 0.97 on a GPU). Every
+round is printed, then min / median / max.
+
+An earlier form took the difference of a 40-batch and a 140-batch epoch:
+on an H100 a LeNet epoch of either is a few tenths of a second, and the
+difference was within the host's noise (it once came out negative).
 
   python3 bench/run_input_bench.py --build build-torch2 --models lenet,resnet18 --rounds 3
 """
@@ -30,24 +35,27 @@ MODELS = {
 }
 
 
-def epoch_seconds(a, example, batch, batches, run_dir, device):
+def example_samples_s(a, example, batch, run_dir, device):
     cmd = [os.path.join(a.build, "launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
-           os.path.join(a.build, "examples", example, example), "--epochs", "1", "--limit-batches", str(batches),
+           os.path.join(a.build, "examples", example, example), "--epochs", str(a.epochs),
            "--batch-size", str(batch), "--run-dir", run_dir] + (["--data-dir", a.data_dir] if a.data_dir else [])
+    if a.limit_batches:
+        cmd += ["--limit-batches", str(a.limit_batches)]
     if device == "cpu":
         cmd += ["--backend", "gloo"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         sys.exit(f"{example} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     with open(os.path.join(run_dir, "metrics.csv")) as f:
-        return float(list(csv.DictReader(f))[-1]["epoch_s"])
+        rates = [float(row["samples_per_s"]) for row in csv.DictReader(f)][1:]
+    return statistics.median(rates)
 
 
 def bench_samples_s(a, model, batch, flags, device):
-    steps = a.long - a.short
+    steps = a.iters
     cmd = [os.path.join(a.build, "launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
            os.path.join(a.build, "bench", "ddp_bench_lenet"), "--mode", "ddp", "--model", model,
-           "--batch", str(batch), "--iters", str(steps), "--warmup", str(a.short), "--device", device,
+           "--batch", str(batch), "--iters", str(steps), "--warmup", str(a.warmup), "--device", device,
            "--backend", "nccl" if device == "cuda" else "gloo", "--lr", "0.05"] + flags
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     for line in (p.stdout + p.stderr).splitlines():
@@ -62,8 +70,10 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build-torch2"))
     ap.add_argument("--models", default="lenet,resnet18")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--short", type=int, default=40, help="batches of the short epoch (and the bench's warm-up)")
-    ap.add_argument("--long", type=int, default=140, help="batches of the long epoch")
+    ap.add_argument("--epochs", type=int, default=4, help="the example's epochs; the first is not counted")
+    ap.add_argument("--limit-batches", type=int, default=0, help="batches of each epoch (0: the whole epoch)")
+    ap.add_argument("--warmup", type=int, default=40, help="the bench's untimed steps")
+    ap.add_argument("--iters", type=int, default=400, help="the bench's timed steps")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--data-dir", default="")
     a = ap.parse_args()
@@ -72,9 +82,7 @@ def main():
         for model in a.models.split(","):
             example, batch, flags = MODELS[model]
             for r in range(a.rounds):
-                short = epoch_seconds(a, example, batch, a.short, os.path.join(tmp, f"{model}_{r}_s"), a.device)
-                long = epoch_seconds(a, example, batch, a.long, os.path.join(tmp, f"{model}_{r}_l"), a.device)
-                example_rate = (a.long - a.short) * batch / (long - short)
+                example_rate = example_samples_s(a, example, batch, os.path.join(tmp, f"{model}_{r}"), a.device)
                 fixed_rate = bench_samples_s(a, model, batch, flags, a.device)
                 rows.append((model, r, example_rate, fixed_rate))
                 print(f"round {r} {model:8s} example {example_rate:9.0f} samples/s   fixed data {fixed_rate:9.0f}"
