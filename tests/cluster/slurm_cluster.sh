@@ -150,7 +150,9 @@ MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides
 KillWait=10
-MinJobAge=600
+# sbatch --wait polls after 2 s, 8 s more, then every 32 s, unless MinJobAge/2 is less:
+# 17 keeps its polls 8 s apart (a finished job's record stays at least 17 s).
+MinJobAge=17
 SlurmctldTimeout=30
 SlurmdTimeout=30
 MessageTimeout=20
