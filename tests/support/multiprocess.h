@@ -97,15 +97,18 @@ inline bool is_python(const std::string& program) {
   return std::filesystem::path(program).filename().string().rfind("python", 0) == 0;
 }
 
-// DDP_TEST_EXEC_EACH_RANK=1 in a test's environment starts each rank itself,
-// as does a build whose preloaded library or wrapper is missing.
-inline bool forks_ranks(const std::string& program) {
+// DDP_TEST_EXEC_EACH_RANK=1 in a job's variables `env`, else in the test's
+// environment, starts each rank itself, as does a build whose preloaded
+// library or wrapper is missing.
+inline bool forks_ranks(const std::string& program, const std::map<std::string, std::string>& env = {}) {
 #if defined(DDP_TEST_RANK_FORK_LIB) && defined(DDP_TEST_FORK_RANKS_PY)
-  const char* each = std::getenv("DDP_TEST_EXEC_EACH_RANK");
+  const auto set = env.find("DDP_TEST_EXEC_EACH_RANK");
+  const char* each = set != env.end() ? set->second.c_str() : std::getenv("DDP_TEST_EXEC_EACH_RANK");
   if (each && *each && std::string(each) != "0") return false;
   return ::access(is_python(program) ? DDP_TEST_FORK_RANKS_PY : DDP_TEST_RANK_FORK_LIB, R_OK) == 0;
 #else
   (void)program;
+  (void)env;
   return false;
 #endif
 }
@@ -180,8 +183,7 @@ inline std::vector<RankResult> run_ranks(int world, const std::string& program, 
   };
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::vector<RankResult> results(world);
-  const auto each = extra_env.find("DDP_TEST_EXEC_EACH_RANK");
-  if (forks_ranks(program) && (each == extra_env.end() || each->second == "0")) {
+  if (forks_ranks(program, extra_env)) {
     for (int r = 0; r < world; ++r)  // what an earlier job in the same folder left
       for (const char* what : {".exit", ".pid"}) std::filesystem::remove(dir + "/rank" + std::to_string(r) + what);
     int code = 0;
