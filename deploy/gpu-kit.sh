@@ -21,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kit=.deps/gpu-kit
-programs=(launcher/ddprun bench/ddp_bench_lenet tests/gpu/ddp_gpu_tests tests/gpu/ddp_gpu_worker
+programs=(launcher/ddprun launcher/ddprun-store.so bench/ddp_bench_lenet tests/gpu/ddp_gpu_tests tests/gpu/ddp_gpu_worker
   tests/comm/ddp_dist_worker tests/libddp_rank_fork.so examples/lenet_fmnist/lenet_fmnist
   examples/resnet18_fmnist/resnet18_fmnist)
 

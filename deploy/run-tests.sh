@@ -34,7 +34,7 @@ step "its tests" ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -
 # parity oracle (docs/gpu.md). Which tests run where (docs/testing.md):
 # - both builds: everything that touches Torch, c10d or the reducer (DDP,
 #   hooks, Join, ZeRO, AMP, the data kit, checkpoints, mpirun, the namespace
-#   hosts), ddprun's rendezvous and store (ddprun links c10d's TCPStore), and
+#   hosts), ddprun's rendezvous and store (its store module links c10d's TCPStore), and
 #   the installed package (its CMake config finds either LibTorch);
 # - the 2.x build only, label end_to_end: the examples trained through
 #   ddprun, resumed, killed and restarted, and DDP's scenarios again over the

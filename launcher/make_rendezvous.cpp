@@ -4,7 +4,7 @@
 
 #include "errors.h"
 #include "net.h"
-#include "store_rendezvous.h"
+#include "store_module.h"
 
 namespace ddprun {
 namespace {
@@ -74,7 +74,7 @@ std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) 
       c.fall_back_to_client = true;
     }
   }
-  return make_store_rendezvous(std::move(c), tick);
+  return load_store_rendezvous(std::move(c), tick);
 }
 
 }  // namespace ddprun

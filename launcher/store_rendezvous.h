@@ -1,5 +1,6 @@
 // The rendezvous over a c10d::TCPStore (static and c10d flavours; see
-// rendezvous.h), as make_rendezvous configures it.
+// rendezvous.h), as make_rendezvous configures it: built into ddprun's
+// store module (store_module.h), which holds all of the launcher's LibTorch.
 #pragma once
 
 #include <memory>

@@ -9,16 +9,16 @@
 // that port by putting our socket under c10d's file descriptor number
 // (dup3), so c10d listens on, accepts from and closes our socket, whatever
 // its family. Every other bind() call, on every thread, goes straight to the
-// C library's. The symbol is interposed like an LD_PRELOAD shim, by being
-// found before libc's (the executable, or libddp linked before libc); when it
-// is not, c10d binds the wildcard itself and the store says so in its notice.
+// C library's. The interposed bind() is in bind_substitution.cpp, found before
+// libc's (the executable, or libddp linked before libc); when it is not, c10d
+// binds the wildcard itself and the store says so in its notice.
 #include "comm/store_bind.h"
+
+#include "comm/bind_substitution.h"
 
 #include "comm/c10d_compat.h"
 
 #include <arpa/inet.h>
-#include <dlfcn.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -33,37 +33,6 @@
 #include <vector>
 
 namespace ddp::store_bind {
-namespace {
-
-using BindFn = int (*)(int, const sockaddr*, socklen_t);
-
-BindFn libc_bind() {
-  static const BindFn f = reinterpret_cast<BindFn>(::dlsym(RTLD_NEXT, "bind"));
-  return f;
-}
-
-int real_bind(int fd, const sockaddr* addr, socklen_t len) {
-  BindFn f = libc_bind();
-  if (!f) {
-    errno = ENOSYS;
-    return -1;
-  }
-  return f(fd, addr, len);
-}
-
-}  // namespace
-
-#ifdef DDP_STORE_BIND_SUBSTITUTION
-// What this thread's bind() of the wildcard address gets instead, while a
-// store is being constructed.
-struct Substitution {
-  int listener = -1;
-  uint16_t port = 0;
-  bool done = false;
-};
-thread_local Substitution* t_substitution = nullptr;
-#endif
-
 namespace {
 
 class Fd {
@@ -92,21 +61,6 @@ struct AddrInfo {
     if (head) ::freeaddrinfo(head);
   }
 };
-
-#ifdef DDP_STORE_BIND_SUBSTITUTION
-bool is_wildcard(const sockaddr* a, socklen_t len, uint16_t port) {
-  if (!a) return false;
-  if (a->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
-    auto* in = reinterpret_cast<const sockaddr_in*>(a);
-    return in->sin_addr.s_addr == htonl(INADDR_ANY) && ntohs(in->sin_port) == port;
-  }
-  if (a->sa_family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
-    auto* in6 = reinterpret_cast<const sockaddr_in6*>(a);
-    return IN6_IS_ADDR_UNSPECIFIED(&in6->sin6_addr) && ntohs(in6->sin6_port) == port;
-  }
-  return false;
-}
-#endif
 
 bool is_loopback(const sockaddr* a) {
   if (a->sa_family == AF_INET)
@@ -243,8 +197,8 @@ bool reaches(const addrinfo* list, int listener, std::chrono::milliseconds budge
 // Restores the thread's substitution slot on every path.
 class SubstitutionScope {
  public:
-  explicit SubstitutionScope(Substitution& s) { t_substitution = &s; }
-  ~SubstitutionScope() { t_substitution = nullptr; }
+  explicit SubstitutionScope(Substitution& s) { set_thread_substitution(&s); }
+  ~SubstitutionScope() { set_thread_substitution(nullptr); }
   SubstitutionScope(const SubstitutionScope&) = delete;
   SubstitutionScope& operator=(const SubstitutionScope&) = delete;
 };
@@ -379,19 +333,3 @@ ServedStore serve_tcp_store(const std::string& host_in, c10d::TCPStoreOptions op
 }
 
 }  // namespace ddp::store_bind
-
-#ifdef DDP_STORE_BIND_SUBSTITUTION
-// The interposed bind(): see the top of this file. Not in any namespace:
-// it replaces the C library's for this process.
-extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
-  using ddp::store_bind::t_substitution;
-  ddp::store_bind::Substitution* s = t_substitution;
-  if (s && !s->done && ddp::store_bind::is_wildcard(addr, len, s->port)) {
-    // Our socket under c10d's descriptor number; c10d's own socket closes.
-    if (::dup3(s->listener, fd, O_CLOEXEC) < 0) return -1;
-    s->done = true;
-    return 0;
-  }
-  return ddp::store_bind::real_bind(fd, addr, len);
-}
-#endif  // DDP_STORE_BIND_SUBSTITUTION

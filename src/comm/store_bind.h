@@ -7,7 +7,8 @@
 //   2.8 and later: TCPStoreOptions::masterListenFd takes a socket we bound.
 //   1.13 to 2.7:   no such option; while this thread constructs the server,
 //                  its bind() of the wildcard address is answered with our
-//                  socket instead (store_bind.cpp, "the substitution").
+//                  socket instead (store_bind.cpp, "the substitution";
+//                  bind_substitution.h).
 // Shared by the workers' store (process_group.cpp) and ddprun's rendezvous
 // store (launcher/rendezvous.cpp).
 #pragma once

@@ -4,6 +4,7 @@
 # against it with find_package(ddp CONFIG REQUIRED):
 #   consumer        ddp::ddp only, with Boost and zlib hidden from CMake
 #   train_consumer  ddp::train, and the README's code snippet as it is (ddp::ddp)
+# The installed ddprun runs a rendezvous on its store module.
 # Usage: install_and_consume.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -75,7 +76,7 @@ run() {
   local attempt port out
   for attempt in 1 2 3 4 5; do
     port=$((30000 + RANDOM % (ephemeral_low - 30000)))
-    if out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" 2>&1); then
+    if out=$(RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "${@//@PORT@/$port}" 2>&1); then
       printf '%s\n' "$out"
       return 0
     fi
@@ -87,5 +88,10 @@ run() {
   return 1
 }
 run "$work/build-consumer/consumer"
+# The installed ddprun finds and loads its store module (lib/ddprun/) for a
+# rendezvous on a store: one node of a c10d group, at the port run() picks.
+if [[ -f "$build/launcher/ddprun" ]]; then
+  run "$prefix/bin/ddprun" --nnodes 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:@PORT@ --nproc-per-node 1 true
+fi
 run "$work/build-train_consumer/train_consumer"
 run "$work/build-train_consumer/readme_snippet"
