@@ -1,7 +1,8 @@
 // The interposed bind() and this thread's substitution (bind_substitution.h).
 // The symbol replaces the C library's when it is found first: in the
-// executable, or in libddp linked before libc. On LibTorch 2.8 and later no
-// thread sets a substitution, and every call goes straight to the C library.
+// executable, or in libddp linked before libc. Built against LibTorch 1.13 to
+// 2.7 only (DDP_INTERPOSE_BIND, src/CMakeLists.txt); from 2.8 on, c10d takes
+// a bound socket and bind() stays the C library's.
 #include "comm/bind_substitution.h"
 
 #include <arpa/inet.h>
@@ -52,6 +53,7 @@ int real_bind(int fd, const sockaddr* addr, socklen_t len) {
 
 }  // namespace ddp::store_bind
 
+#ifdef DDP_INTERPOSE_BIND
 // Not in any namespace: it replaces the C library's for this process.
 extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   ddp::store_bind::Substitution* s = ddp::store_bind::t_substitution;
@@ -63,3 +65,4 @@ extern "C" int bind(int fd, const sockaddr* addr, socklen_t len) noexcept {
   }
   return ddp::store_bind::real_bind(fd, addr, len);
 }
+#endif  // DDP_INTERPOSE_BIND

@@ -18,6 +18,12 @@
 
 #include "comm/c10d_compat.h"
 
+// c10d_compat.h decides whether this LibTorch needs the substitution; the
+// build, which compiles the interposed bind() into the program, must agree.
+#if defined(DDP_STORE_BIND_SUBSTITUTION) != defined(DDP_INTERPOSE_BIND)
+#error "src/CMakeLists.txt's DDP_INTERPOSE_BIND disagrees with c10d_compat.h's DDP_STORE_BIND_SUBSTITUTION"
+#endif
+
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
