@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "../support/located.h"
+#include "../support/python_server.h"
 #include "ddp/parallel/distributed_sampler.h"
 
 namespace {
@@ -74,15 +75,11 @@ TEST(DistributedSampler, SameIndicesAsPyTorch) {
   if (!probe || ::pclose(probe) != 0) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
   const std::vector<std::tuple<int, int, int, int, int>> cases{
       {10, 3, 0, 0, 0}, {10, 3, 7, 2, 1}, {1000, 2, 42, 5, 0}, {5, 4, 1, 1, 0}, {3, 4, 0, 0, 0}};
-  std::string cmd = "/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " sampler";
+  std::vector<std::string> args{"sampler"};
   for (auto [n, w, seed, epoch, drop] : cases)
-    for (int v : {n, w, seed, epoch, drop}) cmd += " " + std::to_string(v);
-  FILE* p = ::popen(cmd.c_str(), "r");
-  ASSERT_TRUE(p);
-  std::string out;
-  char buf[4096];
-  while (size_t k = std::fread(buf, 1, sizeof buf, p)) out.append(buf, k);
-  ASSERT_EQ(::pclose(p), 0) << cmd;
+    for (int v : {n, w, seed, epoch, drop}) args.push_back(std::to_string(v));
+  const std::string out = ddp::testing::python_script(PYTHON_CHECKS, args);
+  ASSERT_EQ(out.rfind("FAILED", 0), std::string::npos) << out;
   std::istringstream lines(out);
   std::string line;
   for (auto [n, w, seed, epoch, drop] : cases) {

@@ -21,6 +21,7 @@
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
 #include "python_run.h"
+#include "../support/python_server.h"
 
 namespace fs = std::filesystem;
 
@@ -29,9 +30,8 @@ namespace {
 torch::nn::Sequential small_net() { return torch::nn::Sequential(torch::nn::Linear(3, 2)); }
 
 using ddp::testing::python_torch;
-using ddp::testing::run;
 
-std::string python(const std::string& args) { return run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " " + args); }
+std::string python(const std::vector<std::string>& args) { return ddp::testing::python_script(PYTHON_CHECKS, args); }
 
 std::shared_ptr<ddp::ProcessGroup> single_group() {
   ddp::LaunchEnv env;
@@ -158,7 +158,7 @@ TEST(ProgramState, ExtraEntriesRoundTripThroughSaveLoadAndPythonsTorchLoad) {
   EXPECT_EQ(inner.at("names").toListRef()[1].toStringRef(), "b");
 
   if (python_torch()) {
-    EXPECT_EQ(python("extra " + path),
+    EXPECT_EQ(python({"extra", path}),
               "best_loss float 0.125\n"
               "by_epoch dict {1: 0.5, 2: 0.25}\n"
               "embedding Tensor tensor(float32 [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])\n"
@@ -172,7 +172,7 @@ TEST(ProgramState, ExtraEntriesRoundTripThroughSaveLoadAndPythonsTorchLoad) {
               "warm bool True\n"
               "config 256 200 0.003\n");
     // Python edits the entries with plain dicts and lists; the kit reads them back.
-    ASSERT_EQ(python("extra-edit " + path), "saved\n");
+    ASSERT_EQ(python({"extra-edit", path}), "saved\n");
     auto edited = ddp::load_checkpoint(path, *net, &opt, *pg);
     EXPECT_EQ(edited.extra.at("best_loss").toDouble(), 0.25);
     const auto from_python = edited.extra.at("from_python").toGenericDict();
@@ -212,7 +212,7 @@ TEST(ProgramState, ExtraEntriesThatAreNotPlainDataAreRefusedBothWays) {
   state.extra = {{"best_loss", 1.5}};
   ddp::save_checkpoint(path, *net, opt, state, *pg);
   if (python_torch()) {
-    ASSERT_EQ(python("extra-object " + path + " " + dir + "/object.pt"), "saved\n");
+    ASSERT_EQ(python({"extra-object", path, dir + "/object.pt"}), "saved\n");
     msg = checkpoint_error([&] { ddp::load_checkpoint(dir + "/object.pt", *net, &opt, *pg); });
     EXPECT_NE(msg.find("extra[\"hook\"][\"run\"] is the Python name posix.system, not plain data"), std::string::npos)
         << msg;

@@ -14,6 +14,7 @@
 #include "ddp/train/state_dict.h"
 #include "../support/idx_fixture.h"
 #include "python_run.h"
+#include "../support/python_server.h"
 
 namespace fs = std::filesystem;
 
@@ -24,7 +25,6 @@ torch::nn::Sequential small_net() {
 }
 
 using ddp::testing::python_torch;
-using ddp::testing::run;
 
 std::string checkpoint_error(const std::function<void()>& f) {
   try {
@@ -91,7 +91,7 @@ TEST(StateDict, ReadsLibTorchModuleArchives) {
 TEST(StateDict, ReadsPythonDataParallelStateDictSavedOnGpu) {
   if (!python_torch()) GTEST_SKIP() << "/usr/bin/python3 with torch not available";
   const auto dir = ddp::testing::temp_dir("sd_python");
-  ASSERT_EQ(run("/usr/bin/python3 " + std::string(PYTHON_STATE_DICTS) + " " + dir), "ok\n");
+  ASSERT_EQ(ddp::testing::python_script(PYTHON_STATE_DICTS, {dir}), "ok\n");
   auto net = small_net();
   // The seeds' two classic errors: module. prefixes and CUDA storages on a CPU-only machine.
   ddp::load_state_dict(*net, ddp::read_state_dict(dir + "/dp_cuda.pt"));
@@ -175,7 +175,7 @@ TEST(Checkpoint, RoundTripRestoresEverythingAndPythonReadsIt) {
   ddp::save_checkpoint(path, *net, opt, state, *pg);
   EXPECT_TRUE(fs::exists(dir + "/checkpoint.prev.pt"));
   if (python_torch()) {
-    const auto out = run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " checkpoint " + path);
+    const auto out = ddp::testing::python_script(PYTHON_CHECKS, {"checkpoint", path});
     EXPECT_EQ(out.rfind("epoch 2 step 3 world 1 tensors 7", 0), 0u) << out;
   }
   ddp::destroy_process_group();
@@ -253,10 +253,10 @@ TEST(Checkpoint, CarriesAnEnabledLossScalerAsPyTorchsStateDict) {
   ddp::load_checkpoint(plain, *net, &opt, *pg, &fresh);
   EXPECT_EQ(fresh.get_scale(), 65536.0) << "no scaler entry: the initial scale";
   if (python_torch()) {
-    EXPECT_EQ(run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " scaler " + path),
+    EXPECT_EQ(ddp::testing::python_script(PYTHON_CHECKS, {"scaler", path}),
               "scale float 64.0\ngrowth_factor float 3.0\nbackoff_factor float 0.25\ngrowth_interval int 5\n"
               "_growth_tracker int 2\n");
-    EXPECT_EQ(run("/usr/bin/python3 " + std::string(PYTHON_CHECKS) + " scaler " + plain), "no scaler\n");
+    EXPECT_EQ(ddp::testing::python_script(PYTHON_CHECKS, {"scaler", plain}), "no scaler\n");
   }
   ddp::destroy_process_group();
   fs::remove_all(dir);

@@ -17,6 +17,7 @@
 #include "../support/located.h"
 #include "crafted_files.h"
 #include "../support/idx_fixture.h"
+#include "../support/python_server.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/run_dir.h"
@@ -65,8 +66,7 @@ class UntrustedFiles : public ::testing::Test {
   // The code archives of python_code_archives.py; their payload creates `victim`.
   void make_code_archives() {
     victim_ = dir_ + "/victim";
-    const std::string cmd = "/usr/bin/python3 " + std::string(PYTHON_CODE_ARCHIVES) + " " + dir_ + " " + victim_;
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    ASSERT_EQ(ddp::testing::python_script(PYTHON_CODE_ARCHIVES, {dir_, victim_}).rfind("FAILED", 0), std::string::npos);
     ASSERT_FALSE(fs::exists(victim_));
   }
   std::string dir_, victim_;
