@@ -19,11 +19,10 @@ same job again takes it from there without importing torch.
 DDP_ORACLE_CACHE=0 always runs PyTorch."""
 import importlib
 import os
-import runpy
 import sys
-import traceback
 
 import oracle_cache
+import script_main
 
 
 def write_file(path, text):
@@ -40,25 +39,7 @@ def run_rank(rank, folder, script, args):
     os.dup2(fd, 2)
     os.close(fd)
     os.environ["RANK"] = os.environ["LOCAL_RANK"] = str(rank)
-    sys.argv = [script] + args
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    code = 0
-    try:
-        runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
-    except BaseException:  # what an uncaught exception does to `python3 script`
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    os._exit(script_main.run_as_main(script, args))
 
 
 def run_job(folder, world, script, args):

@@ -34,7 +34,7 @@ class OracleCacheTest(unittest.TestCase):
         # the script beside it, as every oracle is.
         tree = os.path.join(self.work, "tests")
         os.makedirs(os.path.join(tree, "support"))
-        for name in ("fork_ranks.py", "oracle_cache.py"):
+        for name in ("fork_ranks.py", "oracle_cache.py", "script_main.py"):
             shutil.copy(os.path.join(HERE, name), os.path.join(tree, "support", name))
         self.fork_ranks = os.path.join(tree, "support", "fork_ranks.py")
         self.script = os.path.join(tree, "oracle.py")

@@ -17,14 +17,15 @@ comma-separated (default: torch; empty: none, as python_server_test.py
 runs it)."""
 import importlib
 import os
-import runpy
 import sys
 import traceback
+
+import script_main
 
 
 def run_script(output, argv):
     """In the forked child: runs the script and never returns."""
-    code = 0
+    code = 1
     try:
         fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
@@ -33,23 +34,9 @@ def run_script(output, argv):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        sys.argv = argv
-        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-        runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as e:
-        if e.code is None:
-            code = 0
-        elif isinstance(e.code, int):
-            code = e.code
-        else:
-            print(e.code, file=sys.stderr)
-            code = 1
+        code = script_main.run_as_main(argv[0], argv[1:])
     except BaseException:
         traceback.print_exc()
-        code = 1
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
     finally:
         os._exit(code & 0xFF)
 
