@@ -57,8 +57,8 @@ StoreRendezvousEntry load_entry() {
     if (!handle) {
       const char* why = ::dlerror();
       throw LaunchError("cannot load ddprun's store module " + place.string() + " (" + (why ? why : "unknown") +
-                        "), which a rendezvous on a store needs (several nodes, or --rdzv-backend c10d); reinstall libddp, or run one "
-                        "node with --standalone");
+                        "), which a rendezvous on a store needs (several nodes, or --rdzv-backend c10d); "
+                        "reinstall libddp, or run one node with --standalone");
     }
     auto entry = reinterpret_cast<StoreRendezvousEntry>(::dlsym(handle, kStoreModuleEntry));
     if (!entry)
@@ -66,8 +66,9 @@ StoreRendezvousEntry load_entry() {
                         "); reinstall libddp");
     return entry;
   }
+  if (tried.empty()) tried = "beside ddprun";
   throw LaunchError("ddprun's store module " + std::string(kModuleName) + ", which a rendezvous on a store needs "
-                    "(several nodes, or --rdzv-backend c10d), is not installed (looked for " + (tried.empty() ? std::string("it beside ddprun") : tried) +
+                    "(several nodes, or --rdzv-backend c10d), is not installed (looked for " + tried +
                     "); reinstall libddp with its launcher, or run one node with --standalone");
 }
 
