@@ -25,6 +25,7 @@ BindFn libc_bind() {
 
 thread_local Substitution* t_substitution = nullptr;
 
+#ifdef DDP_INTERPOSE_BIND
 bool is_wildcard(const sockaddr* a, socklen_t len, uint16_t port) {
   if (!a) return false;
   if (a->sa_family == AF_INET && len >= sizeof(sockaddr_in)) {
@@ -37,6 +38,7 @@ bool is_wildcard(const sockaddr* a, socklen_t len, uint16_t port) {
   }
   return false;
 }
+#endif
 
 }  // namespace
 
