@@ -47,18 +47,36 @@ on() {  # on NS CMD...: in that node's network and UTS namespaces, with its /etc
 
 registry=/run/ddp-slurm-clusters
 
+# A process is gone once /proc no longer has it or it is a zombie (its
+# parent, the test that started the cluster, reaps it).
+gone() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
+  stat=${stat##*) }
+  [[ "${stat%% *}" == Z ]]
+}
+
 down() {
   rm -f "$registry/$tag"
+  local killed=() pidfile pid ns round left
   for pidfile in "$dir"/run/*.pid; do
     [[ -f "$pidfile" ]] || continue
     pid=$(cat "$pidfile" 2>/dev/null || true)
-    [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null || true
+    if [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null; then killed+=("$pid"); fi
   done
   sleep 0.5
   for ns in "$ns1" "$ns2"; do
     if [[ -e /run/netns/$ns ]]; then
-      # Whatever still runs on the node: daemons, steps, workers.
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+      # Whatever still runs on the node (daemons, steps, workers), again
+      # until nothing does: a step being torn down may still fork.
+      for ((round = 0; round < 100; round++)); do
+        left=0
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do
+          if kill -KILL "$pid" 2>/dev/null; then killed+=("$pid") left=1; fi
+        done
+        ((left)) || break
+        sleep 0.1
+      done
       ip netns del "$ns" 2>/dev/null || true
     fi
     if [[ -e "$dir/uts-$ns" ]]; then umount "$dir/uts-$ns" 2>/dev/null || true; rm -f "$dir/uts-$ns"; fi
@@ -66,8 +84,17 @@ down() {
   for pidfile in "$dir"/run/*.pid; do
     [[ -f "$pidfile" ]] || continue
     pid=$(cat "$pidfile" 2>/dev/null || true)
-    [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null || true
+    if [[ -n "$pid" ]] && kill -KILL "$pid" 2>/dev/null; then killed+=("$pid"); fi
     rm -f "$pidfile"
+  done
+  # A killed process takes a moment to end (a worker frees its memory): the
+  # cluster is down once every one has, not when the signals are sent.
+  for pid in "${killed[@]}"; do
+    for ((round = 0; round < 100; round++)); do
+      gone "$pid" && break
+      sleep 0.05
+    done
+    gone "$pid" || log "process $pid did not end within 5 s of SIGKILL"
   done
   rm -rf "$dir/run"
 }

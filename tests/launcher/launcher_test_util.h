@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -111,17 +112,20 @@ inline std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
-// Kills every descendant (they are all our children: we are a subreaper).
-inline int kill_all_children() {
-  int killed = 0;
+// Kills every descendant (they are all our children: we are a subreaper);
+// returns those it found, as "PID: COMMAND LINE".
+inline std::vector<std::string> kill_all_children() {
+  std::vector<std::string> killed;
   for (int round = 0; round < 50; ++round) {
     reap_zombies();
     auto kids = children_of(::getpid());
     if (kids.empty()) break;
     for (pid_t k : kids) {
+      std::string cmdline = read_file("/proc/" + std::to_string(k) + "/cmdline");
+      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+      killed.push_back(std::to_string(k) + ": " + cmdline);
       ::kill(-k, SIGKILL);
       ::kill(k, SIGKILL);
-      ++killed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -263,8 +267,7 @@ class LauncherTest : public ::testing::Test {
     dir_ = buf.data();
   }
   void TearDown() override {
-    int leftovers = kill_all_children();
-    EXPECT_EQ(leftovers, 0) << "processes were still running at the end of the test";
+    for (const auto& left : kill_all_children()) ADD_FAILURE() << "still running at the end of the test: " << left;
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
