@@ -7,8 +7,8 @@
 #                             build-torch2/, the libraries they need beyond
 #                             glibc and the torch wheel, Fashion-MNIST)
 #   deploy/gpu-kit.sh run     there, in a copy of this tree with .deps/gpu-kit:
-#                             the GPU tests, the examples through ddprun, the
-#                             input path against fixed data
+#                             the GPU tests, the examples through ddprun (once
+#                             on a c10d store's rendezvous), the input path against fixed data
 #                             (bench/run_input_bench.py), AMP against float32
 #                             for both implementations at 192 px, and
 #                             bench/run_gpu_bench.py; results under $OUT (or
@@ -79,6 +79,10 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")' || 
   timeout 240 build-torch2/launcher/ddprun --standalone --nproc-per-node gpu build-torch2/examples/resnet18_fmnist/resnet18_fmnist \
     --data-dir "$kit/data" --epochs 1 --global-batch-size 256 --limit-batches 100 --run-dir "$out/runs/resnet18" ||
     echo "gpu-kit: resnet18_fmnist failed"
+  echo "== lenet_fmnist through a rendezvous on a c10d store (ddprun-store.so on this machine's LibTorch)"
+  timeout 240 build-torch2/launcher/ddprun --nnodes 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29517 \
+    --rdzv-id gpu-kit --nproc-per-node gpu build-torch2/examples/lenet_fmnist/lenet_fmnist --data-dir "$kit/data" \
+    --epochs 1 --limit-batches 50 --run-dir "$out/runs/lenet_c10d" || echo "gpu-kit: lenet_fmnist on a c10d store failed"
   fi
   if [[ "${GPU_KIT_INPUT:-1}" == 1 ]]; then
     echo "== the examples' input path against fixed data (steady state)"
