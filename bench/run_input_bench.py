@@ -10,7 +10,9 @@ alone, its evaluation not included); then ddp_bench_lenet trains the same
 model at the same batch (and, for ResNet-18, the same image size) on data
 already on the device, --iters timed steps after --warmup ones. The ratio
 is the example's rate over the bench's (goal: >= 0.97 on a GPU). Every
-round is printed, then min / median / max.
+round is printed, then min / median / max. --variant NAME=FLAGS (again for
+more) runs the example once more each round with FLAGS added, beside the
+default run, against the same bench run: what an option costs, side by side.
 
 An earlier form took the difference of a 40-batch and a 140-batch epoch:
 on an H100 a LeNet epoch of either is a few tenths of a second, and the
@@ -35,10 +37,11 @@ MODELS = {
 }
 
 
-def example_samples_s(a, example, batch, run_dir, device):
+def example_samples_s(a, example, batch, run_dir, device, extra):
     cmd = [os.path.join(a.build, "launcher", "ddprun"), "--standalone", "--nproc-per-node", "1",
            os.path.join(a.build, "examples", example, example), "--epochs", str(a.epochs),
            "--batch-size", str(batch), "--run-dir", run_dir] + (["--data-dir", a.data_dir] if a.data_dir else [])
+    cmd += extra
     if a.limit_batches:
         cmd += ["--limit-batches", str(a.limit_batches)]
     if device == "cpu":
@@ -76,21 +79,34 @@ def main():
     ap.add_argument("--iters", type=int, default=400, help="the bench's timed steps")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--data-dir", default="")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                    help="the example again with FLAGS added (split at spaces), e.g. "
+                         "'nocheck=--preemption-check-every 0'")
     a = ap.parse_args()
+    variants = [("default", [])]
+    for v in a.variant:
+        name, sep, flags = v.partition("=")
+        if not sep or not name:
+            ap.error(f"--variant {v!r}: NAME=FLAGS")
+        variants.append((name, flags.split()))
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddp_input_bench_") as tmp:
         for model in a.models.split(","):
             example, batch, flags = MODELS[model]
             for r in range(a.rounds):
-                example_rate = example_samples_s(a, example, batch, os.path.join(tmp, f"{model}_{r}"), a.device)
+                rates = {name: example_samples_s(a, example, batch, os.path.join(tmp, f"{model}_{name}_{r}"),
+                                                 a.device, extra) for name, extra in variants}
                 fixed_rate = bench_samples_s(a, model, batch, flags, a.device)
-                rows.append((model, r, example_rate, fixed_rate))
-                print(f"round {r} {model:8s} example {example_rate:9.0f} samples/s   fixed data {fixed_rate:9.0f}"
-                      f"   ratio {example_rate / fixed_rate:.3f}", flush=True)
+                for name, rate in rates.items():
+                    rows.append((model, name, r, rate, fixed_rate))
+                    print(f"round {r} {model:8s} {name:10s} example {rate:9.0f} samples/s   fixed data "
+                          f"{fixed_rate:9.0f}   ratio {rate / fixed_rate:.3f}", flush=True)
     print("\nsummary (ratio example / fixed data over rounds: min / median / max)")
     for model in a.models.split(","):
-        v = [e / f for m, _, e, f in rows if m == model]
-        print(f"  {model:8s} {min(v):.3f} / {statistics.median(v):.3f} / {max(v):.3f}   ({len(v)} rounds)")
+        for name, _ in variants:
+            v = [e / f for m, n, _, e, f in rows if m == model and n == name]
+            print(f"  {model:8s} {name:10s} {min(v):.3f} / {statistics.median(v):.3f} / {max(v):.3f}"
+                  f"   ({len(v)} rounds)")
 
 
 if __name__ == "__main__":
