@@ -8,13 +8,13 @@
 #                             glibc and the torch wheel, Fashion-MNIST)
 #   deploy/gpu-kit.sh run     there, in a copy of this tree with .deps/gpu-kit:
 #                             the GPU tests, the examples through ddprun (once
-#                             on a c10d store's rendezvous), the input path against fixed data
-#                             (bench/run_input_bench.py), AMP against float32
-#                             for both implementations at 192 px, and
-#                             bench/run_gpu_bench.py; results under $OUT (or
-#                             ./gpu-out). GPU_KIT_EXAMPLES, GPU_KIT_INPUT,
-#                             GPU_KIT_AMP, GPU_KIT_BENCH=0 skip a part; about
-#                             8 minutes in all on one H100.
+#                             on a c10d store's rendezvous), the input path
+#                             against fixed data (bench/run_input_bench.py),
+#                             AMP against float32 for both implementations at
+#                             192 px, and bench/run_gpu_bench.py; results
+#                             under $OUT (or ./gpu-out). GPU_KIT_EXAMPLES,
+#                             GPU_KIT_INPUT, GPU_KIT_AMP, GPU_KIT_BENCH=0 skip
+#                             a part; about 8 minutes in all on one H100.
 #
 # The GPU machine's own torch (2.11, the pinned version) provides LibTorch,
 # CUDA and NCCL: LD_LIBRARY_PATH points at its torch/lib.

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -116,14 +117,17 @@ inline std::vector<pid_t> children_of(pid_t parent) {
 // returns those it found, as "PID: COMMAND LINE".
 inline std::vector<std::string> kill_all_children() {
   std::vector<std::string> killed;
+  std::set<pid_t> seen;
   for (int round = 0; round < 50; ++round) {
     reap_zombies();
     auto kids = children_of(::getpid());
     if (kids.empty()) break;
     for (pid_t k : kids) {
-      std::string cmdline = read_file("/proc/" + std::to_string(k) + "/cmdline");
-      std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-      killed.push_back(std::to_string(k) + ": " + cmdline);
+      if (seen.insert(k).second) {
+        std::string cmdline = read_file("/proc/" + std::to_string(k) + "/cmdline");
+        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+        killed.push_back(std::to_string(k) + ": " + cmdline);
+      }
       ::kill(-k, SIGKILL);
       ::kill(k, SIGKILL);
     }
