@@ -13,7 +13,7 @@
 namespace ddprun {
 
 // The module's one entry point, with C linkage so dlsym finds it by name.
-// It checks `abi` (kStoreModuleAbi of the ddprun that loads it) and returns
+// It checks `abi` (DDPRUN_STORE_ABI of the ddprun that loads it) and returns
 // null when they differ.
 using StoreRendezvousEntry = Rendezvous* (*)(const char* abi, StoreConfig* config, const Tick* tick);
 inline constexpr const char* kStoreModuleEntry = "ddprun_store_rendezvous";
