@@ -26,7 +26,9 @@ struct DistributedDataParallelBase::Internals {
   bool joined_up = false;
   bool divide_by_initial_world_size = true;
   Work join_sync_work;
-  bool require_forward_param_sync = true;  // the last forward that built a graph synchronised
+  // The last forward built a graph and synchronised (or none ran yet): the
+  // next forward broadcasts the buffers. PyTorch's require_forward_param_sync.
+  bool require_forward_param_sync = true;
   // Bytes malloc had handed out before the first forward that builds a graph,
   // and whether that forward is still to tell retain_step_memory() its size.
   std::size_t bytes_before_first_forward = 0;

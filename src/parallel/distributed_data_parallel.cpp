@@ -43,7 +43,7 @@ std::vector<std::pair<std::string, at::Tensor>> unique_named(const torch::Ordere
 
 // Sparse gradients would need a bucket of their own and a sparse all-reduce;
 // refuse them where the user can still change the model.
-void refuse_sparse_gradients(const torch::nn::Module& module, int rank) {
+void refuse_sparse_gradients(const torch::nn::Module& module, const std::unordered_set<std::string>& ignore, int rank) {
   for (const auto& m : module.named_modules("", /*include_self=*/true)) {
     bool sparse = false;
     if (const auto* e = m.value()->as<torch::nn::Embedding>()) sparse = e->options.sparse();
@@ -51,7 +51,7 @@ void refuse_sparse_gradients(const torch::nn::Module& module, int rank) {
     if (!sparse) continue;
     for (const auto& p : m.value()->named_parameters(false)) {
       const std::string name = m.key().empty() ? p.key() : m.key() + "." + p.key();
-      check_usage(!p.value().requires_grad(), "rank ", rank, ": DistributedDataParallel: parameter '", name,
+      check_usage(!p.value().requires_grad() || ignore.count(name), "rank ", rank, ": DistributedDataParallel: parameter '", name,
                   "' gets sparse gradients (its embedding was made with sparse(true)); libddp reduces dense "
                   "gradients only. Construct the embedding with sparse(false), or freeze it.");
     }
@@ -68,11 +68,28 @@ std::string describe(const std::string& kind, const std::string& name, const at:
   return s.str();
 }
 
-std::vector<std::string> signature(const torch::nn::Module& module) {
+using NameSet = std::unordered_set<std::string>;
+
+std::vector<std::string> signature(const torch::nn::Module& module, const NameSet& ignore) {
   std::vector<std::string> lines;
-  for (const auto& p : unique_named(module.named_parameters(true))) lines.push_back(describe("parameter", p.first, p.second));
-  for (const auto& b : unique_named(module.named_buffers(true))) lines.push_back(describe("buffer", b.first, b.second));
+  for (const auto& p : unique_named(module.named_parameters(true)))
+    if (!ignore.count(p.first)) lines.push_back(describe("parameter", p.first, p.second));
+  for (const auto& b : unique_named(module.named_buffers(true)))
+    if (!ignore.count(b.first)) lines.push_back(describe("buffer", b.first, b.second));
   return lines;
+}
+
+// params_and_buffers_to_ignore as a set; a name that matches nothing is
+// warned about, as it is most likely misspelt (PyTorch says nothing).
+NameSet ignored_names(const torch::nn::Module& module, const std::vector<std::string>& names, int rank) {
+  NameSet ignore(names.begin(), names.end());
+  for (const auto& name : ignore) {
+    if (!module.named_parameters(true).contains(name) && !module.named_buffers(true).contains(name))
+      TORCH_WARN("rank ", rank, ": DistributedDataParallel: params_and_buffers_to_ignore names '", name,
+                 "', which is no parameter or buffer of the module (named_parameters() and named_buffers() give "
+                 "the names, as \"fc2.weight\")");
+  }
+  return ignore;
 }
 
 std::string join(const std::vector<std::string>& lines) {
@@ -114,9 +131,9 @@ double malloc_threshold_for(const std::vector<at::Tensor>& params, double reques
 
 }  // namespace
 
-void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg) {
+void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg, const std::vector<std::string>& ignore) {
   if (pg.size() == 1) return;
-  const auto mine = signature(module);
+  const auto mine = signature(module, NameSet(ignore.begin(), ignore.end()));
   const std::string text = join(mine);
   // 63 bits of the signature's hash, so that it fits a signed int64 tensor.
   const int64_t hash = static_cast<int64_t>(std::hash<std::string>{}(text) >> 1);
@@ -194,9 +211,11 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   check_usage(module_ != nullptr, "DistributedDataParallel: the module is null");
   check_usage(pg_ != nullptr, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
   Internals& d = *internals_;
+  const NameSet ignore = ignored_names(*module_, options_.params_and_buffers_to_ignore(), pg_->rank());
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   for (const auto& [name, p] : unique_named(module_->named_parameters(true))) {
+    if (ignore.count(name)) continue;
     d.state.push_back(p);
     if (p.requires_grad()) {
       params.push_back(p);
@@ -205,15 +224,16 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   }
   check_usage(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
-  refuse_sparse_gradients(*module_, pg_->rank());
-  for (const auto& [name, b] : unique_named(module_->named_buffers(true))) d.buffers.push_back(b);
+  refuse_sparse_gradients(*module_, ignore, pg_->rank());
+  for (const auto& [name, b] : unique_named(module_->named_buffers(true)))
+    if (!ignore.count(name)) d.buffers.push_back(b);
   d.state.insert(d.state.end(), d.buffers.begin(), d.buffers.end());
 
   const bool reducer_params_are_cpu = params.front().is_cpu();
   if (reducer_params_are_cpu) {
     fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
   }
-  verify_same_model(*module_, *pg_);
+  verify_same_model(*module_, *pg_, options_.params_and_buffers_to_ignore());
   broadcast_coalesced(*pg_, d.state, 0);
   // Models with large gradients are left alone: the heap would keep the holes
   // their gradient-sized temporaries leave (docs/performance.md, "Where the
@@ -289,20 +309,26 @@ int find_common_rank(ProcessGroup& pg, bool candidate) {
 }  // namespace
 
 void DistributedDataParallelBase::pre_forward() {
-  // Forward passes that build no graph (evaluation under NoGradGuard) do no
-  // communication at all, so rank-0-only evaluation through the wrapper works.
-  if (!torch::GradMode::is_enabled()) return;
   Internals& d = *internals_;
-  if (timeline_) d.forward_start_us = timeline_->now_us();
-  // Under ddp::Join, PyTorch's order: count the ranks still training, the
-  // rebuild, buffers from the highest rank still training, whether backward
-  // synchronises; joined ranks answer each (DDPJoinHook::main_hook).
+  const bool builds_graph = torch::GradMode::is_enabled();
+  if (timeline_ && builds_graph) d.forward_start_us = timeline_->now_us();
+  // PyTorch's order: under ddp::Join, count the ranks still training; the
+  // rebuild; buffers from rank 0 (the highest rank still training under
+  // Join); whether backward synchronises. Joined ranks answer each
+  // (DDPJoinHook::main_hook). As in PyTorch, a forward without a graph
+  // (evaluation under NoGradGuard) takes part in Join's collectives too.
   const bool joined_up = join_config().enable;
   // Outside Join this clears the last Join's count, so it cannot divide later backwards.
   d.reducer->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !d.divide_by_initial_world_size);
-  d.reducer->prepare_for_forward();
-  // As PyTorch: buffers follow rank 0 before a forward that follows a
-  // synchronised one, so once per gradient-accumulation cycle.
+  if (builds_graph) d.reducer->prepare_for_forward();
+  // As PyTorch (require_forward_param_sync): buffers follow rank 0 before a
+  // forward whose previous forward built a graph and synchronised, so once
+  // per gradient-accumulation cycle, and once at the first evaluation after
+  // training: every rank evaluates with rank 0's running statistics. A
+  // forward that builds no graph leaves the next one without a broadcast, so
+  // an evaluation of many batches broadcasts once. To evaluate on rank 0
+  // alone, call the module (model.module()->forward), not the wrapper: the
+  // wrapper's broadcast would wait for the other ranks (docs/api.md).
   if (options_.broadcast_buffers() && !d.buffers.empty() && d.require_forward_param_sync)
     broadcast_coalesced(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
   if (joined_up) {
@@ -310,15 +336,18 @@ void DistributedDataParallelBase::pre_forward() {
         torch::full({1}, d.reducer->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
     d.join_sync_work = pg_->allreduce(requires_sync);
   }
-  if (d.step_memory_pending) d.bytes_before_first_forward = malloc_bytes_in_use();
+  if (builds_graph && d.step_memory_pending) d.bytes_before_first_forward = malloc_bytes_in_use();
 }
 
 void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& outputs) {
-  if (!torch::GradMode::is_enabled()) return;
   Internals& d = *internals_;
-  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", d.forward_start_us, timeline_->now_us());
   d.join_sync_work.wait();
   d.join_sync_work = Work();
+  if (!torch::GradMode::is_enabled()) {
+    d.require_forward_param_sync = false;
+    return;
+  }
+  if (timeline_) timeline_->span(Timeline::Row::compute, "forward", d.forward_start_us, timeline_->now_us());
   d.require_forward_param_sync = d.reducer->sync();
   if (d.step_memory_pending) {
     // The forward's activations are all alive now: what they take tells

@@ -374,6 +374,7 @@ int main(int argc, char** argv) {
     else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
     else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
     else if (scenario == "parity") rc = scenario_parity(pg, flags);
+    else if (scenario == "pytorch_tests") rc = scenario_pytorch_tests(pg, flags);
     else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
     else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
     else if (scenario == "stall") rc = scenario_stall(pg, flags);

@@ -88,6 +88,15 @@ struct DistributedDataParallelOptions {
   // Before the first forward of each gradient-accumulation cycle, every rank
   // takes rank 0's buffers (BatchNorm's running stats).
   TORCH_ARG(bool, broadcast_buffers) = true;
+  // Parameters and buffers that DDP leaves alone, by the names
+  // named_parameters() and named_buffers() give them ("fc2.weight",
+  // "bn.running_mean"): not compared across ranks, not broadcast from rank 0
+  // (at construction, before forwards, or by Join), not reduced; their
+  // gradients stay this rank's own. For a layer that differs by rank, or one
+  // replaced after wrapping. PyTorch's
+  // DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names).
+  // A name that matches nothing is warned about.
+  TORCH_ARG(std::vector<std::string>, params_and_buffers_to_ignore) = {};
   // Parameters outside this iteration's autograd graph count as ready with a
   // zero gradient; costs a graph traversal and one small all-reduce a step.
   TORCH_ARG(bool, find_unused_parameters) = false;

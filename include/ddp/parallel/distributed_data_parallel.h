@@ -19,37 +19,13 @@
 #include "ddp/parallel/comm_hook.h"
 #include "ddp/parallel/ddp_options.h"
 #include "ddp/parallel/join.h"
+#include "ddp/parallel/output_tensors.h"
 #include "ddp/observe/logging_data.h"
 #include "ddp/comm/process_group.h"
 #include "ddp/parallel/reducer_stats.h"
 #include "ddp/observe/timeline.h"
 
 namespace ddp {
-
-namespace detail {
-
-// The tensors in a forward's result, to find parameters it did not use.
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
-  if (t.defined()) out.push_back(t);
-}
-inline void collect_tensors(const std::vector<at::Tensor>& v, std::vector<at::Tensor>& out) {
-  for (const auto& t : v) collect_tensors(t, out);
-}
-template <typename... Ts>
-void collect_tensors(const std::tuple<Ts...>& tup, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... e) { (collect_tensors(e, out), ...); }, tup);
-}
-template <typename A, typename B>
-void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
-  collect_tensors(p.first, out);
-  collect_tensors(p.second, out);
-}
-// Anything else carries no tensors we can see: unused parameters are then
-// found at the end of backward instead.
-template <typename T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}
-
-}  // namespace detail
 
 // What every DistributedDataParallel<M> has, whatever M: its options, its
 // process group, the reducer's statistics and no_sync(). Code that handles
@@ -127,9 +103,9 @@ class DistributedDataParallelBase : public Joinable {
 };
 
 // Checks that every rank holds the same parameters and buffers (count,
-// names, shapes, strides, dtypes, which parameters require grad); throws on
-// every rank, naming the first difference.
-void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg);
+// names, shapes, strides, dtypes, which parameters require grad), but those
+// named in `ignore`; throws on every rank, naming the first difference.
+void verify_same_model(const torch::nn::Module& module, ProcessGroup& pg, const std::vector<std::string>& ignore = {});
 
 // Every rank takes rank 0's values of these tensors (coalesced by dtype).
 void broadcast_coalesced(ProcessGroup& pg, const std::vector<at::Tensor>& tensors, int root = 0);
@@ -152,9 +128,7 @@ class DistributedDataParallel : public DistributedDataParallelBase {
   decltype(auto) operator()(Args&&... args) {
     pre_forward();
     auto output = module_->forward(std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    post_forward(tensors);
+    post_forward(output_tensors(output));  // ddp/parallel/output_tensors.h
     return output;
   }
   template <typename... Args>

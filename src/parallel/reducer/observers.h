@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/observe/timeline.h"
 #include "ddp/parallel/ddp_options.h"
 #include "ddp/parallel/reducer_stats.h"
 #include "observe/stall_inspector.h"

@@ -249,7 +249,7 @@ void Reducer::Impl::finalize_backward() {
   const auto backward_end = Clock::now();
   torch::NoGradGuard no_grad;
   const int64_t unused_bytes = mark_unused_ready();
-  check_every_bucket_launched();
+  if (!check_every_bucket_launched()) return;
 
   const auto wait_start = Clock::now();
   const auto wait_end = wait_for_buckets();
@@ -498,11 +498,20 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.observers.each([&s](auto& o) { o.buckets_laid_out(s.buckets); });
 }
 
-Reducer::~Reducer() = default;
+Reducer::~Reducer() {
+  // A program that ends after the backward that failed never saw the error.
+  if (impl_ && !impl_->unfinished_reduction.empty() && !impl_->unfinished_raised)
+    std::cerr << impl_->unfinished_reduction << "\n  (No forward came after that backward to raise this error.)"
+              << std::endl;
+}
 
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
+  if (!s.unfinished_reduction.empty()) {
+    s.unfinished_raised = true;
+    throw UsageError(s.unfinished_reduction);
+  }
   s.settle_unfinished();
   s.observers.each([](auto& o) { o.forward_started(); });
   if (s.sync) s.usage.count_synchronised_forward();

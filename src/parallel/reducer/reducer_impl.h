@@ -63,6 +63,11 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   CommHook comm_hook;
   bool hook_registered() const { return static_cast<bool>(comm_hook); }
   NoGradientAdvice no_gradient_advice;  // empty: the generic advice (missing_gradients.cpp)
+  // As PyTorch's ensure_prior_reduction_finished: a backward that left a
+  // bucket unreduced raises nothing; every forward after it throws this
+  // (empty: the last backward finished). unfinished_raised: one did.
+  std::string unfinished_reduction;
+  bool unfinished_raised = false;
 
   ReducerStats stats;  // before the observers, which write it
 
@@ -115,7 +120,9 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void reduce_after_first_static_backward();
   void finalize_backward();
   int64_t mark_unused_ready();
-  void check_every_bucket_launched();  // missing_gradients.cpp
+  // False when some parameter got no gradient: the launched buckets are
+  // waited for, and unfinished_reduction says which parameters (missing_gradients.cpp).
+  bool check_every_bucket_launched();
   detail::Clock::time_point wait_for_buckets();  // returns when the last wait ended
   void take_hook_result(size_t index, const at::Tensor& result);
   void copy_results_to_grads();

@@ -1,0 +1,489 @@
+"""PyTorch's own DDP tests (torch/testing/_internal/distributed/distributed_test.py),
+run on CPU over Gloo: the oracle of pytorch_tests_scenarios.cpp, which ports
+each case line by line to libddp. Each case is named after the test it ports
+and writes what the test looks at (parameters, gradients, outputs, buffers,
+whether an error came) as lines of <dir>/torch_r<rank>.txt; the C++ side writes
+the same lines, and pytorch_parity_test.cpp compares them. Tensors are
+written bit for bit (float64 bits of each value). Where the original runs on
+CUDA devices, the port runs the same module on CPU; inputs and parameters are
+made by formulas, not by a random generator, so both sides start equal.
+Usage: pytorch_ddp_tests.py DIR [CASE,CASE...] (rank and world from torchrun's variables)."""
+import copy
+import itertools
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))  # parity_common
+import parity_common
+
+NAMES = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64", torch.int32: "i32"}
+
+
+class Out:
+    def __init__(self, path):
+        self.path = path
+        self.lines = []
+        self.case = ""
+
+    def tensor(self, label, t):
+        t = t.detach().contiguous()
+        vals = t.double().reshape(-1).view(torch.int64).tolist() if t.is_floating_point() else t.long().reshape(-1).tolist()
+        shape = "x".join(str(s) for s in t.shape) or "scalar"
+        self.lines.append("%s %s %s %s : %s" % (self.case, label, NAMES[t.dtype], shape, " ".join(map(str, vals))))
+
+    def text(self, label, s):
+        self.lines.append("%s %s %s" % (self.case, label, s))
+
+    def grads(self, label, module):
+        for name, p in module.named_parameters():
+            if p.grad is None:
+                self.text(label + " " + name + ".grad", "none")
+            else:
+                self.tensor(label + " " + name + ".grad", p.grad)
+
+    def params(self, label, module):
+        for name, p in module.named_parameters():
+            self.tensor(label + " " + name, p)
+
+    def write(self):
+        with open(self.path, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+
+
+def init(module, shift=0.0):
+    """Every floating-point parameter i of named_parameters(), element k:
+    0.3 sin(0.7 k + i + shift), computed in float64, rounded once."""
+    with torch.no_grad():
+        for i, (_, p) in enumerate(module.named_parameters()):
+            if p.is_floating_point():
+                k = torch.arange(p.numel(), dtype=torch.float64)
+                p.copy_((torch.sin(0.7 * k + i + shift) * 0.3).reshape(p.shape))
+    return module
+
+
+def data(shape, seed):
+    """cos(0.37 k + seed), float64 rounded to float32 once."""
+    n = math.prod(shape)
+    k = torch.arange(n, dtype=torch.float64)
+    return torch.cos(0.37 * k + seed).reshape(shape).float()
+
+
+def raised(out, label, fn):
+    """Runs fn; writes whether it raised (PyTorch raises RuntimeError or ValueError)."""
+    try:
+        fn()
+    except (RuntimeError, ValueError) as e:
+        out.text(label, "raised")
+        return str(e)
+    out.text(label, "returned")
+    return None
+
+
+# ---- the cases, in distributed_test.py's order ------------------------------
+
+class _FC2(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10, 50, bias=True)
+        self.fc.bias.requires_grad = False
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 10, bias=False)
+        self.fc2 = _FC2()
+        self.fc3 = nn.Linear(50, 4, bias=False)
+        self.relu = nn.ReLU()
+        self.no_grad_param = nn.Parameter(torch.tensor([2, 2]).long(), requires_grad=False)
+
+    def forward(self, x):
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        x = self.fc3(x)
+        return F.softmax(x, dim=1)
+
+
+def step_with_zero_grad(model):
+    for param in model.parameters():
+        if param.grad is not None:
+            with torch.no_grad():
+                param += param.grad
+            param.grad.requires_grad_(False)
+            param.grad.zero_()
+
+
+def step(model):
+    for param in model.parameters():
+        if param.grad is not None:
+            with torch.no_grad():
+                param += param.grad
+            param.grad = None
+
+
+def distributed_data_parallel_cpu(out, rank, world, gradient_as_bucket_view):
+    """_test_DistributedDataParallelCPU: Net, 5 iterations of _test_DDP_niter."""
+    model = DDP(init(Net()), gradient_as_bucket_view=gradient_as_bucket_view)
+    local_bs = 2
+    global_bs = world * local_bs
+    inp, target = data([global_bs, 2], 1), data([global_bs, 4], 2)
+    torch.manual_seed(5)
+    for it in range(5):
+        off = rank * local_bs
+        output = model(inp[off:off + local_bs])
+        nn.MSELoss()(output, target[off:off + local_bs]).backward()
+        step_with_zero_grad(model.module)
+        out.params("iteration %d" % it, model.module)
+        inp = inp[torch.randperm(global_bs)]
+
+
+def test_DistributedDataParallelCPU(out, rank, world):
+    distributed_data_parallel_cpu(out, rank, world, False)
+
+
+def test_DistributedDataParallelCPU_grad_is_view(out, rank, world):
+    distributed_data_parallel_cpu(out, rank, world, True)
+
+
+def test_DistributedDataParallel_requires_grad(out, rank, world):
+    raised(out, "DDP(nn.Module())", lambda: DDP(nn.Module()))
+    dist.barrier()
+
+
+def test_ddp_create_graph(out, rank, world):
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.p = nn.Parameter(torch.tensor(1.0 + rank))
+
+        def forward(self):
+            return self.p.pow(2)
+
+    ddp_model = DDP(Model())
+    for it in range(6):
+        ddp_model().backward(create_graph=True)
+        out.tensor("iteration %d p.grad" % it, ddp_model.module.p.grad)
+        out.text("iteration %d requires_grad" % it, int(all(p.requires_grad for p in ddp_model.parameters())))
+
+
+def ddp_ignore_params_arg(out, rank, world, static_graph):
+    class TestModel(nn.Module):
+        def __init__(self, rank):
+            super().__init__()
+            self.fc1 = nn.Linear(1, 1, bias=False)
+            self.fc2 = nn.Linear(1, 10, bias=False) if rank == 0 else nn.Linear(10, 10, bias=False)
+
+        def forward(self, x):
+            return self.fc2(self.fc1(x))
+
+    for find_unused, broadcast_buffers in itertools.product([False, True], [False, True]):
+        label = "static_graph=%d find_unused=%d broadcast_buffers=%d" % (static_graph, find_unused, broadcast_buffers)
+        model = init(TestModel(rank), shift=rank)
+        model.fc2.register_buffer("ignore_buffer", torch.zeros(5 + rank))
+        proxy_params = list(model.fc2.parameters())
+        names = ["fc2.weight", "fc2.ignore_buffer"]
+        DDP._set_params_and_buffers_to_ignore_for_model(model, names)
+        ddp = DDP(model, find_unused_parameters=find_unused, broadcast_buffers=broadcast_buffers,
+                  static_graph=static_graph)
+        ddp.module.fc2 = init(nn.Linear(1, 1, bias=False), shift=3 + rank)
+        if hasattr(ddp, "_build_replicated_tensor_module"):
+            ddp._build_replicated_tensor_module()
+        inp = torch.ones(1) * (rank + 1)
+        for it in range(6):
+            ddp(inp).sum().backward()
+            out.grads("%s iteration %d" % (label, it), ddp.module)
+            out.text("%s iteration %d proxy grad" % (label, it), "none" if proxy_params[0].grad is None else "set")
+
+
+def test_ddp_ignore_params_arg(out, rank, world):
+    ddp_ignore_params_arg(out, rank, world, static_graph=False)
+    ddp_ignore_params_arg(out, rank, world, static_graph=True)
+
+
+def test_ddp_unused_params_rebuild_buckets_exception(out, rank, world):
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net1 = nn.Linear(10, 10, bias=False)
+            self.net2 = nn.Linear(10, 10, bias=False)
+
+        def forward(self, x):
+            return self.net1(x)
+
+    ddp = DDP(init(ToyModel()))
+    for i in range(2):
+        inp = data([1, 10], i)
+        if i > 0:
+            raised(out, "iteration %d" % i, lambda: ddp(inp).sum().backward())
+        else:
+            ddp(inp).sum().backward()
+            out.text("iteration 0", "returned")
+
+
+def test_ddp_shared_grad_acc_unused_params(out, rank, world):
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net1 = nn.Linear(10, 5, bias=False)
+            self.bias = nn.Parameter(torch.zeros(5))
+            self.net1.bias = self.bias
+            self.net2 = nn.Linear(10, 5)
+
+        def forward(self, x):
+            return self.net2(x).sum()
+
+    model = init(ToyModel())
+    for static in [True, False]:
+        ddp_model = DDP(copy.deepcopy(model), find_unused_parameters=True, static_graph=static)
+        inp = data([20, 10], rank)
+        for i in range(6):
+            loss = ddp_model(inp)
+            loss /= 10
+            loss.backward()
+            out.grads("static_graph=%d iteration %d" % (static, i), ddp_model.module)
+
+
+def test_ddp_control_flow_different_across_ranks(out, rank, world):
+    batch, dim = 20, 10
+
+    class ToyModel(nn.Module):
+        def __init__(self, rank):
+            super().__init__()
+            self.lin1 = nn.Linear(10, 10, bias=False)
+            self.lin2 = nn.Linear(10, 10, bias=False)
+            self.rank = rank
+
+        def forward(self, x):
+            use_second_layer = torch.equal(x, torch.ones(batch, dim)) and self.rank == 1
+            if use_second_layer:
+                return self.lin2(F.relu(self.lin1(x)))
+            return F.relu(self.lin1(x))
+
+    model = DDP(init(ToyModel(rank)), find_unused_parameters=True)
+    random_input = data([batch, dim], rank)
+    ones_input = torch.ones(batch, dim)
+    for i in range(6):
+        out_t = model(random_input if i % 2 == 0 else ones_input)
+        out_t.sum().backward()
+        out.grads("iteration %d" % i, model.module)
+    model = DDP(init(ToyModel(rank)), find_unused_parameters=False)
+    for i in range(2):
+        if i == 0:
+            model(random_input).sum().backward()
+        else:
+            raised(out, "find_unused_parameters=False iteration 1", lambda: model(random_input).sum().backward())
+
+
+def test_ddp_inference(out, rank, world):
+    """The Net half: PyTorch's DDP refuses SyncBatchNorm on CPU (ours runs it
+    there; its parity is syncbn_zero_amp.md's)."""
+    model = init(Net())
+    local_model = copy.deepcopy(model)
+    model = DDP(model)
+    inp = data([10, 2], 1)
+    if rank == 0:
+        model.eval()
+        local_model.eval()
+        for _ in range(6):
+            a, b = model(inp), local_model(inp)
+            out.text("equal to the local model", int(torch.equal(a, b)))
+        out.tensor("output", a)
+    dist.barrier()
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 40, bias=False)
+        self.bn = nn.BatchNorm1d(4)
+        self.fc2 = nn.Linear(40, 4, bias=False)
+
+    def forward(self, x):
+        x = torch.reshape(self.fc1(x), (-1, 4, 10))
+        x = self.bn(x)
+        x = torch.reshape(x, (-1, 40))
+        x = self.fc2(x)
+        return F.softmax(x, dim=1)
+
+
+def ddp_evaluation_after_training(out, rank, world):
+    """test_ddp_inference's question on a model with buffers: train, then
+    evaluate under no_grad on every rank through the wrapper. The first
+    forward after a training one broadcasts rank 0's running statistics."""
+    model = DDP(init(BatchNormNet()))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for it in range(3):
+        opt.zero_grad()
+        model(data([4, 2], 10 * it + rank)).sum().backward()
+        opt.step()
+    model.eval()
+    with torch.no_grad():
+        for it in range(2):
+            out.tensor("evaluation %d output" % it, model(data([4, 2], 7)))
+    out.tensor("running_mean", model.module.bn.running_mean)
+    out.tensor("running_var", model.module.bn.running_var)
+
+
+def test_ddp_static_graph_nested_types(out, rank, world):
+    class NestedOutputModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(100, 1, bias=False)
+
+        def forward(self, inp, output_type):
+            if output_type == "tuple":
+                return (self.lin(inp), (self.lin(inp), self.lin(inp)))
+            if output_type == "list":
+                return [self.lin(inp), [self.lin(inp), self.lin(inp)]]
+            return {"a": self.lin(inp), "b": {"c": self.lin(inp)}}
+
+    def get_loss(model_output):
+        loss = 0.0
+        if isinstance(model_output, torch.Tensor):
+            return model_output.sum()
+        values = model_output.values() if isinstance(model_output, dict) else model_output
+        for v in values:
+            loss += get_loss(v)
+        return loss
+
+    module = init(NestedOutputModule())
+    model = DDP(copy.deepcopy(module))
+    model_static_graph = DDP(copy.deepcopy(module), static_graph=True)
+    inp = data([10, 100], 3 + rank)
+    for output_type in ["list", "tuple", "dict"]:
+        for i in range(6):
+            get_loss(model(inp, output_type=output_type)).backward()
+            step(model.module)
+            get_loss(model_static_graph(inp, output_type=output_type)).backward()
+            step(model_static_graph.module)
+            out.params("%s iteration %d" % (output_type, i), model.module)
+            out.params("%s iteration %d static_graph" % (output_type, i), model_static_graph.module)
+
+
+def test_ddp_returns_tensor_with_no_grad(out, rank, world):
+    class MyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 10, bias=False)
+
+        def forward(self, x):
+            x = self.fc2(F.relu(self.fc1(x)))
+            y = x.clone()
+            x = x.detach()
+            return (x, y)
+
+    model = init(MyModel())
+    inp = data([1, 10], rank)
+    for find_unused, static_graph in itertools.product([True, False], [True, False]):
+        ddp = DDP(model, find_unused_parameters=find_unused, static_graph=static_graph)
+        for i in range(6):
+            o = ddp(inp)
+            out.text("find_unused=%d static_graph=%d iteration %d out[0].requires_grad" % (find_unused, static_graph, i),
+                     int(o[0].requires_grad))
+            (o[0] + o[1]).sum().backward()
+        out.grads("find_unused=%d static_graph=%d" % (find_unused, static_graph), ddp.module)
+
+
+def ddp_new_tensor_in_fwd(out, rank, world, static_graph):
+    class MyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(10, 10, bias=False)
+            self.fc2 = nn.Linear(10, 10, bias=False)
+            self.made = 0
+
+        def init_opt(self):
+            self.made += 1
+            return data([1, 10], 100 + self.made)
+
+        def forward(self, x, opt_1, opt_2, opt_nested):
+            x = F.relu(self.fc1(x))
+            x = self.fc2(x)
+            if opt_1 is None:
+                opt_1 = self.init_opt()
+            if opt_2 is None:
+                opt_2 = self.init_opt()
+            if opt_nested is None or not torch.is_tensor(opt_nested):
+                opt_nested = self.init_opt()
+            return x, opt_1, opt_2, {"tensor": opt_nested}
+
+    model = init(MyModel())
+    for find_unused in [True, False]:
+        ddp = DDP(model, broadcast_buffers=False, find_unused_parameters=find_unused, static_graph=static_graph)
+        opt = [None for _ in range(3)]
+        for i in range(2):
+            ddp.zero_grad()
+            x = data([1, 10], 10 * i + rank)
+            result, opt[0], opt[1], opt[2] = ddp(x, opt_1=opt[0], opt_2=opt[1], opt_nested=opt[2])
+            for j in range(3):
+                t = opt[j] if torch.is_tensor(opt[j]) else opt[j]["tensor"]
+                out.tensor("find_unused=%d iteration %d opt %d" % (find_unused, i, j), t)
+            result.mean().backward()
+            out.grads("find_unused=%d iteration %d" % (find_unused, i), ddp.module)
+
+
+def test_ddp_new_tensor_in_fwd(out, rank, world):
+    ddp_new_tensor_in_fwd(out, rank, world, static_graph=False)
+
+
+def test_ddp_new_tensor_in_fwd_static_graph(out, rank, world):
+    ddp_new_tensor_in_fwd(out, rank, world, static_graph=True)
+
+
+def test_ddp_broadcast_buffer(out, rank, world):
+    class NetWithBuffers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(10, 10, bias=False)
+            self.b = nn.Linear(10, 1, bias=False)
+            self.register_buffer("buffer", data([1, 2], rank))
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    model_ddp = DDP(init(NetWithBuffers(), shift=rank))
+    inp = data([2, 10], 5 + rank)
+    for i in range(2):
+        if rank == 0:
+            model_ddp.module.buffer = model_ddp.module.buffer + 1
+        model_ddp(inp).sum().backward()
+        out.tensor("iteration %d buffer" % i, model_ddp.module.buffer)
+
+
+CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
+         test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
+         test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
+         test_ddp_control_flow_different_across_ranks, test_ddp_inference, ddp_evaluation_after_training,
+         test_ddp_static_graph_nested_types, test_ddp_returns_tensor_with_no_grad, test_ddp_new_tensor_in_fwd,
+         test_ddp_new_tensor_in_fwd_static_graph, test_ddp_broadcast_buffer]
+
+
+def main():
+    directory = sys.argv[1]
+    wanted = set(sys.argv[2].split(",")) if len(sys.argv) > 2 and sys.argv[2] else None
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = Out(os.path.join(directory, "torch_r%d.txt" % rank))
+    for case in CASES:
+        if wanted is not None and case.__name__ not in wanted:
+            continue
+        out.case = case.__name__
+        case(out, rank, world)
+        dist.barrier()
+    out.write()
+    parity_common.finish()
+
+
+if __name__ == "__main__":
+    main()
