@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ddp/parallel/distributed_data_parallel.h"
@@ -15,7 +17,11 @@
 namespace ddp {
 
 struct DistributedDataParallelBase::Internals {
+  // The module's buffers but the ignored ones, read again before each
+  // broadcast (a submodule replaced after wrapping brings its own), as PyTorch's
+  // _assign_modules_buffers.
   std::vector<at::Tensor> buffers;
+  std::unordered_set<std::string> ignored;  // params_and_buffers_to_ignore
   std::vector<at::Tensor> state;  // parameters, then buffers: what the final Join sync broadcasts
   std::unique_ptr<Reducer> reducer;
   int64_t forward_start_us = 0;

@@ -79,6 +79,14 @@ std::vector<std::string> signature(const torch::nn::Module& module, const NameSe
   return lines;
 }
 
+// The module's buffers, each once, but the ignored ones.
+std::vector<at::Tensor> buffers_of(const torch::nn::Module& module, const NameSet& ignore) {
+  std::vector<at::Tensor> buffers;
+  for (const auto& [name, b] : unique_named(module.named_buffers(true)))
+    if (!ignore.count(name)) buffers.push_back(b);
+  return buffers;
+}
+
 // params_and_buffers_to_ignore as a set; a name that matches nothing is
 // warned about, as it is most likely misspelt (PyTorch says nothing).
 NameSet ignored_names(const torch::nn::Module& module, const std::vector<std::string>& names, int rank) {
@@ -211,7 +219,8 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   check_usage(module_ != nullptr, "DistributedDataParallel: the module is null");
   check_usage(pg_ != nullptr, "DistributedDataParallel: the process group is null; call ddp::init_process_group() first");
   Internals& d = *internals_;
-  const NameSet ignore = ignored_names(*module_, options_.params_and_buffers_to_ignore(), pg_->rank());
+  d.ignored = ignored_names(*module_, options_.params_and_buffers_to_ignore(), pg_->rank());
+  const NameSet& ignore = d.ignored;
   std::vector<at::Tensor> params;
   std::vector<std::string> names;
   for (const auto& [name, p] : unique_named(module_->named_parameters(true))) {
@@ -225,8 +234,7 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   check_usage(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
   refuse_sparse_gradients(*module_, ignore, pg_->rank());
-  for (const auto& [name, b] : unique_named(module_->named_buffers(true)))
-    if (!ignore.count(name)) d.buffers.push_back(b);
+  d.buffers = buffers_of(*module_, ignore);
   d.state.insert(d.state.end(), d.buffers.begin(), d.buffers.end());
 
   const bool reducer_params_are_cpu = params.front().is_cpu();
@@ -311,13 +319,16 @@ int find_common_rank(ProcessGroup& pg, bool candidate) {
 void DistributedDataParallelBase::pre_forward() {
   Internals& d = *internals_;
   const bool builds_graph = torch::GradMode::is_enabled();
+  const bool joined_up = join_config().enable;
+  // Under ddp::Join a forward without a graph (evaluation under
+  // NoGradGuard) runs no collective: PyTorch's would desynchronise the joined
+  // ranks, which shadow training iterations only (docs/design.md).
+  if (!builds_graph && joined_up) return;
   if (timeline_ && builds_graph) d.forward_start_us = timeline_->now_us();
   // PyTorch's order: under ddp::Join, count the ranks still training; the
   // rebuild; buffers from rank 0 (the highest rank still training under
   // Join); whether backward synchronises. Joined ranks answer each
-  // (DDPJoinHook::main_hook). As in PyTorch, a forward without a graph
-  // (evaluation under NoGradGuard) takes part in Join's collectives too.
-  const bool joined_up = join_config().enable;
+  // (DDPJoinHook::main_hook).
   // Outside Join this clears the last Join's count, so it cannot divide later backwards.
   d.reducer->set_forward_pass_work(Join::notify_join_context(*this), joined_up && !d.divide_by_initial_world_size);
   if (builds_graph) d.reducer->prepare_for_forward();
@@ -329,8 +340,10 @@ void DistributedDataParallelBase::pre_forward() {
   // an evaluation of many batches broadcasts once. To evaluate on rank 0
   // alone, call the module (model.module()->forward), not the wrapper: the
   // wrapper's broadcast would wait for the other ranks (docs/api.md).
-  if (options_.broadcast_buffers() && !d.buffers.empty() && d.require_forward_param_sync)
-    broadcast_coalesced(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
+  if (options_.broadcast_buffers() && d.require_forward_param_sync) {
+    d.buffers = buffers_of(*module_, d.ignored);
+    if (!d.buffers.empty()) broadcast_coalesced(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
+  }
   if (joined_up) {
     auto requires_sync =
         torch::full({1}, d.reducer->sync() ? 1.0f : 0.0f, torch::TensorOptions().device(pg_->device()));
@@ -344,7 +357,7 @@ void DistributedDataParallelBase::post_forward(const std::vector<at::Tensor>& ou
   d.join_sync_work.wait();
   d.join_sync_work = Work();
   if (!torch::GradMode::is_enabled()) {
-    d.require_forward_param_sync = false;
+    if (!join_config().enable) d.require_forward_param_sync = false;
     return;
   }
   if (timeline_) timeline_->span(Timeline::Row::compute, "forward", d.forward_start_us, timeline_->now_us());
@@ -367,14 +380,16 @@ namespace {
 // As PyTorch's _DDPJoinHook.
 class DDPJoinHook : public JoinHook {
  public:
-  DDPJoinHook(DistributedDataParallelBase& ddp, ProcessGroup& pg)
-      : ddp_(ddp), d_(internals_of(ddp)), pg_(pg) {}
+  DDPJoinHook(DistributedDataParallelBase& ddp, const torch::nn::Module& module, ProcessGroup& pg)
+      : ddp_(ddp), module_(module), d_(internals_of(ddp)), pg_(pg) {}
 
   // One iteration of the ranks still training, as this rank's collectives.
   void main_hook() override {
     d_.reducer->join_shadow_forward();
-    if (ddp_.options().broadcast_buffers() && !d_.buffers.empty() && d_.require_forward_param_sync)
-      broadcast_coalesced(pg_, d_.buffers, find_common_rank(pg_, false));
+    if (ddp_.options().broadcast_buffers() && d_.require_forward_param_sync) {
+      d_.buffers = buffers_of(module_, d_.ignored);
+      if (!d_.buffers.empty()) broadcast_coalesced(pg_, d_.buffers, find_common_rank(pg_, false));
+    }
     auto requires_sync = torch::zeros({1}, torch::TensorOptions().device(pg_.device()));
     pg_.allreduce(requires_sync).wait();
     const bool should_sync = requires_sync.item<float>() != 0;
@@ -390,6 +405,7 @@ class DDPJoinHook : public JoinHook {
 
  private:
   DistributedDataParallelBase& ddp_;
+  const torch::nn::Module& module_;
   DistributedDataParallelBase::Internals& d_;
   ProcessGroup& pg_;
 };
@@ -399,7 +415,7 @@ class DDPJoinHook : public JoinHook {
 std::unique_ptr<JoinHook> DistributedDataParallelBase::join_hook(const JoinOptions& options) {
   internals_->joined_up = true;
   internals_->divide_by_initial_world_size = options.divide_by_initial_world_size();
-  return std::make_unique<DDPJoinHook>(*this, *pg_);
+  return std::make_unique<DDPJoinHook>(*this, *module_, *pg_);
 }
 
 }  // namespace ddp

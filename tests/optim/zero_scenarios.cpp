@@ -81,9 +81,10 @@ ZeroNet fresh_net() {
   return net;
 }
 
-// Steps [from, to) of DDP(net) with `opt`.
+// Steps [from, to) of DDP(net) with `opt`, gradient_as_bucket_view=True as
+// the oracle's.
 void train(ZeroNet& net, std::shared_ptr<ProcessGroup> pg, torch::optim::Optimizer& opt, int from, int to) {
-  ddp::DistributedDataParallel model(net, pg);
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().gradient_as_bucket_view(true));
   for (int step = from; step < to; ++step) {
     auto [x, y] = zero_batch(step, pg->rank());
     opt.zero_grad();

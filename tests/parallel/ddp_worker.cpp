@@ -116,16 +116,19 @@ int scenario_unused(ddp::ProcessGroup& raw, std::shared_ptr<ddp::ProcessGroup> p
     opt.zero_grad();
     auto loss = torch::mse_loss(model(x.narrow(0, 6 * rank, 6), use_extra), y.narrow(0, 6 * rank, 6));
     if (mode == "error") {
+      // As PyTorch: the backward returns, the next forward throws.
+      loss.backward();
       try {
-        loss.backward();
-      } catch (const std::exception& e) {
+        model(x.narrow(0, 6 * rank, 6), use_extra);
+      } catch (const c10::Error& e) {
         std::string what = e.what();
         std::cout << "caught: " << what << std::endl;
         EXPECT_OR_FAIL(what.find("extra.weight") != std::string::npos, "the error names the parameter");
         EXPECT_OR_FAIL(what.find("find_unused_parameters") != std::string::npos, "the error says what to do");
+        EXPECT_OR_FAIL(what.find("prior iteration") != std::string::npos, "PyTorch's words");
         return 0;
       }
-      throw Fail("backward with an unused parameter did not fail");
+      throw Fail("the forward after a backward with an unused parameter did not fail");
     }
     loss.backward();
     if (mode == "none") {

@@ -9,6 +9,7 @@ CUDA devices, the port runs the same module on CPU; inputs and parameters are
 made by formulas, not by a random generator, so both sides start equal.
 Usage: pytorch_ddp_tests.py DIR [CASE,CASE...] (rank and world from torchrun's variables)."""
 import copy
+import functools
 import itertools
 import math
 import os
@@ -461,12 +462,224 @@ def test_ddp_broadcast_buffer(out, rank, world):
         out.tensor("iteration %d buffer" % i, model_ddp.module.buffer)
 
 
+def outcome(out, label, forward, backward):
+    """One iteration, and where it raised: "forward raised", "backward
+    raised" or "returned"."""
+    try:
+        result = forward()
+    except (RuntimeError, ValueError):
+        out.text(label, "forward raised")
+        return
+    try:
+        backward(result)
+    except (RuntimeError, ValueError):
+        out.text(label, "backward raised")
+        return
+    out.text(label, "returned")
+
+
+def accumulate_gradients_no_sync(out, rank, world, num_iters=2, hook=None, gradient_as_bucket_view=False):
+    """_test_accumulate_gradients_no_sync (2.11's) on the CPU module of
+    _prepare_cpu_module: Net, buckets of 0.001 MiB."""
+    global_batch_size, local_batch_size = world, 1
+    ddp_model = DDP(init(Net()), bucket_cap_mb=0.001, gradient_as_bucket_view=gradient_as_bucket_view)
+    inp, target = data([global_batch_size, 2], 3), data([global_batch_size, 4], 4)
+    if hook is not None:
+        ddp_model.register_comm_hook(dist.group.WORLD, hook)
+
+    def step_model(model, x, y):
+        model.train()
+        F.mse_loss(model(x), y).backward()
+
+    with torch.no_grad():
+        with ddp_model.no_sync():
+            ddp_model.train()
+            ddp_model(inp)
+    for iteration in range(num_iters):
+        x = inp[rank * local_batch_size:(rank + 1) * local_batch_size]
+        y = target[rank * local_batch_size:(rank + 1) * local_batch_size]
+        if iteration % 2 == 0:
+            with ddp_model.no_sync():
+                step_model(ddp_model, x, y)
+        else:
+            step_model(ddp_model, x, y)
+        out.grads("iteration %d" % iteration, ddp_model.module)
+        torch.manual_seed(1337 + iteration)
+        inp = inp[torch.randperm(global_batch_size)]
+
+
+def test_accumulate_gradients_no_sync(out, rank, world):
+    accumulate_gradients_no_sync(out, rank, world)
+
+
+def test_accumulate_gradients_no_sync_grad_is_view(out, rank, world):
+    accumulate_gradients_no_sync(out, rank, world, gradient_as_bucket_view=True)
+
+
+def test_accumulate_gradients_no_sync_allreduce_hook(out, rank, world):
+    def allreduce_hook(group_id, bucket):
+        tensors = [bucket.buffer() / world]
+        return group_id.allreduce(tensors).get_future().then(lambda fut: fut.value()[0])
+
+    accumulate_gradients_no_sync(out, rank, world, num_iters=4, hook=allreduce_hook)
+
+
+def test_accumulate_gradients_no_sync_allreduce_with_then_hook(out, rank, world):
+    def allreduce_with_then_hook(group_id, bucket):
+        fut = group_id.allreduce([bucket.buffer()]).get_future()
+
+        def mult(fut):
+            return 2 * fut.wait()[0]
+
+        def div(fut):
+            return fut.wait() / (2 * world)
+
+        return fut.then(mult).then(div)
+
+    accumulate_gradients_no_sync(out, rank, world, num_iters=4, hook=allreduce_with_then_hook)
+
+
+def test_ddp_zero_output_features(out, rank, world):
+    class ToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net1 = nn.Linear(10, 10)
+            self.relu = nn.ReLU()
+            self.net2 = nn.Linear(10, 0)
+
+    raised(out, "DDP(model)", lambda: DDP(init(ToyModel())))
+
+
+def test_grads_same_across_ranks_with_no_sync(out, rank, world):
+    class SimpleConditionalModel(nn.Module):
+        def __init__(self, rank):
+            super().__init__()
+            self.rank = rank
+            self.nn1, self.nn2, self.nn3, self.nn4 = (nn.Linear(1, 1) for _ in range(4))
+            self.state = 0
+
+        def forward(self, x):
+            first = self.state == 0
+            self.state = 1 if first else 0
+            if self.rank == 0:
+                return self.nn1(x) if first else self.nn2(x)
+            return self.nn3(x) if first else self.nn4(x)
+
+    model = DDP(init(SimpleConditionalModel(rank)), find_unused_parameters=True)
+    grad_accumulation = 2
+    for microbatch_idx in range(grad_accumulation):
+        x, y = data([1], 20 + 2 * microbatch_idx + rank), data([1], 21 + 2 * microbatch_idx + rank)
+        if microbatch_idx < grad_accumulation - 1:
+            with model.no_sync():
+                nn.MSELoss()(model.forward(x), y).backward()
+        else:
+            nn.MSELoss()(model.forward(x), y).backward()
+    out.grads("after the accumulation", model.module)
+
+
+def ddp_invalid_static_graph(out, rank, world, first, second, label):
+    class ControlFlowToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1 = nn.Linear(10, 10, bias=False)
+            self.lin2 = nn.Linear(10, 10, bias=False)
+
+        def forward(self, x):
+            if torch.equal(x, torch.ones(20, 10)):
+                return self.lin2(F.relu(self.lin1(x)))
+            return F.relu(self.lin1(x))
+
+    model = DDP(init(ControlFlowToyModel()), static_graph=True)
+    for i, x in enumerate([first, second, first]):
+        outcome(out, "%s iteration %d" % (label, i), lambda: model(x), lambda o: o.sum().backward())
+
+
+def test_invalid_static_graph(out, rank, world):
+    """Both halves of the test, each on a fresh model (the test goes on with
+    the model its first half left failed)."""
+    random_input, ones_input = data([20, 10], rank), torch.ones(20, 10)
+    ddp_invalid_static_graph(out, rank, world, random_input, ones_input, "unused then used")
+    ddp_invalid_static_graph(out, rank, world, ones_input, random_input, "used then unused")
+
+
+class UnusedParamTwoLinLayerNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(10, 10, bias=False)
+        self.b = nn.Linear(10, 10, bias=False)
+        self.c = nn.Linear(5, 5, bias=False)
+
+    def forward(self, x):
+        return (self.a(x), self.b(x))
+
+
+class DictOutputModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.module = UnusedParamTwoLinLayerNet()
+
+    def forward(self, x):
+        predictions = self.module(x)
+        loss = (predictions[0] + predictions[1]).sum()
+        return {"predictions": predictions, "loss": loss}
+
+
+def output_unused_in_loss(out, rank, world, module_cls, gradient_as_bucket_view):
+    """_test_output_unused_in_loss; as the test, gradient_as_bucket_view is
+    not passed to DDP (PyTorch's default)."""
+    net = DDP(init(module_cls()), find_unused_parameters=True)
+    inp = data([10, 10], rank)
+
+    def predictions():
+        o = net(inp)
+        return o["predictions"] if module_cls == DictOutputModule else o
+
+    a_dist, b_dist = predictions()
+    b_dist.sum().backward()
+    out.grads("view=%d first" % gradient_as_bucket_view, net.module)
+    net.zero_grad()
+    for i in range(6):
+        a_dist, b_dist = predictions()
+        loss_dist = (a_dist @ b_dist).sum() if i < 2 else b_dist.sum()
+        loss_dist.backward()
+        out.grads("view=%d iteration %d" % (gradient_as_bucket_view, i), net.module)
+    dist.barrier()
+
+
+def test_output_unused_in_loss_tuple_module(out, rank, world):
+    for view in [True, False]:
+        output_unused_in_loss(out, rank, world, UnusedParamTwoLinLayerNet, view)
+
+
+def test_output_unused_in_loss_dict_module(out, rank, world):
+    for view in [True, False]:
+        output_unused_in_loss(out, rank, world, DictOutputModule, view)
+
+
 CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
          test_ddp_control_flow_different_across_ranks, test_ddp_inference, ddp_evaluation_after_training,
          test_ddp_static_graph_nested_types, test_ddp_returns_tensor_with_no_grad, test_ddp_new_tensor_in_fwd,
-         test_ddp_new_tensor_in_fwd_static_graph, test_ddp_broadcast_buffer]
+         test_ddp_new_tensor_in_fwd_static_graph, test_ddp_broadcast_buffer, test_accumulate_gradients_no_sync,
+         test_accumulate_gradients_no_sync_grad_is_view, test_accumulate_gradients_no_sync_allreduce_hook,
+         test_accumulate_gradients_no_sync_allreduce_with_then_hook, test_ddp_zero_output_features,
+         test_grads_same_across_ranks_with_no_sync, test_invalid_static_graph, test_output_unused_in_loss_tuple_module,
+         test_output_unused_in_loss_dict_module]
+
+
+def in_this_pytorch(name):
+    """Whether this PyTorch's distributed_test.py has the test (read as text:
+    importing it costs seconds). A port of a test this version lacks writes
+    one line saying so, and the comparison skips the case (pytorch_parity_test.cpp)."""
+    return ("def %s(" % name) in distributed_test_source()
+
+
+@functools.lru_cache(maxsize=None)
+def distributed_test_source():
+    import torch.testing._internal.distributed as package
+    with open(os.path.join(os.path.dirname(package.__file__), "distributed_test.py")) as f:
+        return f.read()
 
 
 def main():
@@ -479,6 +692,9 @@ def main():
         if wanted is not None and case.__name__ not in wanted:
             continue
         out.case = case.__name__
+        if case.__name__.startswith("test_") and not in_this_pytorch(case.__name__):
+            out.text("absent", "from PyTorch %s" % torch.__version__)
+            continue
         case(out, rank, world)
         dist.barrier()
     out.write()

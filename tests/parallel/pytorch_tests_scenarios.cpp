@@ -552,6 +552,217 @@ void test_ddp_broadcast_buffer(Out& out, std::shared_ptr<ProcessGroup> pg) {
   }
 }
 
+// The script's outcome(): one iteration, and where it threw.
+void outcome(Out& out, const std::string& label, const std::function<torch::Tensor()>& forward) {
+  torch::Tensor result;
+  try {
+    result = forward();
+  } catch (const c10::Error&) {
+    out.text(label, "forward raised");
+    return;
+  }
+  try {
+    result.sum().backward();
+  } catch (const c10::Error&) {
+    out.text(label, "backward raised");
+    return;
+  }
+  out.text(label, "returned");
+}
+
+// _test_accumulate_gradients_no_sync (2.11's) on _prepare_cpu_module's
+// module: TestNet, buckets of 0.001 MiB.
+void accumulate_gradients_no_sync(Out& out, std::shared_ptr<ProcessGroup> pg, int num_iters,
+                                  const std::function<void(DistributedDataParallelBase&)>& register_hook,
+                                  bool as_view) {
+  const int rank = pg->rank(), world = pg->size();
+  TestNet net;
+  DistributedDataParallel ddp_model(init(net), pg, DDPOptions().bucket_cap_mb(0.001).gradient_as_bucket_view(as_view));
+  auto inp = data({world, 2}, 3), target = data({world, 4}, 4);
+  if (register_hook) register_hook(ddp_model);
+  auto step_model = [&](const torch::Tensor& x, const torch::Tensor& y) {
+    net->train();
+    torch::mse_loss(ddp_model(x), y).backward();
+  };
+  {
+    torch::NoGradGuard no_grad;
+    auto no_sync = ddp_model.no_sync();
+    net->train();
+    ddp_model(inp);
+  }
+  for (int iteration = 0; iteration < num_iters; ++iteration) {
+    const auto x = inp.slice(0, rank, rank + 1), y = target.slice(0, rank, rank + 1);
+    if (iteration % 2 == 0) {
+      auto no_sync = ddp_model.no_sync();
+      step_model(x, y);
+    } else {
+      step_model(x, y);
+    }
+    out.grads(fmt("iteration %d", iteration), *net);
+    torch::manual_seed(1337 + iteration);
+    inp = inp.index({torch::randperm(world)});
+  }
+}
+
+void test_accumulate_gradients_no_sync(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  accumulate_gradients_no_sync(out, pg, 2, nullptr, false);
+}
+
+void test_accumulate_gradients_no_sync_grad_is_view(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  accumulate_gradients_no_sync(out, pg, 2, nullptr, true);
+}
+
+void test_accumulate_gradients_no_sync_allreduce_hook(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int world = pg->size();
+  accumulate_gradients_no_sync(out, pg, 4, [&](DistributedDataParallelBase& model) {
+    model.register_comm_hook(pg, [world](std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
+      auto tensor = bucket.buffer() / world;
+      return CommFuture(group->allreduce(tensor), tensor);
+    });
+  }, false);
+}
+
+void test_accumulate_gradients_no_sync_allreduce_with_then_hook(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int world = pg->size();
+  accumulate_gradients_no_sync(out, pg, 4, [&](DistributedDataParallelBase& model) {
+    model.register_comm_hook(pg, [world](std::shared_ptr<ProcessGroup>& group, GradBucket& bucket) {
+      auto buffer = bucket.buffer();
+      return CommFuture(group->allreduce(buffer), buffer)
+          .then([](const torch::Tensor& t) { return 2 * t; })
+          .then([world](const torch::Tensor& t) { return t / (2 * world); });
+    });
+  }, false);
+}
+
+struct ZeroOutputModelImpl : nn::Module {
+  ZeroOutputModelImpl() {
+    register_module("net1", nn::Linear(10, 10));
+    register_module("relu", nn::ReLU());
+    register_module("net2", nn::Linear(10, 0));
+  }
+};
+TORCH_MODULE(ZeroOutputModel);
+
+void test_ddp_zero_output_features(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ZeroOutputModel model;
+  init(model);
+  raised(out, "DDP(model)", [&] { DistributedDataParallel ddp(model, pg); });
+}
+
+struct SimpleConditionalModelImpl : nn::Module {
+  explicit SimpleConditionalModelImpl(int rank) : rank(rank) {
+    for (const char* name : {"nn1", "nn2", "nn3", "nn4"}) layers.push_back(register_module(name, nn::Linear(1, 1)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    const bool first = state == 0;
+    state = first ? 1 : 0;
+    return layers[(rank == 0 ? 0 : 2) + (first ? 0 : 1)](x);
+  }
+  int rank, state = 0;
+  std::vector<nn::Linear> layers;
+};
+TORCH_MODULE(SimpleConditionalModel);
+
+void test_grads_same_across_ranks_with_no_sync(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  SimpleConditionalModel net(rank);
+  DistributedDataParallel model(init(net), pg, DDPOptions().find_unused_parameters(true));
+  const int grad_accumulation = 2;
+  for (int microbatch_idx = 0; microbatch_idx < grad_accumulation; ++microbatch_idx) {
+    const auto x = data({1}, 20 + 2 * microbatch_idx + rank), y = data({1}, 21 + 2 * microbatch_idx + rank);
+    if (microbatch_idx < grad_accumulation - 1) {
+      auto no_sync = model.no_sync();
+      torch::mse_loss(model.forward(x), y).backward();
+    } else {
+      torch::mse_loss(model.forward(x), y).backward();
+    }
+  }
+  out.grads("after the accumulation", *net);
+}
+
+struct ControlFlowToyModelImpl : nn::Module {
+  ControlFlowToyModelImpl() {
+    lin1 = register_module("lin1", nn::Linear(nn::LinearOptions(10, 10).bias(false)));
+    lin2 = register_module("lin2", nn::Linear(nn::LinearOptions(10, 10).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    if (torch::equal(x, torch::ones({20, 10}))) return lin2(torch::relu(lin1(x)));
+    return torch::relu(lin1(x));
+  }
+  nn::Linear lin1{nullptr}, lin2{nullptr};
+};
+TORCH_MODULE(ControlFlowToyModel);
+
+void ddp_invalid_static_graph(Out& out, std::shared_ptr<ProcessGroup> pg, const torch::Tensor& first,
+                              const torch::Tensor& second, const std::string& label) {
+  ControlFlowToyModel net;
+  DistributedDataParallel model(init(net), pg, DDPOptions().static_graph(true));
+  const std::vector<torch::Tensor> inputs = {first, second, first};
+  for (int i = 0; i < 3; ++i) outcome(out, label + fmt(" iteration %d", i), [&] { return model(inputs[i]); });
+}
+
+void test_invalid_static_graph(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const auto random_input = data({20, 10}, pg->rank()), ones_input = torch::ones({20, 10});
+  ddp_invalid_static_graph(out, pg, random_input, ones_input, "unused then used");
+  ddp_invalid_static_graph(out, pg, ones_input, random_input, "used then unused");
+}
+
+struct UnusedParamTwoLinLayerNetImpl : nn::Module {
+  UnusedParamTwoLinLayerNetImpl() {
+    a = register_module("a", nn::Linear(nn::LinearOptions(10, 10).bias(false)));
+    b = register_module("b", nn::Linear(nn::LinearOptions(10, 10).bias(false)));
+    c = register_module("c", nn::Linear(nn::LinearOptions(5, 5).bias(false)));
+  }
+  std::tuple<torch::Tensor, torch::Tensor> forward(torch::Tensor x) { return {a(x), b(x)}; }
+  nn::Linear a{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(UnusedParamTwoLinLayerNet);
+
+// The test's {"predictions": (a, b), "loss": loss}, as a struct of our own.
+struct DictOutput {
+  std::tuple<torch::Tensor, torch::Tensor> predictions;
+  torch::Tensor loss;
+};
+auto ddp_fields(const DictOutput& o) { return std::tie(o.predictions, o.loss); }
+
+struct DictOutputModuleImpl : nn::Module {
+  DictOutputModuleImpl() : module(register_module("module", UnusedParamTwoLinLayerNet())) {}
+  DictOutput forward(torch::Tensor x) {
+    auto predictions = module(x);
+    auto loss = (std::get<0>(predictions) + std::get<1>(predictions)).sum();
+    return {predictions, loss};
+  }
+  UnusedParamTwoLinLayerNet module;
+};
+TORCH_MODULE(DictOutputModule);
+
+template <typename Net, typename Predictions>
+void output_unused_in_loss(Out& out, std::shared_ptr<ProcessGroup> pg, bool view, Predictions predictions_of) {
+  Net module;
+  DistributedDataParallel net(init(module), pg, DDPOptions().find_unused_parameters(true));
+  const auto inp = data({10, 10}, pg->rank());
+  auto [a0, b0] = predictions_of(net(inp));
+  b0.sum().backward();
+  out.grads(fmt("view=%d first", view), *module);
+  module->zero_grad();
+  for (int i = 0; i < 6; ++i) {
+    auto [a_dist, b_dist] = predictions_of(net(inp));
+    (i < 2 ? torch::matmul(a_dist, b_dist).sum() : b_dist.sum()).backward();
+    out.grads(fmt("view=%d iteration %d", view, i), *module);
+  }
+  pg->barrier();
+}
+
+void test_output_unused_in_loss_tuple_module(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  for (bool view : {true, false})
+    output_unused_in_loss<UnusedParamTwoLinLayerNet>(out, pg, view, [](auto o) { return o; });
+}
+
+void test_output_unused_in_loss_dict_module(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  for (bool view : {true, false})
+    output_unused_in_loss<DictOutputModule>(out, pg, view, [](const DictOutput& o) { return o.predictions; });
+}
+
 using Case = void (*)(Out&, std::shared_ptr<ProcessGroup>);
 const std::vector<std::pair<std::string, Case>> kCases = {
     {"test_DistributedDataParallelCPU", test_DistributedDataParallelCPU},
@@ -569,6 +780,16 @@ const std::vector<std::pair<std::string, Case>> kCases = {
     {"test_ddp_new_tensor_in_fwd", test_ddp_new_tensor_in_fwd},
     {"test_ddp_new_tensor_in_fwd_static_graph", test_ddp_new_tensor_in_fwd_static_graph},
     {"test_ddp_broadcast_buffer", test_ddp_broadcast_buffer},
+    {"test_accumulate_gradients_no_sync", test_accumulate_gradients_no_sync},
+    {"test_accumulate_gradients_no_sync_grad_is_view", test_accumulate_gradients_no_sync_grad_is_view},
+    {"test_accumulate_gradients_no_sync_allreduce_hook", test_accumulate_gradients_no_sync_allreduce_hook},
+    {"test_accumulate_gradients_no_sync_allreduce_with_then_hook",
+     test_accumulate_gradients_no_sync_allreduce_with_then_hook},
+    {"test_ddp_zero_output_features", test_ddp_zero_output_features},
+    {"test_grads_same_across_ranks_with_no_sync", test_grads_same_across_ranks_with_no_sync},
+    {"test_invalid_static_graph", test_invalid_static_graph},
+    {"test_output_unused_in_loss_tuple_module", test_output_unused_in_loss_tuple_module},
+    {"test_output_unused_in_loss_dict_module", test_output_unused_in_loss_dict_module},
 };
 
 }  // namespace ported

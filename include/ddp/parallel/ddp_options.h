@@ -118,8 +118,19 @@ struct DistributedDataParallelOptions {
   TORCH_ARG(double, stall_check_seconds) = 60.0;
   // .grad aliases the bucket storage: no copy in or out, and no second copy
   // of every gradient in memory. On by default here (off in PyTorch) because
-  // it is faster and smaller; see docs/design.md.
-  TORCH_ARG(bool, gradient_as_bucket_view) = true;
+  // it is faster and smaller; see docs/design.md. The values are PyTorch's
+  // either way: left at its default, a gradient already in its bucket is
+  // scaled as PyTorch's default (copying) scales it, by 1/W; given true, it
+  // is divided by W, as PyTorch's gradient_as_bucket_view=True does (the two
+  // differ in the last bit at world sizes that are not powers of two).
+ public:
+  DistributedDataParallelOptions& gradient_as_bucket_view(bool as_view) {
+    gradient_as_bucket_view_ = as_view;
+    gradient_as_bucket_view_given_ = true;
+    return *this;
+  }
+  bool gradient_as_bucket_view() const { return gradient_as_bucket_view_; }
+  bool gradient_as_bucket_view_given() const { return gradient_as_bucket_view_given_; }
   // CPU models only, opt-in: fix glibc's malloc thresholds, once per process,
   // so that freed gradient-sized temporaries leave RSS (ddp/runtime/malloc_tuning.h).
   // 0 (the default): leave them to glibc; negative (-1, "auto"): at the
@@ -151,6 +162,8 @@ struct DistributedDataParallelOptions {
   double first_bucket_mb_ = 1.0;
   bool first_bucket_mb_given_ = false;
   bool bucket_cap_mb_given_ = false;
+  bool gradient_as_bucket_view_ = true;
+  bool gradient_as_bucket_view_given_ = false;
 };
 
 // The short name this project used first; the same type.

@@ -11,7 +11,6 @@
 
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/utils/grad_layout_contract.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -71,10 +70,25 @@ void Reducer::Impl::autograd_hook(size_t i) {
   }
   if (!unused_marked) {
     unused_marked = true;
+    readying_unused = true;
     for (size_t u : usage.unused_before_backward()) mark_ready(u);
+    readying_unused = false;
   }
-  // Its last gradient of this backward may still be to come.
-  if (usage.static_after_first_iteration() && !usage.last_hook(i, who(), names[i])) return;
+  // Its last gradient of this backward may still be to come. A gradient
+  // the first iteration did not have fails this backward, and, as PyTorch,
+  // every forward after it.
+  if (usage.static_after_first_iteration()) {
+    bool last = false;
+    try {
+      last = usage.last_hook(i, who(), names[i]);
+    } catch (const UsageError& e) {
+      unfinished_reduction = who() + "expected to have finished reduction in the prior iteration before starting a "
+                             "new one; the prior backward failed: " + e.what();
+      unfinished_raised = true;  // this backward raises it
+      throw;
+    }
+    if (!last) return;
+  }
   // Every hook counts, whatever its gradient: every rank then sees a
   // complete order.
   if (should_rebuild()) ready_order.push_back(i);
@@ -133,49 +147,7 @@ void Reducer::Impl::mark_ready(size_t i) {
   }
 }
 
-// As PyTorch's mark_variable_ready_dense: a gradient that is not already
-// the bucket view is scaled by 1/W on its way in (one pass); one that is
-// is divided by W in place; a missing one contributes zeros.
-void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
-  torch::NoGradGuard no_grad;
-  auto& grad = params[i].mutable_grad();
-  if (!grad.defined()) {
-    view.zero_();
-    return;
-  }
-  check_usage(!grad.is_sparse(), who(), "parameter '", names[i],
-              "' received a sparse gradient; only dense gradients are supported (construct embeddings with "
-              "sparse(false))");
-  check_usage(grad.scalar_type() == view.scalar_type(), who(), "parameter '", names[i], "' received a ",
-              grad.scalar_type(), " gradient, expected ", view.scalar_type());
-  const bool as_view = options.gradient_as_bucket_view();
-  if (hook_registered()) {
-    // As PyTorch: with a hook the gradients go in as they are; dividing
-    // by the world size is the hook's business.
-    if (!detail::BucketSet::is_alias(grad, view)) {
-      view.copy_(grad.detach());
-      if (as_view) grad = view;
-    }
-    return;
-  }
-  const int64_t div = divisor.get(pg->size());
-  if (div == 1 && pg->size() == 1 && !grad.requires_grad()) {
-    // A group of one: no copy into the bucket and none back (on a GPU,
-    // two kernels a parameter saved); the bucket's slot stays unused.
-    if (kept_in_grad.empty()) kept_in_grad.assign(params.size(), 0);
-    kept_in_grad[i] = 1;
-    return;
-  }
-  if (!detail::BucketSet::is_alias(grad, view)) {
-    if (grad.requires_grad())
-      view.copy_(grad.detach().div(div));
-    else
-      at::mul_out(view, grad, div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div));
-    if (as_view) grad = view;
-  } else if (div > 1) {
-    view.div_(div);
-  }
-}
+// copy_grad_to_bucket(): gradient_copies.cpp.
 
 // ---- 3. full buckets launch, in order -----------------------------------
 
@@ -282,11 +254,15 @@ int64_t Reducer::Impl::mark_unused_ready() {
     reduce_after_first_static_backward();
   } else if (usage.dynamic()) {
     for (size_t u : usage.unused_from_graph()) unused += bytes_of(u);
-    // Parameters in the graph whose hook never fired count as unused too.
+    // Parameters in the graph whose hook never fired (an output left out of
+    // the loss) count as unused too. PyTorch's DDP passes every output
+    // through its _DDPSink, so their hooks fire there, and such a parameter
+    // counts as used where its .grad is defined: the same here.
     unused_marked = true;
     for (size_t i = 0; i < params.size(); ++i)
       if (!marked[i]) {
         unused += bytes_of(i);
+        usage.note_hook(i, params[i].grad().defined());
         mark_ready(i);
       }
   } else if (options.static_graph()) {
@@ -332,24 +308,7 @@ void Reducer::Impl::take_hook_result(size_t index, const at::Tensor& result) {
   b.contents.copy_(result.reshape({-1}));
 }
 
-void Reducer::Impl::copy_results_to_grads() {
-  usage.read_used_map();
-  const bool as_view = options.gradient_as_bucket_view();
-  for (size_t i = 0; i < params.size(); ++i) {
-    if (!usage.reduced_gradient_applies(i)) continue;
-    if (!kept_in_grad.empty() && kept_in_grad[i]) continue;
-    const auto& view = buckets.view_of(i);
-    auto& grad = params[i].mutable_grad();
-    if (as_view) {
-      if (!detail::BucketSet::is_alias(grad, view)) grad = view;
-    } else if (!grad.defined()) {
-      grad = torch::autograd::utils::clone_obey_contract(view, params[i]);
-    } else {
-      grad.copy_(view);
-    }
-  }
-  usage.end_step();
-}
+// copy_results_to_grads(): gradient_copies.cpp.
 
 // ---- when a backward does not finish ------------------------------------
 

@@ -87,6 +87,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   // to reduce, and one rank's average is its own gradient, bit for bit.
   std::vector<char> kept_in_grad;
   bool unused_marked = false;  // the parameters known unused were marked ready in this backward
+  bool readying_unused = false;  // mark_ready() is called for a parameter this rank did not use
   bool sync = true;
   bool expect_hooks = false;  // a DDP forward prepared this backward
   bool backward_started = false;
