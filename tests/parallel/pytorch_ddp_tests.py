@@ -656,6 +656,185 @@ def test_output_unused_in_loss_dict_module(out, rank, world):
         output_unused_in_loss(out, rank, world, DictOutputModule, view)
 
 
+def test_ddp_sync_module_states(out, rank, world):
+    from torch.distributed.utils import _sync_module_states
+    model = init(nn.Linear(2, 2, bias=False), shift=rank)
+    net = DDP(model, bucket_cap_mb=1)
+    net.module = copy.deepcopy(init(nn.Linear(2, 2, bias=False), shift=10 + rank))
+    _sync_module_states(module=net.module, process_group=net.process_group,
+                        broadcast_bucket_size=net.broadcast_bucket_size, src=1,
+                        params_and_buffers_to_ignore=net.parameters_to_ignore)
+    out.params("after the broadcast from rank 1", net.module)
+
+
+def test_ddp_grad_div_uneven_inputs(out, rank, world):
+    dim, batch, grad_scale = 5, 1, 50
+    inp = torch.ones(batch, dim) * grad_scale
+    net = DDP(init(nn.Linear(dim, dim, bias=False)), bucket_cap_mb=1)
+    n_iters = 3 + (2 if rank > 0 else 0)
+    for divide in [False, True]:
+        with net.join(divide_by_initial_world_size=divide):
+            for i in range(n_iters):
+                net(inp).sum().backward()
+                out.tensor("divide_by_initial_world_size=%d iteration %d grad" % (divide, i), net.module.weight.grad)
+                net.zero_grad()
+
+
+def test_ddp_join_model_equivalence(out, rank, world):
+    batch, dim, learning_rate = 3, 10, 0.03
+    model = init(nn.Linear(dim, dim, bias=False))
+    inp = data([batch, dim], rank)
+    num_iters = 2 * (rank + 1)
+    net = DDP(model)
+    ddp_optim = torch.optim.SGD(model.parameters(), lr=learning_rate * world)
+    with net.join():
+        for _ in range(num_iters):
+            ddp_optim.zero_grad()
+            net(inp).sum().backward()
+            ddp_optim.step()
+    out.params("after Join", net.module)
+
+
+def test_ddp_uneven_input_join_disable(out, rank, world):
+    net = DDP(init(nn.Linear(1, 1), shift=rank))
+    inp = torch.ones(1) * rank
+    with net.join(enable=False):
+        for i in range(5):
+            grad = net.module.weight.grad
+            if grad is not None:
+                grad.requires_grad_(False)
+                grad.zero_()
+            net(inp).sum().backward()
+            out.tensor("iteration %d weight.grad" % i, net.module.weight.grad)
+    out.text("join enabled", int(net._join_config.enable))
+
+
+def test_ddp_uneven_input_exception(out, rank, world):
+    class ExceptionModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.param = nn.Parameter(torch.ones(1, requires_grad=True))
+
+        def forward(self, _):
+            raise ValueError("Intentional error")
+
+    net = DDP(ExceptionModule())
+    inp = torch.ones(1)
+
+    def run():
+        with net.join():
+            net(inp).sum().backward()
+
+    raised(out, "the forward's own error through Join", run)
+
+
+class EmbeddingNetDifferentParams(nn.Module):
+    def __init__(self, rank, diff_num_params=False):
+        super().__init__()
+        embedding_dim = 500 if diff_num_params or rank == 0 else 50
+        self.embedding = nn.Embedding(num_embeddings=10, embedding_dim=embedding_dim)
+        self.lin = nn.Linear(embedding_dim, 1)
+        if diff_num_params:
+            self.lin2 = nn.Linear(1, 1, bias=False)
+
+    def forward(self, x):
+        return self.lin(self.embedding(x))
+
+
+def ddp_model_with_diff_params(out, net):
+    """_run_test_ddp_model_with_diff_params: at least one rank raises."""
+    from datetime import timedelta
+    group_gloo = dist.new_group(timeout=timedelta(seconds=60), backend="gloo")
+    group_to_use = dist.new_group(backend=dist.get_backend(), timeout=timedelta(seconds=10))
+    caught = 0
+    try:
+        DDP(net, process_group=group_to_use)
+    except Exception:
+        caught = 1
+    t = torch.Tensor([caught])
+    dist.all_reduce(t, group=group_gloo)
+    out.text("some rank raised", int(t.item() > 0))
+
+
+def test_ddp_model_diff_shape_across_ranks(out, rank, world):
+    ddp_model_with_diff_params(out, EmbeddingNetDifferentParams(rank))
+
+
+def test_ddp_model_diff_num_params_across_ranks(out, rank, world):
+    ddp_model_with_diff_params(out, EmbeddingNetDifferentParams(rank, diff_num_params=(rank == 1)))
+
+
+class TwoLinLayerNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(10, 10, bias=False)
+        self.b = nn.Linear(10, 1, bias=False)
+
+    def forward(self, x):
+        return (self.a(x), self.b(x))
+
+
+def ddp_multiple_nested_unused_params_error(out, rank, world, ignore_sparse):
+    class SubModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding_net = EmbeddingNetDifferentParams(0)
+            self.lin = TwoLinLayerNet()
+            self.bn = BatchNormNet()
+            self.lin_layer = nn.Linear(4, 10, bias=False)
+
+        def forward(self, x):
+            x = self.bn(x)
+            x = self.lin_layer(x)
+            return self.lin.a(x)
+
+    class MyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.sub_module = SubModule()
+
+        def forward(self, x):
+            return self.sub_module(x)
+
+    model = init(MyModel())
+    if ignore_sparse:
+        DDP._set_params_and_buffers_to_ignore_for_model(model, ["sub_module.embedding_net.embedding.weight"])
+    net = DDP(model)
+    inp = torch.ones(10, 2)
+    net(inp).sum().backward()
+    raised(out, "iteration 1", lambda: net(inp).sum().backward())
+
+
+def test_ddp_multiple_nested_unused_params_error(out, rank, world):
+    ddp_multiple_nested_unused_params_error(out, rank, world, ignore_sparse=False)
+
+
+def test_ddp_multiple_nested_unused_params_err_ignore_params(out, rank, world):
+    ddp_multiple_nested_unused_params_error(out, rank, world, ignore_sparse=True)
+
+
+def test_ddp_control_flow_same_across_ranks(out, rank, world):
+    class ControlFlowToyModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1 = nn.Linear(10, 10, bias=False)
+            self.lin2 = nn.Linear(10, 10, bias=False)
+
+        def forward(self, x):
+            if torch.equal(x, torch.ones(20, 10)):
+                return self.lin2(F.relu(self.lin1(x)))
+            return F.relu(self.lin1(x))
+
+    model = DDP(init(ControlFlowToyModel()), find_unused_parameters=True)
+    random_input, ones_input = data([20, 10], rank), torch.ones(20, 10)
+    for i in range(6):
+        model(random_input if i % 2 == 0 else ones_input).sum().backward()
+        out.grads("iteration %d" % i, model.module)
+    model = DDP(init(ControlFlowToyModel()), find_unused_parameters=False)
+    model(random_input).sum().backward()
+    raised(out, "find_unused_parameters=False iteration 1", lambda: model(random_input).sum().backward())
+
+
 CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
@@ -665,7 +844,11 @@ CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_i
          test_accumulate_gradients_no_sync_grad_is_view, test_accumulate_gradients_no_sync_allreduce_hook,
          test_accumulate_gradients_no_sync_allreduce_with_then_hook, test_ddp_zero_output_features,
          test_grads_same_across_ranks_with_no_sync, test_invalid_static_graph, test_output_unused_in_loss_tuple_module,
-         test_output_unused_in_loss_dict_module]
+         test_output_unused_in_loss_dict_module, test_ddp_sync_module_states, test_ddp_grad_div_uneven_inputs,
+         test_ddp_join_model_equivalence, test_ddp_uneven_input_join_disable, test_ddp_uneven_input_exception,
+         test_ddp_model_diff_shape_across_ranks, test_ddp_model_diff_num_params_across_ranks,
+         test_ddp_multiple_nested_unused_params_error, test_ddp_multiple_nested_unused_params_err_ignore_params,
+         test_ddp_control_flow_same_across_ranks]
 
 
 def in_this_pytorch(name):

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "../support/worker_common.h"
+#include "ddp/comm/dist.h"
 
 namespace ddp::testing {
 namespace ported {  // named: the rank program is a unity build, and these names are common
@@ -763,6 +764,209 @@ void test_output_unused_in_loss_dict_module(Out& out, std::shared_ptr<ProcessGro
     output_unused_in_loss<DictOutputModule>(out, pg, view, [](const DictOutput& o) { return o.predictions; });
 }
 
+void test_ddp_sync_module_states(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  nn::Linear model(nn::LinearOptions(2, 2).bias(false));
+  init(model, rank);
+  DistributedDataParallel net(model, pg, DDPOptions().bucket_cap_mb(1));
+  nn::Linear new_model(nn::LinearOptions(2, 2).bias(false));
+  init(new_model, 10 + rank);
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.copy_(new_model->weight);  // the test's net.module = deepcopy(new_model)
+  }
+  broadcast_coalesced(*pg, {model->weight}, 1);  // _sync_module_states(..., src=1)
+  out.params("after the broadcast from rank 1", *model);
+}
+
+void test_ddp_grad_div_uneven_inputs(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank(), dim = 5;
+  const auto inp = torch::ones({1, dim}) * 50;
+  nn::Linear model(nn::LinearOptions(dim, dim).bias(false));
+  DistributedDataParallel net(init(model), pg, DDPOptions().bucket_cap_mb(1));
+  const int n_iters = 3 + (rank > 0 ? 2 : 0);
+  for (int divide : {0, 1}) {
+    Join join({&net}, JoinOptions().divide_by_initial_world_size(divide));
+    for (int i = 0; i < n_iters; ++i) {
+      net(inp).sum().backward();
+      out.tensor(fmt("divide_by_initial_world_size=%d iteration %d grad", divide, i), model->weight.grad());
+      model->zero_grad();
+    }
+  }
+}
+
+void test_ddp_join_model_equivalence(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank(), world = pg->size();
+  nn::Linear model(nn::LinearOptions(10, 10).bias(false));
+  init(model);
+  const auto inp = data({3, 10}, rank);
+  const int num_iters = 2 * (rank + 1);
+  DistributedDataParallel net(model, pg);
+  torch::optim::SGD ddp_optim(model->parameters(), 0.03 * world);
+  join({&net}, [&] {
+    for (int i = 0; i < num_iters; ++i) {
+      ddp_optim.zero_grad();
+      net(inp).sum().backward();
+      ddp_optim.step();
+    }
+  });
+  out.params("after Join", *model);
+}
+
+void test_ddp_uneven_input_join_disable(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  nn::Linear model(1, 1);
+  DistributedDataParallel net(init(model, rank), pg);
+  const auto inp = torch::ones({1}) * rank;
+  {
+    Join join({&net}, JoinOptions().enable(false));
+    for (int i = 0; i < 5; ++i) {
+      auto& grad = model->weight.mutable_grad();
+      if (grad.defined()) {
+        grad.requires_grad_(false);
+        grad.zero_();
+      }
+      net(inp).sum().backward();
+      out.tensor(fmt("iteration %d weight.grad", i), model->weight.grad());
+    }
+  }
+  out.text("join enabled", net.join_config().enable ? 1 : 0);
+}
+
+struct ExceptionModuleImpl : nn::Module {
+  ExceptionModuleImpl() { register_parameter("param", torch::ones({1})); }
+  torch::Tensor forward(torch::Tensor) { throw std::invalid_argument("Intentional error"); }
+};
+TORCH_MODULE(ExceptionModule);
+
+void test_ddp_uneven_input_exception(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ExceptionModule module;
+  DistributedDataParallel net(module, pg);
+  try {
+    join({&net}, [&] { net(torch::ones({1})).sum().backward(); });
+    out.text("the forward's own error through Join", "returned");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_OR_FAIL(std::string(e.what()) == "Intentional error", e.what());
+    out.text("the forward's own error through Join", "raised");
+  }
+}
+
+struct EmbeddingNetDifferentParamsImpl : nn::Module {
+  EmbeddingNetDifferentParamsImpl(int rank, bool diff_num_params = false) {
+    const int64_t dim = diff_num_params || rank == 0 ? 500 : 50;
+    embedding = register_module("embedding", nn::Embedding(10, dim));
+    lin = register_module("lin", nn::Linear(dim, 1));
+    if (diff_num_params) register_module("lin2", nn::Linear(nn::LinearOptions(1, 1).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return lin(embedding(x)); }
+  nn::Embedding embedding{nullptr};
+  nn::Linear lin{nullptr};
+};
+TORCH_MODULE(EmbeddingNetDifferentParams);
+
+// _run_test_ddp_model_with_diff_params: at least one rank raises (here every
+// rank does, naming the difference).
+void ddp_model_with_diff_params(Out& out, std::shared_ptr<ProcessGroup> pg, EmbeddingNetDifferentParams net) {
+  const auto group_gloo = dist::new_group({}, std::chrono::seconds(60), "gloo");
+  const auto group_to_use = dist::new_group({}, std::chrono::seconds(10), dist::get_backend());
+  const auto message = [&] {
+    try {
+      DistributedDataParallel ddp(net, group_to_use.process_group());
+    } catch (const c10::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  }();
+  expect_names(message, {"rank " + std::to_string(pg->rank()), "not the same on every rank"});
+  auto t = torch::tensor({message.empty() ? 0.0f : 1.0f});
+  dist::all_reduce(t, dist::ReduceOp::SUM, group_gloo);
+  out.text("some rank raised", t.item<float>() > 0 ? 1 : 0);
+}
+
+void test_ddp_model_diff_shape_across_ranks(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ddp_model_with_diff_params(out, pg, EmbeddingNetDifferentParams(pg->rank()));
+}
+
+void test_ddp_model_diff_num_params_across_ranks(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ddp_model_with_diff_params(out, pg, EmbeddingNetDifferentParams(pg->rank(), pg->rank() == 1));
+}
+
+struct TwoLinLayerNetImpl : nn::Module {
+  TwoLinLayerNetImpl() {
+    a = register_module("a", nn::Linear(nn::LinearOptions(10, 10).bias(false)));
+    b = register_module("b", nn::Linear(nn::LinearOptions(10, 1).bias(false)));
+  }
+  nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(TwoLinLayerNet);
+
+struct NestedSubModuleImpl : nn::Module {
+  NestedSubModuleImpl() {
+    embedding_net = register_module("embedding_net", EmbeddingNetDifferentParams(0));
+    lin = register_module("lin", TwoLinLayerNet());
+    bn = register_module("bn", BatchNormNet());
+    lin_layer = register_module("lin_layer", nn::Linear(nn::LinearOptions(4, 10).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return lin->a(lin_layer(bn(x))); }
+  EmbeddingNetDifferentParams embedding_net{nullptr};
+  TwoLinLayerNet lin{nullptr};
+  BatchNormNet bn{nullptr};
+  nn::Linear lin_layer{nullptr};
+};
+TORCH_MODULE(NestedSubModule);
+
+struct NestedModelImpl : nn::Module {
+  NestedModelImpl() : sub_module(register_module("sub_module", NestedSubModule())) {}
+  torch::Tensor forward(torch::Tensor x) { return sub_module(x); }
+  NestedSubModule sub_module;
+};
+TORCH_MODULE(NestedModel);
+
+void ddp_multiple_nested_unused_params_error(Out& out, std::shared_ptr<ProcessGroup> pg, bool ignore_sparse) {
+  NestedModel model;
+  init(model);
+  auto options = DDPOptions();
+  if (ignore_sparse) options.params_and_buffers_to_ignore({"sub_module.embedding_net.embedding.weight"});
+  DistributedDataParallel net(model, pg, options);
+  const auto inp = torch::ones({10, 2});
+  net(inp).sum().backward();
+  const auto message = raised(out, "iteration 1", [&] { net(inp).sum().backward(); });
+  std::vector<std::string> unused = {"'sub_module.embedding_net.lin.weight'", "'sub_module.embedding_net.lin.bias'",
+                                     "'sub_module.lin.b.weight'"};
+  if (!ignore_sparse) unused.push_back("'sub_module.embedding_net.embedding.weight'");
+  expect_names(message, unused);
+  for (const char* used : {"lin_layer.weight", "lin.a.weight", "bn.fc1.weight", "bn.bn.weight"})
+    EXPECT_OR_FAIL(message.find(used) == std::string::npos, std::string("a used parameter named: ") + used);
+  if (ignore_sparse)
+    EXPECT_OR_FAIL(message.find("embedding.weight") == std::string::npos, "the ignored parameter named: " + message);
+}
+
+void test_ddp_multiple_nested_unused_params_error(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ddp_multiple_nested_unused_params_error(out, pg, false);
+}
+
+void test_ddp_multiple_nested_unused_params_err_ignore_params(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ddp_multiple_nested_unused_params_error(out, pg, true);
+}
+
+void test_ddp_control_flow_same_across_ranks(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const auto random_input = data({20, 10}, pg->rank()), ones_input = torch::ones({20, 10});
+  {
+    ControlFlowToyModel net;
+    DistributedDataParallel model(init(net), pg, DDPOptions().find_unused_parameters(true));
+    for (int i = 0; i < 6; ++i) {
+      model(i % 2 == 0 ? random_input : ones_input).sum().backward();
+      out.grads(fmt("iteration %d", i), *net);
+    }
+  }
+  ControlFlowToyModel net;
+  DistributedDataParallel model(init(net), pg, DDPOptions().find_unused_parameters(false));
+  model(random_input).sum().backward();
+  const auto message = raised(out, "find_unused_parameters=False iteration 1",
+                              [&] { model(random_input).sum().backward(); });
+  expect_names(message, {"prior iteration", "'lin2.weight'", "find_unused_parameters(true)"});
+}
+
 using Case = void (*)(Out&, std::shared_ptr<ProcessGroup>);
 const std::vector<std::pair<std::string, Case>> kCases = {
     {"test_DistributedDataParallelCPU", test_DistributedDataParallelCPU},
@@ -790,6 +994,16 @@ const std::vector<std::pair<std::string, Case>> kCases = {
     {"test_invalid_static_graph", test_invalid_static_graph},
     {"test_output_unused_in_loss_tuple_module", test_output_unused_in_loss_tuple_module},
     {"test_output_unused_in_loss_dict_module", test_output_unused_in_loss_dict_module},
+    {"test_ddp_sync_module_states", test_ddp_sync_module_states},
+    {"test_ddp_grad_div_uneven_inputs", test_ddp_grad_div_uneven_inputs},
+    {"test_ddp_join_model_equivalence", test_ddp_join_model_equivalence},
+    {"test_ddp_uneven_input_join_disable", test_ddp_uneven_input_join_disable},
+    {"test_ddp_uneven_input_exception", test_ddp_uneven_input_exception},
+    {"test_ddp_model_diff_shape_across_ranks", test_ddp_model_diff_shape_across_ranks},
+    {"test_ddp_model_diff_num_params_across_ranks", test_ddp_model_diff_num_params_across_ranks},
+    {"test_ddp_multiple_nested_unused_params_error", test_ddp_multiple_nested_unused_params_error},
+    {"test_ddp_multiple_nested_unused_params_err_ignore_params", test_ddp_multiple_nested_unused_params_err_ignore_params},
+    {"test_ddp_control_flow_same_across_ranks", test_ddp_control_flow_same_across_ranks},
 };
 
 }  // namespace ported
