@@ -1,5 +1,5 @@
 """PyTorch's own DDP tests (torch/testing/_internal/distributed/distributed_test.py),
-run on CPU over Gloo: the oracle of pytorch_tests_scenarios.cpp, which ports
+run on CPU over Gloo: the oracle of ported/ (ported/cases.cpp), which ports
 each case line by line to libddp. Each case is named after the test it ports
 and writes what the test looks at (parameters, gradients, outputs, buffers,
 whether an error came) as lines of <dir>/torch_r<rank>.txt; the C++ side writes

@@ -154,7 +154,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchParity, ::testing::Values(2, 3, 4),
                          [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 // PyTorch's own DDP tests (distributed_test.py), ported to libddp
-// (pytorch_tests_scenarios.cpp) and run by PyTorch (pytorch_ddp_tests.py):
+// (ported/*.cpp) and run by PyTorch (pytorch_ddp_tests.py):
 // every line each rank writes, a case's parameters, gradients, outputs and
 // buffers bit for bit and whether an error came, must be PyTorch's. All cases
 // run in one process per rank on each side. docs/parity.md lists every DDP

@@ -252,7 +252,7 @@ int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // tied_weights_scenarios.cpp
 int scenario_tied_reassigned(std::shared_ptr<ProcessGroup> pg, Flags flags);
 
-// pytorch_tests_scenarios.cpp: PyTorch's own DDP tests, ported.
+// ported/cases.cpp: PyTorch's own DDP tests, ported (ported/*.cpp).
 int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags);
 int scenario_tied_step(std::shared_ptr<ProcessGroup> pg);
 
