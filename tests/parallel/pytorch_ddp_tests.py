@@ -835,6 +835,75 @@ def test_ddp_control_flow_same_across_ranks(out, rank, world):
     raised(out, "find_unused_parameters=False iteration 1", lambda: model(random_input).sum().backward())
 
 
+def ddp_hook_parity(out, rank, world, state, hook, label=""):
+    """_test_ddp_hook_parity: Linear(1, 5) with and without the hook, 100
+    iterations; the weight's gradients are cleared by hand, the bias's
+    accumulate."""
+    process_group = getattr(state, "process_group", state)
+    m = init(nn.Linear(1, 5))
+    net_with_hook = DDP(copy.deepcopy(m), process_group=process_group)
+    net_with_hook.register_comm_hook(state=state, hook=hook)
+    net_without_hook = DDP(copy.deepcopy(m), process_group=process_group)
+    for i in range(100):
+        for g in [net_without_hook.module.weight.grad, net_with_hook.module.weight.grad]:
+            if g is not None:
+                g.requires_grad_(False)
+                g.zero_()
+        batch = torch.tensor([rank]).float()
+        net_without_hook(batch).sum().backward()
+        net_with_hook(batch).sum().backward()
+        if i < 3 or i % 25 == 24:
+            out.grads("%siteration %d without the hook" % (label, i), net_without_hook.module)
+            out.grads("%siteration %d with the hook" % (label, i), net_with_hook.module)
+
+
+def test_ddp_hook_parity_allreduce(out, rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
+    ddp_hook_parity(out, rank, world, None, default.allreduce_hook)
+
+
+def test_ddp_hook_parity_allreduce_process_group(out, rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
+    process_group = dist.new_group(list(range(world)))
+    ddp_hook_parity(out, rank, world, process_group, default.allreduce_hook)
+
+
+def test_ddp_hook_parity_powerSGD(out, rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    for warm_start in [True, False]:
+        state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                       warm_start=warm_start)
+        ddp_hook_parity(out, rank, world, state, powerSGD.powerSGD_hook, "warm_start=%d " % warm_start)
+
+
+def test_undefined_grad_parity_unused_parameters(out, rank, world):
+    x = torch.ones(1, 2)
+    net = DDP(init(Net()), find_unused_parameters=True)
+    out_t = net(x).sum()
+    torch._C._functions.UndefinedGrad()(out_t).backward()
+    out.grads("after the backward", net.module)
+
+
+def test_static_graph_multi_forward(out, rank, world):
+    class TwoForwardNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(10, 10)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(self.lin(x))
+
+    model = DDP(init(TwoForwardNet(), shift=rank), static_graph=True)
+    inp = torch.ones(2, 10)
+    for i in range(3):
+        model.zero_grad()
+        a = model(inp)
+        b = model(inp)
+        (a.sum() + b.sum()).backward()
+        out.grads("iteration %d" % i, model.module)
+
+
 CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
@@ -848,7 +917,9 @@ CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_i
          test_ddp_join_model_equivalence, test_ddp_uneven_input_join_disable, test_ddp_uneven_input_exception,
          test_ddp_model_diff_shape_across_ranks, test_ddp_model_diff_num_params_across_ranks,
          test_ddp_multiple_nested_unused_params_error, test_ddp_multiple_nested_unused_params_err_ignore_params,
-         test_ddp_control_flow_same_across_ranks]
+         test_ddp_control_flow_same_across_ranks, test_ddp_hook_parity_allreduce,
+         test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
+         test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward]
 
 
 def in_this_pytorch(name):

@@ -471,9 +471,14 @@ void Reducer::prepare_for_forward() {
     s.unfinished_raised = true;
     throw UsageError(s.unfinished_reduction);
   }
+  // A forward after a synchronised one whose backward has not begun is part
+  // of the same iteration (two forwards, one backward: PyTorch 2.x's static
+  // graphs allow it): a static graph's first iteration counts the gradients
+  // of both.
+  const bool same_iteration = s.expect_hooks && !s.backward_started;
   s.settle_unfinished();
   s.observers.each([](auto& o) { o.forward_started(); });
-  if (s.sync) s.usage.count_synchronised_forward();
+  if (s.sync && !same_iteration) s.usage.count_synchronised_forward();
   s.rebuild_and_apply_cap();
 }
 

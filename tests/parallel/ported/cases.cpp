@@ -6,13 +6,15 @@
 // pytorch_parity_test.cpp compares the two. Where PyTorch's test checks an
 // error's words, the port checks that ours names the same cause.
 #include <fstream>
+#include <iostream>
 
 #include "ported_case.h"
 
 namespace ddp::testing {
 
 // --cases a,b (default: every case): runs them, each followed by a barrier as
-// the script's, and writes <DDP_TEST_DIR>/cpp_r<rank>.txt.
+// the script's, and writes <DDP_TEST_DIR>/cpp_r<rank>.txt. A case that throws
+// writes so (its lines then differ from PyTorch's) and the others go on.
 int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const auto wanted = split_commas(flags.count("--cases") ? flags["--cases"] : "");
   ported::Out out;
@@ -21,7 +23,12 @@ int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags) {
     for (const auto& [name, run] : cases) {
       if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
       out.case_name = name;
-      run(out, pg);
+      try {
+        run(out, pg);
+      } catch (const std::exception& e) {  // the case differs; the others still run
+        std::cerr << "rank " << pg->rank() << ": " << name << " threw: " << e.what() << std::endl;
+        out.text("threw", "(see the rank's output)");
+      }
       pg->barrier();
     }
   }

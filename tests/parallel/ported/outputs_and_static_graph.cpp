@@ -128,12 +128,33 @@ void test_invalid_static_graph(Out& out, std::shared_ptr<ProcessGroup> pg) {
   ddp_invalid_static_graph(out, pg, ones_input, random_input, "used then unused");
 }
 
+struct TwoForwardNetImpl : nn::Module {
+  TwoForwardNetImpl() : lin(register_module("lin", nn::Linear(10, 10))) { register_module("relu", nn::ReLU()); }
+  torch::Tensor forward(torch::Tensor x) { return torch::relu(lin(x)); }
+  nn::Linear lin;
+};
+TORCH_MODULE(TwoForwardNet);
+
+void test_static_graph_multi_forward(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  TwoForwardNet net;
+  DistributedDataParallel model(init(net, pg->rank()), pg, DDPOptions().static_graph(true));
+  const auto inp = torch::ones({2, 10});
+  for (int i = 0; i < 3; ++i) {
+    net->zero_grad();
+    auto a = model(inp);
+    auto b = model(inp);
+    (a.sum() + b.sum()).backward();
+    out.grads(fmt("iteration %d", i), *net);
+  }
+}
+
 Cases output_and_static_graph_cases() {
   return {
       {"test_ddp_static_graph_nested_types", test_ddp_static_graph_nested_types},
       {"test_ddp_new_tensor_in_fwd", test_ddp_new_tensor_in_fwd},
       {"test_ddp_new_tensor_in_fwd_static_graph", test_ddp_new_tensor_in_fwd_static_graph},
       {"test_invalid_static_graph", test_invalid_static_graph},
+      {"test_static_graph_multi_forward", test_static_graph_multi_forward},
   };
 }
 

@@ -243,6 +243,58 @@ void test_ddp_zero_output_features(Out& out, std::shared_ptr<ProcessGroup> pg) {
   raised(out, "DDP(model)", [&] { DistributedDataParallel ddp(model, pg); });
 }
 
+// _test_ddp_hook_parity: Linear(1, 5) with and without the hook, 100
+// iterations; the weight's gradients are cleared by hand, the bias's
+// accumulate.
+template <typename State, typename Hook>
+void ddp_hook_parity(Out& out, std::shared_ptr<ProcessGroup> pg, State state, Hook hook,
+                     std::shared_ptr<ProcessGroup> process_group, const std::string& label = "") {
+  const int rank = pg->rank();
+  nn::Linear with(1, 5), without(1, 5);
+  init(with);
+  init(without);
+  auto group = process_group ? process_group : pg;
+  DistributedDataParallel net_with_hook(with, group);
+  net_with_hook.register_comm_hook(std::move(state), hook);
+  DistributedDataParallel net_without_hook(without, group);
+  for (int i = 0; i < 100; ++i) {
+    for (auto* m : {&without, &with}) {
+      auto& g = (*m)->weight.mutable_grad();
+      if (g.defined()) {
+        g.requires_grad_(false);
+        g.zero_();
+      }
+    }
+    const auto batch = torch::tensor({static_cast<float>(rank)});
+    net_without_hook(batch).sum().backward();
+    net_with_hook(batch).sum().backward();
+    if (i < 3 || i % 25 == 24) {
+      out.grads(label + fmt("iteration %d without the hook", i), *without);
+      out.grads(label + fmt("iteration %d with the hook", i), *with);
+    }
+  }
+}
+
+void test_ddp_hook_parity_allreduce(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ddp_hook_parity(out, pg, std::shared_ptr<ProcessGroup>(), hooks::allreduce_hook, nullptr);
+}
+
+void test_ddp_hook_parity_allreduce_process_group(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  std::vector<int> ranks(pg->size());
+  for (int r = 0; r < pg->size(); ++r) ranks[r] = r;
+  const auto process_group = dist::new_group(ranks).process_group();
+  ddp_hook_parity(out, pg, process_group, hooks::allreduce_hook, process_group);
+}
+
+void test_ddp_hook_parity_powerSGD(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  for (bool warm_start : {true, false}) {
+    hooks::PowerSGDState state(
+        nullptr, hooks::PowerSGDOptions().matrix_approximation_rank(1).start_powerSGD_iter(2).warm_start(warm_start));
+    ddp_hook_parity(out, pg, std::move(state), hooks::powerSGD_hook, nullptr,
+                    fmt("warm_start=%d ", warm_start));
+  }
+}
+
 Cases training_cases() {
   return {
       {"test_DistributedDataParallelCPU", test_DistributedDataParallelCPU},
@@ -260,6 +312,9 @@ Cases training_cases() {
       {"test_ddp_model_diff_shape_across_ranks", test_ddp_model_diff_shape_across_ranks},
       {"test_ddp_model_diff_num_params_across_ranks", test_ddp_model_diff_num_params_across_ranks},
       {"test_ddp_zero_output_features", test_ddp_zero_output_features},
+      {"test_ddp_hook_parity_allreduce", test_ddp_hook_parity_allreduce},
+      {"test_ddp_hook_parity_allreduce_process_group", test_ddp_hook_parity_allreduce_process_group},
+      {"test_ddp_hook_parity_powerSGD", test_ddp_hook_parity_powerSGD},
   };
 }
 

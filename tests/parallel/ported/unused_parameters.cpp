@@ -339,6 +339,23 @@ void test_grads_same_across_ranks_with_no_sync(Out& out, std::shared_ptr<Process
   out.grads("after the accumulation", *net);
 }
 
+// torch._C._functions.UndefinedGrad: the identity, whose backward gives no
+// gradient.
+struct UndefinedGrad : torch::autograd::Function<UndefinedGrad> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, torch::Tensor x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list) {
+    return {torch::Tensor()};
+  }
+};
+
+void test_undefined_grad_parity_unused_parameters(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const auto x = torch::ones({1, 2});
+  TestNet module;
+  DistributedDataParallel net(init(module), pg, DDPOptions().find_unused_parameters(true));
+  UndefinedGrad::apply(net(x).sum()).backward();
+  out.grads("after the backward", *module);
+}
+
 Cases unused_parameter_cases() {
   return {
       {"test_ddp_ignore_params_arg", test_ddp_ignore_params_arg},
@@ -352,6 +369,7 @@ Cases unused_parameter_cases() {
       {"test_ddp_multiple_nested_unused_params_error", test_ddp_multiple_nested_unused_params_error},
       {"test_ddp_multiple_nested_unused_params_err_ignore_params", test_ddp_multiple_nested_unused_params_err_ignore_params},
       {"test_grads_same_across_ranks_with_no_sync", test_grads_same_across_ranks_with_no_sync},
+      {"test_undefined_grad_parity_unused_parameters", test_undefined_grad_parity_unused_parameters},
   };
 }
 
