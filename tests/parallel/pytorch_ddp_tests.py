@@ -904,7 +904,155 @@ def test_static_graph_multi_forward(out, rank, world):
         out.grads("iteration %d" % i, model.module)
 
 
-CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
+def test_ddp_uneven_inputs_stop_iteration_sync_bn(out, rank, world):
+    """The model that communicates in its forward; the SyncBatchNorm half is
+    GPU-only in PyTorch (ours runs on the CPU: syncbn_zero_amp.md)."""
+    class ModelWithComm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 40, bias=False)
+
+        def forward(self, x):
+            x = self.lin(x)
+            dist.all_reduce(x)
+            return x
+
+    model = DDP(init(ModelWithComm()))
+    model_input = data([10, 2], rank)
+    min_num_iters = 5
+    num_iters = min_num_iters * 2 if rank == 0 else min_num_iters
+    n = [0]
+
+    def run():
+        with model.join(throw_on_early_termination=True):
+            for _ in range(num_iters):
+                model(model_input).sum().backward()
+                step(model.module)
+                n[0] += 1
+
+    raised(out, "throw_on_early_termination", run)
+    out.text("iterations", n[0])
+    out.params("after", model.module)
+
+
+# ---- test/distributed/test_c10d_gloo.py's DistributedDataParallelTest ----------
+# (not installed with torch: these exist in 1.13's and 2.11's alike, and are
+# named "test_c10d_gloo.<test>")
+
+class Task(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.ones(2, 2))
+
+    def forward(self, x):
+        return self.p + x
+
+
+def global_local_unused_params_grad(out, rank, world, gradient_as_bucket_view=False, static_graph=False):
+    """_test_global_local_unused_params_grad, its CPU half: the grad of a
+    parameter no rank used stays None; a parameter some rank used gets it."""
+    class GlobalLocalUnusedParamModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t0, self.t1, self.task_unused = Task(), Task(), Task()
+
+        def forward(self, x, rank):
+            return self.t0(x) if rank == 0 else self.t1(x)
+
+    model = DDP(GlobalLocalUnusedParamModule(), find_unused_parameters=True,
+                gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph)
+    output = model(8, rank)
+    out.grads("before the backward", model.module)
+    output.mean().backward()
+    out.grads("after the backward", model.module)
+
+
+def c10d_test_global_local_unused_params_grad(out, rank, world):
+    global_local_unused_params_grad(out, rank, world)
+
+
+def c10d_test_global_local_unused_params_grad_with_grad_is_view(out, rank, world):
+    global_local_unused_params_grad(out, rank, world, gradient_as_bucket_view=True)
+
+
+def c10d_test_global_local_unused_params_grad_with_static_graph(out, rank, world):
+    global_local_unused_params_grad(out, rank, world, static_graph=True)
+
+
+def c10d_test_find_unused_parameters_when_unused_parameters_empty(out, rank, world):
+    class FindUnusedParamModule(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t0, self.t1 = Task(), Task()
+
+        def forward(self, x, rank):
+            return self.t1(self.t0(x)) if rank == 0 else self.t1(x)
+
+    model = DDP(FindUnusedParamModule(), find_unused_parameters=True)
+    output = model(8, rank)
+    output.mean().backward()
+    out.grads("after the backward", model.module)
+
+
+def ignored_output(out, rank, world, unused):
+    """test_ignored_output(_with_unused_parameters): four forwards whose output
+    is dropped, then four trained with CrossEntropyLoss."""
+    class IgnoredOutput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(2, 10, bias=False)
+            self.fc2 = nn.Linear(10, 4, bias=False)
+            if unused:
+                self.fc3 = nn.Linear(4, 4, bias=False)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            x = self.relu(self.fc1(x))
+            x = self.relu(self.fc2(x))
+            return F.softmax(x, dim=1)
+
+    model = DDP(init(IgnoredOutput()), find_unused_parameters=unused)
+    criterion = nn.CrossEntropyLoss()
+    inp = data([4, 2], rank)
+    target = torch.LongTensor([(rank + i) % 4 for i in range(4)])
+    for _ in range(4):
+        output = model(inp)
+        del output
+    for i in range(4):
+        criterion(model(inp), target).backward()
+        out.grads("iteration %d" % i, model.module)
+
+
+def c10d_test_ignored_output(out, rank, world):
+    ignored_output(out, rank, world, unused=False)
+
+
+def c10d_test_ignored_output_with_unused_parameters(out, rank, world):
+    ignored_output(out, rank, world, unused=True)
+
+
+def c10d_test_ddp_comm_hook_future_passing_cpu(out, rank, world):
+    """_simple_hook: a future set to ones, then one added: every gradient is 2."""
+    class ModuleForDdpCommHook(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t0 = Task()
+
+        def forward(self, x, rank):
+            return self.t0(x + rank)
+
+    def simple_hook(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(torch.ones_like(bucket.buffer()))
+        return fut.then(lambda fut: fut.value() + torch.ones_like(fut.value()))
+
+    cpu_model = DDP(ModuleForDdpCommHook())
+    cpu_model.register_comm_hook(None, simple_hook)
+    cpu_model(8, rank).mean().backward()
+    out.grads("after the backward", cpu_model.module)
+
+
+CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
          test_ddp_control_flow_different_across_ranks, test_ddp_inference, ddp_evaluation_after_training,
@@ -919,7 +1067,13 @@ CASES = [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_i
          test_ddp_multiple_nested_unused_params_error, test_ddp_multiple_nested_unused_params_err_ignore_params,
          test_ddp_control_flow_same_across_ranks, test_ddp_hook_parity_allreduce,
          test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
-         test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward]
+         test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward,
+         test_ddp_uneven_inputs_stop_iteration_sync_bn]] + [
+    ("test_c10d_gloo." + case.__name__[len("c10d_"):], case) for case in [
+        c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
+        c10d_test_global_local_unused_params_grad_with_static_graph,
+        c10d_test_find_unused_parameters_when_unused_parameters_empty, c10d_test_ignored_output,
+        c10d_test_ignored_output_with_unused_parameters, c10d_test_ddp_comm_hook_future_passing_cpu]]
 
 
 def in_this_pytorch(name):
@@ -942,11 +1096,11 @@ def main():
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out = Out(os.path.join(directory, "torch_r%d.txt" % rank))
-    for case in CASES:
-        if wanted is not None and case.__name__ not in wanted:
+    for name, case in CASES:
+        if wanted is not None and name not in wanted:
             continue
-        out.case = case.__name__
-        if case.__name__.startswith("test_") and not in_this_pytorch(case.__name__):
+        out.case = name
+        if name.startswith("test_") and "." not in name and not in_this_pytorch(name):
             out.text("absent", "from PyTorch %s" % torch.__version__)
             continue
         case(out, rank, world)

@@ -1,10 +1,11 @@
-// PyTorch's own DDP tests (distributed_test.py), ported to libddp line by
-// line: the rank program's side of pytorch_ddp_tests.py, which runs each
-// case with PyTorch's DDP. Each case is named after the test it ports and
-// writes the same lines as the script (parameters, gradients, outputs and
-// buffers bit for bit; whether an error came) to <dir>/cpp_r<rank>.txt;
-// pytorch_parity_test.cpp compares the two. Where PyTorch's test checks an
-// error's words, the port checks that ours names the same cause.
+// PyTorch's own DDP tests (distributed_test.py, test_c10d_gloo.py), ported
+// to libddp line by line: the rank program's side of pytorch_ddp_tests.py,
+// which runs each case with PyTorch's DDP. Each case is named after the test
+// it ports and writes the same lines as the script (parameters, gradients,
+// outputs and buffers bit for bit; whether an error came) to
+// <dir>/cpp_r<rank>.txt; pytorch_parity_test.cpp compares the two. Where
+// PyTorch's test checks an error's words, the port checks that ours names the
+// same cause.
 #include <fstream>
 #include <iostream>
 
@@ -19,7 +20,8 @@ int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   const auto wanted = split_commas(flags.count("--cases") ? flags["--cases"] : "");
   ported::Out out;
   for (const auto& cases : {ported::training_cases(), ported::unused_parameter_cases(),
-                            ported::output_and_static_graph_cases(), ported::join_cases()}) {
+                            ported::output_and_static_graph_cases(), ported::join_cases(),
+                            ported::c10d_gloo_cases()}) {
     for (const auto& [name, run] : cases) {
       if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
       out.case_name = name;

@@ -3,6 +3,8 @@
 // inputs, a disabled Join, an exception from the forward.
 #include "ported_case.h"
 
+#include "ddp/comm/dist.h"
+
 namespace ddp::testing::ported {
 
 void test_ddp_grad_div_uneven_inputs(Out& out, std::shared_ptr<ProcessGroup> pg) {
@@ -77,12 +79,47 @@ void test_ddp_uneven_input_exception(Out& out, std::shared_ptr<ProcessGroup> pg)
   }
 }
 
+// A model that communicates in its forward.
+struct ModelWithCommImpl : nn::Module {
+  ModelWithCommImpl() : lin(register_module("lin", nn::Linear(nn::LinearOptions(2, 40).bias(false)))) {}
+  torch::Tensor forward(torch::Tensor x) {
+    x = lin(x);
+    dist::all_reduce(x);
+    return x;
+  }
+  nn::Linear lin;
+};
+TORCH_MODULE(ModelWithComm);
+
+// The model that communicates in its forward; the SyncBatchNorm half is
+// GPU-only in PyTorch.
+void test_ddp_uneven_inputs_stop_iteration_sync_bn(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  ModelWithComm module;
+  DistributedDataParallel model(init(module), pg);
+  const auto model_input = data({10, 2}, rank);
+  const int min_num_iters = 5, num_iters = rank == 0 ? 2 * min_num_iters : min_num_iters;
+  int n = 0;
+  const auto message = raised(out, "throw_on_early_termination", [&] {
+    Join join({&model}, JoinOptions().throw_on_early_termination(true));
+    for (int i = 0; i < num_iters; ++i) {
+      model(model_input).sum().backward();
+      step(*module);
+      ++n;
+    }
+  });
+  expect_names(message, {rank == 0 ? "detected at least one rank that exhausted inputs" : "exhausted all inputs"});
+  out.text("iterations", n);
+  out.params("after", *module);
+}
+
 Cases join_cases() {
   return {
       {"test_ddp_grad_div_uneven_inputs", test_ddp_grad_div_uneven_inputs},
       {"test_ddp_join_model_equivalence", test_ddp_join_model_equivalence},
       {"test_ddp_uneven_input_join_disable", test_ddp_uneven_input_join_disable},
       {"test_ddp_uneven_input_exception", test_ddp_uneven_input_exception},
+      {"test_ddp_uneven_inputs_stop_iteration_sync_bn", test_ddp_uneven_inputs_stop_iteration_sync_bn},
   };
 }
 

@@ -1,5 +1,6 @@
 // What the ports of PyTorch's own DDP tests share (training.cpp,
-// unused_parameters.cpp, outputs_and_static_graph.cpp, join.cpp; cases.cpp
+// unused_parameters.cpp, outputs_and_static_graph.cpp, join.cpp of
+// distributed_test.py's, c10d_gloo.cpp of test_c10d_gloo.py's; cases.cpp
 // runs them): the lines a case writes, as pytorch_ddp_tests.py's Out, the
 // script's helpers (init, data, raised, outcome) and the models several tests
 // of distributed_test.py use. Change both sides together: the test compares
@@ -211,5 +212,6 @@ Cases training_cases();
 Cases unused_parameter_cases();
 Cases output_and_static_graph_cases();
 Cases join_cases();
+Cases c10d_gloo_cases();  // test_c10d_gloo.py's
 
 }  // namespace ddp::testing::ported
