@@ -935,9 +935,9 @@ def test_ddp_uneven_inputs_stop_iteration_sync_bn(out, rank, world):
     out.params("after", model.module)
 
 
-# ---- test/distributed/test_c10d_gloo.py's DistributedDataParallelTest ----------
+# ---- test/distributed/test_c10d_gloo.py's and test_c10d_common.py's ----------
 # (not installed with torch: these exist in 1.13's and 2.11's alike, and are
-# named "test_c10d_gloo.<test>")
+# named "test_c10d_gloo.<test>", "test_c10d_common.<test>")
 
 class Task(nn.Module):
     def __init__(self):
@@ -1052,6 +1052,62 @@ def c10d_test_ddp_comm_hook_future_passing_cpu(out, rank, world):
     out.grads("after the backward", cpu_model.module)
 
 
+
+def c10d_test_ddp_comm_hook_register_just_once(out, rank, world):
+    class ModuleForDdpCommHook(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t0 = Task()
+
+        def forward(self, x, rank):
+            return self.t0(x + rank)
+
+    model = DDP(ModuleForDdpCommHook())
+
+    def dummy_hook(state, bucket):
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    model.register_comm_hook(None, dummy_hook)
+    raised(out, "the second register_comm_hook", lambda: model.register_comm_hook(None, dummy_hook))
+
+
+def c10d_test_invalid_powerSGD_state(out, rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    for start_powerSGD_iter, use_error_feedback, warm_start in itertools.product([0, 1], [True, False], [True, False]):
+        if not use_error_feedback and not warm_start:
+            continue
+        raised(out, "start_powerSGD_iter=%d use_error_feedback=%d warm_start=%d" % (
+            start_powerSGD_iter, use_error_feedback, warm_start),
+            lambda: powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1,
+                                           start_powerSGD_iter=start_powerSGD_iter,
+                                           use_error_feedback=use_error_feedback, warm_start=warm_start))
+
+
+def bucket_assignment(out, tensors, limits):
+    """ComputeBucketAssignmentTest: the buckets of dist._compute_bucket_assignment_by_size."""
+    result = dist._compute_bucket_assignment_by_size(tensors, limits)
+    indices = result[0] if isinstance(result, tuple) else result
+    out.text("buckets", repr([list(b) for b in indices]).replace(" ", ""))
+
+
+def c10d_test_single_limit_single_dtype(out, rank, world):
+    bucket_assignment(out, [torch.empty([100]), torch.empty([200]), torch.empty([100]), torch.empty([50])], [400])
+
+
+def c10d_test_single_limit_multi_dtype(out, rank, world):
+    bucket_assignment(out, [torch.empty([50], dtype=torch.float), torch.empty([25], dtype=torch.double)] * 3, [400])
+
+
+def c10d_test_multi_limit_single_dtype(out, rank, world):
+    bucket_assignment(out, [torch.empty([10], dtype=torch.float) for _ in range(4)], [40, 80])
+
+
+def c10d_test_multi_limit_multi_dtype(out, rank, world):
+    bucket_assignment(out, [torch.empty([50], dtype=torch.float), torch.empty([25], dtype=torch.double)] * 3, [200, 400])
+
+
 CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
@@ -1073,7 +1129,11 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
         c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
         c10d_test_global_local_unused_params_grad_with_static_graph,
         c10d_test_find_unused_parameters_when_unused_parameters_empty, c10d_test_ignored_output,
-        c10d_test_ignored_output_with_unused_parameters, c10d_test_ddp_comm_hook_future_passing_cpu]]
+        c10d_test_ignored_output_with_unused_parameters, c10d_test_ddp_comm_hook_future_passing_cpu,
+        c10d_test_ddp_comm_hook_register_just_once]] + [
+    ("test_c10d_common." + case.__name__[len("c10d_"):], case) for case in [
+        c10d_test_invalid_powerSGD_state, c10d_test_single_limit_single_dtype, c10d_test_single_limit_multi_dtype,
+        c10d_test_multi_limit_single_dtype, c10d_test_multi_limit_multi_dtype]]
 
 
 def in_this_pytorch(name):

@@ -1,8 +1,12 @@
 // Ported tests of test/distributed/test_c10d_gloo.py's DistributedDataParallelTest
 // (their CPU halves), named "test_c10d_gloo.<test>": what DDP leaves of a
 // parameter no rank used, outputs that are dropped without a backward, a
-// hook whose future is made by the hook itself.
+// hook whose future is made by the hook itself, a second hook. And of
+// test_c10d_common.py's ("test_c10d_common.<test>"): PowerSGD's refused
+// states, the bucket assignment.
 #include "ported_case.h"
+
+#include "parallel/reducer/bucket_assignment.h"
 
 namespace ddp::testing::ported {
 
@@ -123,6 +127,78 @@ void test_ddp_comm_hook_future_passing_cpu(Out& out, std::shared_ptr<ProcessGrou
   out.grads("after the backward", *module);
 }
 
+void test_ddp_comm_hook_register_just_once(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  ModuleForDdpCommHook module;
+  DistributedDataParallel model(module, pg);
+  auto dummy_hook = [](std::shared_ptr<ProcessGroup>&, GradBucket& bucket) { return CommFuture::ready(bucket.buffer()); };
+  model.register_comm_hook(std::shared_ptr<ProcessGroup>(), dummy_hook);
+  const auto message = raised(out, "the second register_comm_hook",
+                              [&] { model.register_comm_hook(std::shared_ptr<ProcessGroup>(), dummy_hook); });
+  expect_names(message, {"register_comm_hook", "once"});
+}
+
+// ---- test_c10d_common.py's ------------------------------------------------------
+
+void test_invalid_powerSGD_state(Out& out, std::shared_ptr<ProcessGroup>) {
+  for (int start_powerSGD_iter : {0, 1}) {
+    for (int use_error_feedback : {1, 0}) {
+      for (int warm_start : {1, 0}) {
+        if (!use_error_feedback && !warm_start) continue;
+        const auto message = raised(
+            out, fmt("start_powerSGD_iter=%d use_error_feedback=%d warm_start=%d", start_powerSGD_iter,
+                     use_error_feedback, warm_start),
+            [&] {
+              hooks::PowerSGDState(nullptr, hooks::PowerSGDOptions()
+                                                .matrix_approximation_rank(1)
+                                                .start_powerSGD_iter(start_powerSGD_iter)
+                                                .use_error_feedback(use_error_feedback)
+                                                .warm_start(warm_start));
+            });
+        expect_names(message, {"start_powerSGD_iter"});
+      }
+    }
+  }
+}
+
+// ComputeBucketAssignmentTest: the buckets of our assignment for PyTorch's
+// limits (the first, then the rest), parameters in their order.
+void bucket_assignment(Out& out, const std::vector<torch::Tensor>& tensors, int64_t first_limit, int64_t limit) {
+  std::vector<size_t> order(tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::string text = "[";
+  for (const auto& bucket : compute_bucket_assignment(tensors, order, first_limit, limit)) {
+    text += text.size() > 1 ? ",[" : "[";
+    for (size_t j = 0; j < bucket.size(); ++j) text += (j ? "," : "") + std::to_string(bucket[j]);
+    text += "]";
+  }
+  out.text("buckets", text + "]");
+}
+
+std::vector<torch::Tensor> alternating_float_and_double() {
+  std::vector<torch::Tensor> tensors;
+  for (int i = 0; i < 3; ++i) {
+    tensors.push_back(torch::empty({50}, torch::kFloat));
+    tensors.push_back(torch::empty({25}, torch::kDouble));
+  }
+  return tensors;
+}
+
+void test_single_limit_single_dtype(Out& out, std::shared_ptr<ProcessGroup>) {
+  bucket_assignment(out, {torch::empty({100}), torch::empty({200}), torch::empty({100}), torch::empty({50})}, 400, 400);
+}
+
+void test_single_limit_multi_dtype(Out& out, std::shared_ptr<ProcessGroup>) {
+  bucket_assignment(out, alternating_float_and_double(), 400, 400);
+}
+
+void test_multi_limit_single_dtype(Out& out, std::shared_ptr<ProcessGroup>) {
+  bucket_assignment(out, {torch::empty({10}), torch::empty({10}), torch::empty({10}), torch::empty({10})}, 40, 80);
+}
+
+void test_multi_limit_multi_dtype(Out& out, std::shared_ptr<ProcessGroup>) {
+  bucket_assignment(out, alternating_float_and_double(), 200, 400);
+}
+
 Cases c10d_gloo_cases() {
   return {
       {"test_c10d_gloo.test_global_local_unused_params_grad", test_global_local_unused_params_grad},
@@ -135,6 +211,12 @@ Cases c10d_gloo_cases() {
       {"test_c10d_gloo.test_ignored_output", test_ignored_output},
       {"test_c10d_gloo.test_ignored_output_with_unused_parameters", test_ignored_output_with_unused_parameters},
       {"test_c10d_gloo.test_ddp_comm_hook_future_passing_cpu", test_ddp_comm_hook_future_passing_cpu},
+      {"test_c10d_gloo.test_ddp_comm_hook_register_just_once", test_ddp_comm_hook_register_just_once},
+      {"test_c10d_common.test_invalid_powerSGD_state", test_invalid_powerSGD_state},
+      {"test_c10d_common.test_single_limit_single_dtype", test_single_limit_single_dtype},
+      {"test_c10d_common.test_single_limit_multi_dtype", test_single_limit_multi_dtype},
+      {"test_c10d_common.test_multi_limit_single_dtype", test_multi_limit_single_dtype},
+      {"test_c10d_common.test_multi_limit_multi_dtype", test_multi_limit_multi_dtype},
   };
 }
 
