@@ -218,7 +218,7 @@ TEST_P(PyTorchDDPTests, EveryPortedTestObservesWhatPyTorchsDDPDoes) {
     }
   }
   std::cout << "world " << world << ": each ported test against PyTorch's DDP, every line of every rank\n";
-  for (const auto& [name, v] : verdict) std::cout << "  " << std::setw(60) << std::left << name << v << "\n";
+  for (const auto& [name, v] : verdict) std::cout << "  " << std::setw(72) << std::left << name << " " << v << "\n";
   std::filesystem::remove_all(dir);
 }
 
