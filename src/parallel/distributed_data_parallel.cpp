@@ -91,8 +91,9 @@ std::vector<at::Tensor> buffers_of(const torch::nn::Module& module, const NameSe
 // warned about, as it is most likely misspelt (PyTorch says nothing).
 NameSet ignored_names(const torch::nn::Module& module, const std::vector<std::string>& names, int rank) {
   NameSet ignore(names.begin(), names.end());
+  const auto params = module.named_parameters(true), buffers = module.named_buffers(true);
   for (const auto& name : ignore) {
-    if (!module.named_parameters(true).contains(name) && !module.named_buffers(true).contains(name))
+    if (!params.contains(name) && !buffers.contains(name))
       TORCH_WARN("rank ", rank, ": DistributedDataParallel: params_and_buffers_to_ignore names '", name,
                  "', which is no parameter or buffer of the module (named_parameters() and named_buffers() give "
                  "the names, as \"fc2.weight\")");

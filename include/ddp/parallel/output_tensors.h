@@ -50,8 +50,6 @@ template <typename T>
 struct is_range<T, std::void_t<decltype(std::begin(std::declval<const T&>())),
                                decltype(std::end(std::declval<const T&>()))>> : std::true_type {};
 
-// A map's element: std::pair (std::map), or an item with key() and value()
-// (c10::Dict, torch::OrderedDict).
 // A map's element: an item with key() and value() (c10::Dict,
 // torch::OrderedDict), or std::map's pair of a const key and its value.
 template <typename T, typename = void>

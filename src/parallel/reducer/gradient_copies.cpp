@@ -39,6 +39,7 @@ void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
     return;
   }
   const int64_t div = divisor.get(pg->size());
+  const at::Tensor scale = div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div);
   if (div == 1 && pg->size() == 1 && !grad.requires_grad()) {
     // A group of one: no copy into the bucket and none back (on a GPU,
     // two kernels a parameter saved); the bucket's slot stays unused.
@@ -53,18 +54,18 @@ void Reducer::Impl::copy_grad_to_bucket(size_t i, at::Tensor view) {
     // bucket, 1/W and a sum, would not at every world size): it leaves the
     // bucket for this step, and comes back if another rank used it.
     grad = grad.clone();
-    view.mul_(div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div));
+    view.mul_(scale);
     return;
   }
   if (!detail::BucketSet::is_alias(grad, view)) {
     if (grad.requires_grad())
       view.copy_(grad.detach().div(div));
     else
-      at::mul_out(view, grad, div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div));
+      at::mul_out(view, grad, scale);
     if (as_view) grad = view;
   } else if (div > 1) {
     if (options.gradient_as_bucket_view_given()) view.div_(div);
-    else view.mul_(div == pg->size() ? inverse_world : at::native::wrapped_scalar_tensor(1.0 / div));
+    else view.mul_(scale);
   }
 }
 
