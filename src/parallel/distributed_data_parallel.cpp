@@ -87,6 +87,32 @@ std::vector<at::Tensor> buffers_of(const torch::nn::Module& module, const NameSe
   return buffers;
 }
 
+// The buffers' broadcast before a forward, their autograd version counters
+// left as they were (as PyTorch since 2.12): an earlier forward of the same
+// iteration saved a BatchNorm's running statistics for its backward, which
+// a bumped counter would fail ("modified by an inplace operation") although
+// a training BatchNorm's backward does not read them: two forwards and one
+// backward (a GAN's discriminator on fake and real) work as without DDP.
+void sync_buffers(ProcessGroup& pg, const std::vector<at::Tensor>& buffers, int root) {
+  std::vector<std::pair<c10::TensorImpl*, c10::VariableVersion>> saved;
+  for (const auto& b : buffers) {
+    if (b.is_inference()) continue;  // no counter to keep
+    auto* impl = b.unsafeGetTensorImpl();
+    saved.emplace_back(impl, impl->version_counter());
+    impl->set_version_counter(c10::VariableVersion(saved.back().second.current_version()));
+  }
+  auto restore = [&] {
+    for (auto& [impl, counter] : saved) impl->set_version_counter(std::move(counter));
+  };
+  try {
+    broadcast_coalesced(pg, buffers, root);
+  } catch (...) {
+    restore();
+    throw;
+  }
+  restore();
+}
+
 // params_and_buffers_to_ignore as a set; a name that matches nothing is
 // warned about, as it is most likely misspelt (PyTorch says nothing).
 NameSet ignored_names(const torch::nn::Module& module, const std::vector<std::string>& names, int rank) {
@@ -343,7 +369,7 @@ void DistributedDataParallelBase::pre_forward() {
   // wrapper's broadcast would wait for the other ranks (docs/api.md).
   if (options_.broadcast_buffers() && d.require_forward_param_sync) {
     d.buffers = buffers_of(*module_, d.ignored);
-    if (!d.buffers.empty()) broadcast_coalesced(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
+    if (!d.buffers.empty()) sync_buffers(*pg_, d.buffers, joined_up ? find_common_rank(*pg_, true) : 0);
   }
   if (joined_up) {
     auto requires_sync =

@@ -1073,6 +1073,121 @@ def c10d_test_ddp_comm_hook_register_just_once(out, rank, world):
     raised(out, "the second register_comm_hook", lambda: model.register_comm_hook(None, dummy_hook))
 
 
+class C10dNet(nn.Module):
+    """test_c10d_common.py's Net."""
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 10, bias=False)
+        self.fc2 = nn.Linear(10, 50, bias=False)
+        self.fc3 = nn.Linear(50, 4, bias=False)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        x = self.relu(self.fc1(x))
+        x = self.relu(self.fc2(x))
+        return F.softmax(self.fc3(x), dim=1)
+
+
+def gloo_backend_cpu_module(out, rank, world, gradient_as_bucket_view):
+    """_test_gloo_backend -> _test_ddp_with_process_group on one CPU device."""
+    model = init(C10dNet())
+    ddp_model = DDP(copy.deepcopy(model), bucket_cap_mb=0.001, gradient_as_bucket_view=gradient_as_bucket_view)
+    inp, target = data([world, 2], 1), data([world, 4], 2)
+
+    def step_model(model, inp, target):
+        model.train()
+        F.mse_loss(model(inp), target).backward()
+
+    def update_parameters(model):
+        for param in model.parameters():
+            with torch.no_grad():
+                param -= param.grad
+            param.grad = None
+
+    for iteration in range(2):
+        step_model(model, inp, target)
+        step_model(ddp_model, inp[rank:rank + 1], target[rank:rank + 1])
+        update_parameters(model)
+        update_parameters(ddp_model)
+        out.params("iteration %d single process" % iteration, model)
+        out.params("iteration %d DDP" % iteration, ddp_model.module)
+        torch.manual_seed(1337 + iteration)
+        inp = inp[torch.randperm(world)]
+
+
+def c10d_test_gloo_backend_cpu_module(out, rank, world):
+    gloo_backend_cpu_module(out, rank, world, False)
+
+
+def c10d_test_gloo_backend_cpu_module_grad_is_view(out, rank, world):
+    gloo_backend_cpu_module(out, rank, world, True)
+
+
+def c10d_test_save_load_checkpoint(out, rank, world):
+    """Parameters from init(), not zeros; a rank's own batch; the checkpoint
+    in the test's folder."""
+    class TestModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(2, 10, bias=False)
+            self.fc2 = nn.Linear(10, 4, bias=False)
+            self.relu = nn.ReLU()
+
+        def forward(self, x):
+            x = self.relu(self.fc1(x))
+            x = self.relu(self.fc2(x))
+            return F.softmax(x, dim=1)
+
+    def train_loop(model, optimizer, iterations):
+        for _ in range(iterations):
+            optimizer.zero_grad()
+            criterion(model(inp), target).backward()
+            optimizer.step()
+
+    model_withload, model_withoutload = init(TestModel()), init(TestModel())
+    ddp_withload, ddp_withoutload = DDP(model_withload), DDP(model_withoutload)
+    criterion = nn.CrossEntropyLoss()
+    optimizer_withload = torch.optim.SGD(ddp_withload.parameters(), lr=0.001)
+    optimizer_non_ddp_withload = torch.optim.SGD(model_withload.parameters(), lr=0.001)
+    optimizer_withoutload = torch.optim.SGD(ddp_withoutload.parameters(), lr=0.001)
+    inp = data([4, 2], rank)
+    target = torch.LongTensor([1, 3, 0, 2])
+    train_loop(ddp_withload, optimizer_withload, 3)
+    path = os.path.join(os.environ["DDP_TEST_DIR"], "model.checkpoint")
+    if rank == 0:
+        torch.save(ddp_withload.state_dict(), path)
+    dist.barrier()
+    ddp_state_dict = torch.load(path)
+    for p in ddp_withload.parameters():
+        with torch.no_grad():
+            p.zero_()
+    ddp_withload.load_state_dict(ddp_state_dict)
+    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(ddp_state_dict, "module.")
+    model_withload.load_state_dict(ddp_state_dict)
+    out.params("loaded", model_withload)
+    train_loop(ddp_withload, optimizer_withload, 3)
+    train_loop(model_withload, optimizer_non_ddp_withload, 3)
+    train_loop(ddp_withoutload, optimizer_withoutload, 6)
+    out.params("with the checkpoint", model_withload)
+    out.params("without", model_withoutload)
+
+
+def c10d_test_broadcast_coalesced_gloo_cpu(out, rank, world):
+    """CommTest._test_broadcast_coalesced on CPU: float16 becomes float32."""
+    half = torch.float32
+    target = torch.arange(60, dtype=half).chunk(5)
+    target += torch.arange(60, dtype=torch.float32).chunk(5)
+    target += torch.arange(60, dtype=half).chunk(5)
+    target += torch.arange(60, dtype=torch.float64).chunk(5)
+    target += torch.arange(60, dtype=half).chunk(5)
+    target += torch.arange(60, dtype=torch.float32).chunk(5)
+    process_group = dist.distributed_c10d._get_default_group()
+    for root_rank in range(world):
+        tensors = [t.clone() if rank == root_rank else torch.zeros_like(t) for t in target]
+        dist._broadcast_coalesced(process_group, tensors, 256, root_rank)
+        out.text("root %d: the root's tensors" % root_rank, int(all(torch.equal(a, b) for a, b in zip(tensors, target))))
+
+
 def c10d_test_invalid_powerSGD_state(out, rank, world):
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
     for start_powerSGD_iter, use_error_feedback, warm_start in itertools.product([0, 1], [True, False], [True, False]):
@@ -1108,6 +1223,71 @@ def c10d_test_multi_limit_multi_dtype(out, rank, world):
     bucket_assignment(out, [torch.empty([50], dtype=torch.float), torch.empty([25], dtype=torch.double)] * 3, [200, 400])
 
 
+def dataclass_output(out, rank, world, skip_o1):
+    """_test_dataclass_output; the parameters from init()."""
+    import dataclasses
+    import typing
+
+    @dataclasses.dataclass
+    class CustomOutput:
+        o1: typing.Optional[torch.Tensor]
+        o2: typing.Dict[str, torch.Tensor]
+
+    class DataclassOutputModule(nn.Module):
+        def __init__(self, skip_o1):
+            super().__init__()
+            self.seq1 = nn.Sequential(*[nn.Linear(10, 10) for _ in range(3)])
+            self.relu = nn.ReLU()
+            self.seq2 = nn.Sequential(*[nn.Linear(10, 10) for _ in range(3)])
+            self.skip_o1 = skip_o1
+
+        def forward(self, x):
+            o1 = None if self.skip_o1 else self.relu(self.seq1(x))
+            o2 = {"a": self.seq2(x), "b": self.relu(self.seq2(x))}
+            return CustomOutput(o1=o1, o2=o2)
+
+    net_x = torch.cat([torch.ones(4, 10) * i for i in range(world)])
+    ddp_x = torch.ones(4, 10) * rank
+    net = init(DataclassOutputModule(skip_o1=skip_o1))
+    ddp = DDP(copy.deepcopy(net), find_unused_parameters=True, static_graph=False)
+
+    def loss(o):
+        return F.mse_loss(o.o1 + o.o2["a"] + o.o2["b"] if not skip_o1 else o.o2["a"] + o.o2["b"],
+                          torch.ones_like(o.o2["a"]))
+
+    loss(net(net_x)).backward()
+    loss(ddp(ddp_x)).backward()
+    out.grads("single process", net)
+    out.grads("DDP", ddp.module)
+    close = all(p1.grad.allclose(p2.grad) if torch.is_tensor(p1.grad) else p1.grad is p2.grad
+                for p1, p2 in zip(net.parameters(), ddp.parameters()))
+    out.text("the same gradients", int(close))
+
+
+def c10d_test_dataclass_output(out, rank, world):
+    dataclass_output(out, rank, world, False)
+
+
+def c10d_test_dataclass_output_unused_param(out, rank, world):
+    dataclass_output(out, rank, world, True)
+
+
+def c10d_test_ddp_buffer_sync_multi_forward_with_batchnorm(out, rank, world):
+    model = init(nn.Sequential(nn.Linear(10, 10), nn.BatchNorm1d(10)))
+    ddp = DDP(model, broadcast_buffers=True)
+    inp = data([4, 10], rank)
+
+    def two_forwards_one_backward():
+        out1 = ddp(inp)
+        out2 = ddp(inp)
+        (out1.mean() + out2.mean()).backward()
+
+    raised(out, "two forwards, one backward", two_forwards_one_backward)
+    out.grads("after the backward", model)
+    for name, b in model.named_buffers():
+        out.tensor(name, b)
+
+
 CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
@@ -1130,16 +1310,31 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
         c10d_test_global_local_unused_params_grad_with_static_graph,
         c10d_test_find_unused_parameters_when_unused_parameters_empty, c10d_test_ignored_output,
         c10d_test_ignored_output_with_unused_parameters, c10d_test_ddp_comm_hook_future_passing_cpu,
-        c10d_test_ddp_comm_hook_register_just_once]] + [
+        c10d_test_ddp_comm_hook_register_just_once, c10d_test_gloo_backend_cpu_module,
+        c10d_test_gloo_backend_cpu_module_grad_is_view, c10d_test_save_load_checkpoint,
+        c10d_test_broadcast_coalesced_gloo_cpu]] + [
     ("test_c10d_common." + case.__name__[len("c10d_"):], case) for case in [
         c10d_test_invalid_powerSGD_state, c10d_test_single_limit_single_dtype, c10d_test_single_limit_multi_dtype,
-        c10d_test_multi_limit_single_dtype, c10d_test_multi_limit_multi_dtype]]
+        c10d_test_multi_limit_single_dtype, c10d_test_multi_limit_multi_dtype, c10d_test_dataclass_output,
+        c10d_test_dataclass_output_unused_param, c10d_test_ddp_buffer_sync_multi_forward_with_batchnorm]]
+
+
+# Tests of test_c10d_*.py (not installed with PyTorch) newer than some
+# PyTorch: the first version whose suite has them.
+C10D_SINCE = {
+    "test_c10d_common.test_dataclass_output": (2, 0),
+    "test_c10d_common.test_dataclass_output_unused_param": (2, 0),
+    "test_c10d_common.test_ddp_buffer_sync_multi_forward_with_batchnorm": (2, 12),
+}
 
 
 def in_this_pytorch(name):
-    """Whether this PyTorch's distributed_test.py has the test (read as text:
-    importing it costs seconds). A port of a test this version lacks writes
-    one line saying so, and the comparison skips the case (pytorch_parity_test.cpp)."""
+    """Whether this PyTorch's suite has the test: distributed_test.py's read
+    as text (importing it costs seconds), test_c10d_*.py's by C10D_SINCE. A
+    port of a test this version lacks writes one line saying so, and the
+    comparison skips the case (pytorch_parity_test.cpp)."""
+    if "." in name:
+        return tuple(int(v) for v in torch.__version__.split(".")[:2]) >= C10D_SINCE.get(name, (0, 0))
     return ("def %s(" % name) in distributed_test_source()
 
 
@@ -1160,7 +1355,7 @@ def main():
         if wanted is not None and name not in wanted:
             continue
         out.case = name
-        if name.startswith("test_") and "." not in name and not in_this_pytorch(name):
+        if name.startswith("test_") and not in_this_pytorch(name):
             out.text("absent", "from PyTorch %s" % torch.__version__)
             continue
         case(out, rank, world)

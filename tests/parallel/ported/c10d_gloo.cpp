@@ -1,11 +1,16 @@
 // Ported tests of test/distributed/test_c10d_gloo.py's DistributedDataParallelTest
-// (their CPU halves), named "test_c10d_gloo.<test>": what DDP leaves of a
-// parameter no rank used, outputs that are dropped without a backward, a
-// hook whose future is made by the hook itself, a second hook. And of
-// test_c10d_common.py's ("test_c10d_common.<test>"): PowerSGD's refused
-// states, the bucket assignment.
+// and CommTest (their CPU halves), named "test_c10d_gloo.<test>": a CPU
+// module trained as one process would, what DDP leaves of a parameter no
+// rank used, outputs that are dropped without a backward, a hook whose
+// future is made by the hook itself, a second hook, a checkpoint saved
+// mid-training, the coalesced broadcast. And of test_c10d_common.py's
+// ("test_c10d_common.<test>"): PowerSGD's refused states, the bucket
+// assignment, a struct as the output, two forwards before one backward.
 #include "ported_case.h"
 
+#include <optional>
+
+#include "ddp/train/state_dict.h"
 #include "parallel/reducer/bucket_assignment.h"
 
 namespace ddp::testing::ported {
@@ -137,6 +142,128 @@ void test_ddp_comm_hook_register_just_once(Out& out, std::shared_ptr<ProcessGrou
   expect_names(message, {"register_comm_hook", "once"});
 }
 
+
+// test_c10d_common.py's Net: Linear 2-10-50-4 without biases, softmax.
+struct C10dNetImpl : nn::Module {
+  C10dNetImpl() {
+    fc1 = register_module("fc1", nn::Linear(nn::LinearOptions(2, 10).bias(false)));
+    fc2 = register_module("fc2", nn::Linear(nn::LinearOptions(10, 50).bias(false)));
+    fc3 = register_module("fc3", nn::Linear(nn::LinearOptions(50, 4).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(fc1(x));
+    x = torch::relu(fc2(x));
+    return torch::softmax(fc3(x), 1);
+  }
+  nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(C10dNet);
+
+// _test_gloo_backend -> _test_ddp_with_process_group on one CPU device: the
+// single-process model on the whole batch and DDP on one sample a rank
+// (buckets of 0.001 MiB), two iterations of param -= grad.
+void gloo_backend_cpu_module(Out& out, std::shared_ptr<ProcessGroup> pg, bool as_view) {
+  const int rank = pg->rank(), world = pg->size();
+  C10dNet model, ddp_module;
+  init(model);
+  init(ddp_module);
+  DistributedDataParallel ddp_model(ddp_module, pg, DDPOptions().bucket_cap_mb(0.001).gradient_as_bucket_view(as_view));
+  auto input = data({world, 2}, 1);
+  const auto target = data({world, 4}, 2);
+  auto update_parameters = [](nn::Module& m) {
+    for (auto& p : m.parameters()) {
+      {
+        torch::NoGradGuard no_grad;
+        p -= p.grad();
+      }
+      p.mutable_grad() = torch::Tensor();
+    }
+  };
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    torch::mse_loss(model(input), target).backward();
+    torch::mse_loss(ddp_model(input.slice(0, rank, rank + 1)), target.slice(0, rank, rank + 1)).backward();
+    update_parameters(*model);
+    update_parameters(*ddp_module);
+    out.params(fmt("iteration %d single process", iteration), *model);
+    out.params(fmt("iteration %d DDP", iteration), *ddp_module);
+    torch::manual_seed(1337 + iteration);
+    input = input.index({torch::randperm(world)});
+  }
+}
+
+void test_gloo_backend_cpu_module(Out& out, std::shared_ptr<ProcessGroup> pg) { gloo_backend_cpu_module(out, pg, false); }
+
+void test_gloo_backend_cpu_module_grad_is_view(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  gloo_backend_cpu_module(out, pg, true);
+}
+
+struct CheckpointTestModelImpl : nn::Module {
+  CheckpointTestModelImpl() {
+    fc1 = register_module("fc1", nn::Linear(nn::LinearOptions(2, 10).bias(false)));
+    fc2 = register_module("fc2", nn::Linear(nn::LinearOptions(10, 4).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::softmax(torch::relu(fc2(torch::relu(fc1(x)))), 1); }
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(CheckpointTestModel);
+
+// test_save_load_checkpoint: three iterations, rank 0 saves the state, every
+// rank loads it into the DDP-wrapped module (after zeroing it), three more
+// iterations through DDP and three on the module alone; and a DDP model
+// trained six iterations without the checkpoint. The parameters start from
+// init(), not zeros (zeros leave every gradient zero); a rank's own batch.
+void test_save_load_checkpoint(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  CheckpointTestModel model_withload, model_withoutload;
+  init(model_withload);
+  init(model_withoutload);
+  DistributedDataParallel ddp_withload(model_withload, pg), ddp_withoutload(model_withoutload, pg);
+  torch::optim::SGD optimizer_withload(model_withload->parameters(), 0.001);
+  torch::optim::SGD optimizer_non_ddp_withload(model_withload->parameters(), 0.001);
+  torch::optim::SGD optimizer_withoutload(model_withoutload->parameters(), 0.001);
+  const auto input = data({4, 2}, rank);
+  const auto target = torch::tensor({1, 3, 0, 2}, torch::kLong);
+  auto train_loop = [&](auto&& model, torch::optim::Optimizer& optimizer, int iterations) {
+    for (int i = 0; i < iterations; ++i) {
+      optimizer.zero_grad();
+      torch::nn::functional::cross_entropy(model(input), target).backward();
+      optimizer.step();
+    }
+  };
+  train_loop(ddp_withload, optimizer_withload, 3);
+  const std::string path = std::string(std::getenv("DDP_TEST_DIR")) + "/model.checkpoint";
+  if (rank == 0) ddp::save_state_dict(*model_withload, path);
+  pg->barrier();
+  const auto state = ddp::read_state_dict(path);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : model_withload->parameters()) p.zero_();
+  }
+  ddp::load_state_dict(*model_withload, state);
+  out.params("loaded", *model_withload);
+  train_loop(ddp_withload, optimizer_withload, 3);
+  train_loop(model_withload, optimizer_non_ddp_withload, 3);
+  train_loop(ddp_withoutload, optimizer_withoutload, 6);
+  out.params("with the checkpoint", *model_withload);
+  out.params("without", *model_withoutload);
+}
+
+// CommTest._test_broadcast_coalesced on CPU (float16 becomes float32 there):
+// thirty chunks of float32 and float64, each rank the root once.
+void test_broadcast_coalesced_gloo_cpu(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  std::vector<torch::Tensor> target;
+  for (auto dtype : {torch::kFloat, torch::kFloat, torch::kFloat, torch::kDouble, torch::kFloat, torch::kFloat})
+    for (const auto& chunk : torch::arange(60, dtype).chunk(5)) target.push_back(chunk);
+  for (int root_rank = 0; root_rank < pg->size(); ++root_rank) {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& t : target) tensors.push_back(pg->rank() == root_rank ? t.clone() : torch::zeros_like(t));
+    broadcast_coalesced(*pg, tensors, root_rank);
+    bool equal = true;
+    for (size_t i = 0; i < target.size(); ++i) equal = equal && torch::equal(tensors[i], target[i]);
+    out.text(fmt("root %d: the root's tensors", root_rank), equal ? 1 : 0);
+  }
+}
+
 // ---- test_c10d_common.py's ------------------------------------------------------
 
 void test_invalid_powerSGD_state(Out& out, std::shared_ptr<ProcessGroup>) {
@@ -199,6 +326,81 @@ void test_multi_limit_multi_dtype(Out& out, std::shared_ptr<ProcessGroup>) {
   bucket_assignment(out, alternating_float_and_double(), 200, 400);
 }
 
+
+// CommonDistributedDataParallelTest's dataclass CustomOutput, as a struct
+// with ddp_fields: o1 (absent when skipped) and the dict o2.
+struct CustomOutput {
+  std::optional<torch::Tensor> o1;
+  std::map<std::string, torch::Tensor> o2;
+};
+auto ddp_fields(const CustomOutput& o) { return std::tie(o.o1, o.o2); }
+
+struct DataclassOutputModuleImpl : nn::Module {
+  explicit DataclassOutputModuleImpl(bool skip_o1) : skip_o1(skip_o1) {
+    seq1 = register_module("seq1", nn::Sequential(nn::Linear(10, 10), nn::Linear(10, 10), nn::Linear(10, 10)));
+    seq2 = register_module("seq2", nn::Sequential(nn::Linear(10, 10), nn::Linear(10, 10), nn::Linear(10, 10)));
+  }
+  CustomOutput forward(torch::Tensor x) {
+    CustomOutput out;
+    if (!skip_o1) out.o1 = torch::relu(seq1->forward(x));
+    out.o2 = {{"a", seq2->forward(x)}, {"b", torch::relu(seq2->forward(x))}};
+    return out;
+  }
+  nn::Sequential seq1{nullptr}, seq2{nullptr};
+  bool skip_o1;
+};
+TORCH_MODULE(DataclassOutputModule);
+
+// _test_dataclass_output: the single-process model on every rank's input and
+// DDP (find_unused_parameters) on this rank's: the same gradients.
+void dataclass_output(Out& out, std::shared_ptr<ProcessGroup> pg, bool skip_o1) {
+  const int rank = pg->rank(), world = pg->size();
+  std::vector<torch::Tensor> parts;
+  for (int i = 0; i < world; ++i) parts.push_back(torch::ones({4, 10}) * i);
+  const auto net_x = torch::cat(parts), ddp_x = torch::ones({4, 10}) * rank;
+  DataclassOutputModule net(skip_o1), ddp_module(skip_o1);
+  init(net);
+  init(ddp_module);
+  DistributedDataParallel ddp(ddp_module, pg, DDPOptions().find_unused_parameters(true));
+  auto loss = [&](const CustomOutput& o) {
+    const auto sum = skip_o1 ? o.o2.at("a") + o.o2.at("b") : *o.o1 + o.o2.at("a") + o.o2.at("b");
+    return torch::mse_loss(sum, torch::ones_like(o.o2.at("a")));
+  };
+  loss(net(net_x)).backward();
+  loss(ddp(ddp_x)).backward();
+  out.grads("single process", *net);
+  out.grads("DDP", *ddp_module);
+  bool close = true;
+  const auto p1 = net->parameters(), p2 = ddp_module->parameters();
+  for (size_t i = 0; i < p1.size(); ++i)
+    close = close && (p1[i].grad().defined() ? p1[i].grad().allclose(p2[i].grad()) : !p2[i].grad().defined());
+  out.text("the same gradients", close ? 1 : 0);
+}
+
+void test_dataclass_output(Out& out, std::shared_ptr<ProcessGroup> pg) { dataclass_output(out, pg, false); }
+
+void test_dataclass_output_unused_param(Out& out, std::shared_ptr<ProcessGroup> pg) { dataclass_output(out, pg, true); }
+
+// test_ddp_buffer_sync_multi_forward_with_batchnorm (newer than PyTorch
+// 2.11): two forwards of a BatchNorm model with buffers broadcast, then one
+// backward through both.
+void test_ddp_buffer_sync_multi_forward_with_batchnorm(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  nn::Sequential module(nn::Linear(10, 10), nn::BatchNorm1d(10));
+  init(module);
+  DistributedDataParallel ddp(module, pg, DDPOptions().broadcast_buffers(true));
+  const auto inp = data({4, 10}, pg->rank());
+  const auto message = raised(out, "two forwards, one backward", [&] {
+    auto out1 = ddp(inp);
+    auto out2 = ddp(inp);
+    (out1.mean() + out2.mean()).backward();
+  });
+  // PyTorch 2.11 and older raise (the buffers' broadcast bumps their
+  // versions), so the comparison skips this case for them: checked here.
+  EXPECT_OR_FAIL(message.empty(), "two forwards and one backward: " + message);
+  out.grads("after the backward", *module);
+  for (const auto& b : module->named_buffers()) out.tensor(b.key(), b.value());
+}
+
 Cases c10d_gloo_cases() {
   return {
       {"test_c10d_gloo.test_global_local_unused_params_grad", test_global_local_unused_params_grad},
@@ -212,11 +414,19 @@ Cases c10d_gloo_cases() {
       {"test_c10d_gloo.test_ignored_output_with_unused_parameters", test_ignored_output_with_unused_parameters},
       {"test_c10d_gloo.test_ddp_comm_hook_future_passing_cpu", test_ddp_comm_hook_future_passing_cpu},
       {"test_c10d_gloo.test_ddp_comm_hook_register_just_once", test_ddp_comm_hook_register_just_once},
+      {"test_c10d_gloo.test_gloo_backend_cpu_module", test_gloo_backend_cpu_module},
+      {"test_c10d_gloo.test_gloo_backend_cpu_module_grad_is_view", test_gloo_backend_cpu_module_grad_is_view},
+      {"test_c10d_gloo.test_save_load_checkpoint", test_save_load_checkpoint},
+      {"test_c10d_gloo.test_broadcast_coalesced_gloo_cpu", test_broadcast_coalesced_gloo_cpu},
       {"test_c10d_common.test_invalid_powerSGD_state", test_invalid_powerSGD_state},
       {"test_c10d_common.test_single_limit_single_dtype", test_single_limit_single_dtype},
       {"test_c10d_common.test_single_limit_multi_dtype", test_single_limit_multi_dtype},
       {"test_c10d_common.test_multi_limit_single_dtype", test_multi_limit_single_dtype},
       {"test_c10d_common.test_multi_limit_multi_dtype", test_multi_limit_multi_dtype},
+      {"test_c10d_common.test_dataclass_output", test_dataclass_output},
+      {"test_c10d_common.test_dataclass_output_unused_param", test_dataclass_output_unused_param},
+      {"test_c10d_common.test_ddp_buffer_sync_multi_forward_with_batchnorm",
+       test_ddp_buffer_sync_multi_forward_with_batchnorm},
   };
 }
 
