@@ -935,9 +935,62 @@ def test_ddp_uneven_inputs_stop_iteration_sync_bn(out, rank, world):
     out.params("after", model.module)
 
 
+def test_ddp_logging_data_cpu(out, rank, world):
+    """_test_ddp_logging_data on CPU, then the logging data's keys (see the port)."""
+    model = DDP(init(Net()))
+    local_bs, global_bs = 2, world * 2
+    inp, target = data([global_bs, 2], 1), data([global_bs, 4], 2)
+    model._set_ddp_runtime_logging_sample_rate(2)
+    for idx in range(20):
+        offset = rank * local_bs
+        nn.MSELoss()(model(inp[offset:offset + local_bs]), target[offset:offset + local_bs]).backward()
+        step_with_zero_grad(model.module)
+        d = model._get_ddp_logging_data()
+        if idx > 0 and (idx < 10 or idx % 2 == 0):
+            ok = (d.get("forward_compute_time") >= 1 and d.get("backward_compute_time") >= 1
+                  and d.get("backward_comm_time") >= 1
+                  and d.get("backward_compute_time") >= d.get("backward_compute_comm_overlap_time")
+                  and d.get("backward_comm_time") >= d.get("backward_compute_comm_overlap_time"))
+            out.text("iteration %d runtime figures in order" % idx, int(ok))
+    d = model._get_ddp_logging_data()
+
+    def env(name):
+        return os.environ.get(name, "N/A")
+
+    for k in ["world_size", "rank", "output_device", "broadcast_buffers", "bucket_cap_bytes",
+              "find_unused_parameters", "total_parameter_size_bytes",
+              "num_parameter_tensors", "has_rebuilt_buckets", "gloo_num_threads"]:
+        out.text(k, int(d.get(k, -12345)))
+    out.text("unused_parameter_size", d.get("unused_parameter_size", 0))
+    for k in ["device_ids", "backend_name", "dtypes", "bucket_sizes", "rebuilt_bucket_sizes",
+              "prev_iteration_grad_ready_order_indices", "rebuilt_per_bucket_param_indices",
+              "nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
+              "nccl_nthreads", "nccl_ib_timeout"]:
+        out.text(k, "'%s'" % d.get(k))
+    out.text("module_name is the module's class", int(d.get("module_name") == type(model.module).__name__))
+    out.text("iteration at least 18", int(d.get("iteration") >= 18))
+    out.text("gradient_as_bucket_view is the option in effect",
+             int(d.get("gradient_as_bucket_view") == int(model.gradient_as_bucket_view)))
+    out.text("environment", int(d.get("master_port") == env("MASTER_PORT") and d.get("master_addr") == env("MASTER_ADDR")
+                                and d.get("torch_distributed_debug") == env("TORCH_DISTRIBUTED_DEBUG")
+                                and d.get("cuda_visible_devices") == env("CUDA_VISIBLE_DEVICES")
+                                and d.get("gloo_socket_ifname") == env("GLOO_SOCKET_IFNAME")
+                                and d.get("gloo_device_transport") == env("GLOO_DEVICE_TRANSPORT")))
+    out.text("average figures in order", int(
+        d.get("avg_forward_compute_time") >= 1 and d.get("avg_backward_compute_time") >= 1
+        and d.get("avg_backward_comm_time") >= 1
+        and d.get("avg_backward_compute_time") >= d.get("avg_backward_compute_comm_overlap_time")
+        and d.get("avg_backward_comm_time") >= d.get("avg_backward_compute_comm_overlap_time")))
+    out.text("host-side times in order", int(
+        d.get("backward_comm_time_end") >= d.get("backward_comm_time_start")
+        and d.get("backward_comm_time_start") >= d.get("backward_compute_time_start")
+        and d.get("backward_compute_time_end") >= d.get("backward_compute_time_start")
+        and d.get("backward_compute_time_start") >= d.get("forward_compute_time_start")))
+
+
 # ---- test/distributed/test_c10d_gloo.py's and test_c10d_common.py's ----------
-# (not installed with torch: these exist in 1.13's and 2.11's alike, and are
-# named "test_c10d_gloo.<test>", "test_c10d_common.<test>")
+# (not installed with torch: C10D_SINCE says which are newer than 1.13; named
+# "test_c10d_gloo.<test>", "test_c10d_common.<test>")
 
 class Task(nn.Module):
     def __init__(self):
@@ -1304,7 +1357,7 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
          test_ddp_control_flow_same_across_ranks, test_ddp_hook_parity_allreduce,
          test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
          test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward,
-         test_ddp_uneven_inputs_stop_iteration_sync_bn]] + [
+         test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_logging_data_cpu]] + [
     ("test_c10d_gloo." + case.__name__[len("c10d_"):], case) for case in [
         c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
         c10d_test_global_local_unused_params_grad_with_static_graph,

@@ -295,6 +295,80 @@ void test_ddp_hook_parity_powerSGD(Out& out, std::shared_ptr<ProcessGroup> pg) {
   }
 }
 
+
+// test_ddp_logging_data_cpu (_test_ddp_logging_data on CPU): 20 iterations
+// of TestNet, then the logging data's configuration and runtime keys. The
+// values that name this run (ports, the module's class) are checked against
+// it and written as 1; times as the orders the test checks. PyTorch samples
+// its runtime figures (every 2nd step here); ours count every step, so
+// "iteration" is the last sampled step there and the last step here: the
+// port checks that it is at least the test's 18. gradient_as_bucket_view
+// is checked against the option in effect, whose default differs.
+void test_ddp_logging_data_cpu(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank(), world = pg->size();
+  TestNet net;
+  DistributedDataParallel model(init(net), pg);
+  const int local_bs = 2, global_bs = world * local_bs;
+  const auto input = data({global_bs, 2}, 1), target = data({global_bs, 4}, 2);
+  auto ints = [](const DDPLoggingData& d, const std::string& k, int64_t missing = -12345) {
+    return d.ints_map.count(k) ? d.ints_map.at(k) : missing;
+  };
+  auto strs = [](const DDPLoggingData& d, const std::string& k) {
+    return d.strs_map.count(k) ? d.strs_map.at(k) : std::string("None");
+  };
+  for (int idx = 0; idx < 20; ++idx) {
+    const int offset = rank * local_bs;
+    torch::mse_loss(model(input.slice(0, offset, offset + local_bs)), target.slice(0, offset, offset + local_bs))
+        .backward();
+    step_with_zero_grad(*net);
+    const auto d = model.get_ddp_logging_data();
+    if (idx > 0 && (idx < 10 || idx % 2 == 0)) {
+      const bool ok = ints(d, "forward_compute_time") >= 1 && ints(d, "backward_compute_time") >= 1 &&
+                      ints(d, "backward_comm_time") >= 1 &&
+                      ints(d, "backward_compute_time") >= ints(d, "backward_compute_comm_overlap_time") &&
+                      ints(d, "backward_comm_time") >= ints(d, "backward_compute_comm_overlap_time");
+      out.text(fmt("iteration %d runtime figures in order", idx), ok ? 1 : 0);
+    }
+  }
+  const auto d = model.get_ddp_logging_data();
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "N/A");
+  };
+  for (const char* k : {"world_size", "rank", "output_device", "broadcast_buffers", "bucket_cap_bytes",
+                        "find_unused_parameters", "total_parameter_size_bytes",
+                        "num_parameter_tensors", "has_rebuilt_buckets", "gloo_num_threads"})
+    out.text(k, ints(d, k));
+  out.text("unused_parameter_size", ints(d, "unused_parameter_size", 0));
+  for (const char* k : {"device_ids", "backend_name", "dtypes", "bucket_sizes", "rebuilt_bucket_sizes",
+                        "prev_iteration_grad_ready_order_indices", "rebuilt_per_bucket_param_indices",
+                        "nccl_socket_ifname", "nccl_blocking_wait", "nccl_async_error_handling", "nccl_debug",
+                        "nccl_nthreads", "nccl_ib_timeout"})
+    out.text(k, "'" + strs(d, k) + "'");
+  out.text("module_name is the module's class", strs(d, "module_name") == net->name() ? 1 : 0);
+  out.text("iteration at least 18", ints(d, "iteration") >= 18 ? 1 : 0);
+  // On by default here, off in PyTorch (ddp_options.h): the key says which is in effect.
+  out.text("gradient_as_bucket_view is the option in effect",
+           ints(d, "gradient_as_bucket_view") == model.options().gradient_as_bucket_view() ? 1 : 0);
+  out.text("environment", strs(d, "master_port") == env("MASTER_PORT") && strs(d, "master_addr") == env("MASTER_ADDR") &&
+                                  strs(d, "torch_distributed_debug") == env("TORCH_DISTRIBUTED_DEBUG") &&
+                                  strs(d, "cuda_visible_devices") == env("CUDA_VISIBLE_DEVICES") &&
+                                  strs(d, "gloo_socket_ifname") == env("GLOO_SOCKET_IFNAME") &&
+                                  strs(d, "gloo_device_transport") == env("GLOO_DEVICE_TRANSPORT")
+                              ? 1
+                              : 0);
+  const bool averages = ints(d, "avg_forward_compute_time") >= 1 && ints(d, "avg_backward_compute_time") >= 1 &&
+                        ints(d, "avg_backward_comm_time") >= 1 &&
+                        ints(d, "avg_backward_compute_time") >= ints(d, "avg_backward_compute_comm_overlap_time") &&
+                        ints(d, "avg_backward_comm_time") >= ints(d, "avg_backward_compute_comm_overlap_time");
+  out.text("average figures in order", averages ? 1 : 0);
+  const bool host_times = ints(d, "backward_comm_time_end") >= ints(d, "backward_comm_time_start") &&
+                          ints(d, "backward_comm_time_start") >= ints(d, "backward_compute_time_start") &&
+                          ints(d, "backward_compute_time_end") >= ints(d, "backward_compute_time_start") &&
+                          ints(d, "backward_compute_time_start") >= ints(d, "forward_compute_time_start");
+  out.text("host-side times in order", host_times ? 1 : 0);
+}
+
 Cases training_cases() {
   return {
       {"test_DistributedDataParallelCPU", test_DistributedDataParallelCPU},
@@ -315,6 +389,7 @@ Cases training_cases() {
       {"test_ddp_hook_parity_allreduce", test_ddp_hook_parity_allreduce},
       {"test_ddp_hook_parity_allreduce_process_group", test_ddp_hook_parity_allreduce_process_group},
       {"test_ddp_hook_parity_powerSGD", test_ddp_hook_parity_powerSGD},
+      {"test_ddp_logging_data_cpu", test_ddp_logging_data_cpu},
   };
 }
 
