@@ -8,6 +8,7 @@ written bit for bit (float64 bits of each value). Where the original runs on
 CUDA devices, the port runs the same module on CPU; inputs and parameters are
 made by formulas, not by a random generator, so both sides start equal.
 Usage: pytorch_ddp_tests.py DIR [CASE,CASE...] (rank and world from torchrun's variables)."""
+import contextlib
 import copy
 import functools
 import itertools
@@ -935,6 +936,96 @@ def test_ddp_uneven_inputs_stop_iteration_sync_bn(out, rank, world):
     out.params("after", model.module)
 
 
+def checksums(out, label, module):
+    """A parameter's or buffer's values as two float64 sums (plain and weighted
+    by position): bitwise the same for the same values, a few lines for any size."""
+    for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        flat = t.detach().double().reshape(-1)
+        out.tensor("%s %s" % (label, name), torch.stack([flat.sum(), (flat * torch.arange(flat.numel())).sum()]))
+
+
+UNEVEN_DIM = 24  # 1000 in the original: a CPU runs it in seconds
+
+
+def test_ddp_uneven_inputs(out, rank, world):
+    """Every model and rank-to-iterations mapping of the original, on CPU: the
+    dimension 1000 shrunk to UNEVEN_DIM and the bucket cap with it (1 to 0.25
+    MiB: the conv model still spans several buckets); ResNet-50 left out
+    (torchvision). Each run writes its iterations, its error (on early
+    termination) and the model's and buffers' checksums after Join."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as default
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    dim, batch = UNEVEN_DIM, 1
+    large_model = init(nn.Sequential(nn.Conv2d(1, 20, 5), nn.ReLU(), nn.Conv2d(20, 32, 5), nn.ReLU(),
+                                     nn.Conv2d(32, 256, 5), nn.ReLU()))
+    small_model = init(nn.Linear(dim, dim, bias=False))
+    bn_net = init(BatchNormNet())
+
+    class UnusedParamModule(nn.Module):
+        def __init__(self, unused_params_rank):
+            super().__init__()
+            self.t0, self.t1 = Task(), Task()
+            self.unused_params_rank = unused_params_rank
+
+        def forward(self, x, rank):
+            return self.t1(self.t0(x)) if rank != self.unused_params_rank else self.t1(x)
+
+    unjoined = init(UnusedParamModule(1))
+    joined = init(UnusedParamModule(0))
+    power_sgd_state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=1,
+                                             warm_start=False, use_error_feedback=False)
+    # (name, model, input, hook, state)
+    models = [("batch_norm_net", bn_net, torch.ones(batch, 2), None, None),
+              ("large_conv_model", large_model, torch.ones(batch, batch, dim, dim), None, None),
+              ("small_model", small_model, torch.ones(batch, dim), None, None),
+              ("unjoined_rank_with_unused_params_model", unjoined, (torch.ones(batch, 2), rank), None, None),
+              ("joined_rank_with_unused_params_model", joined, (torch.ones(batch, 2), rank), None, None),
+              ("small_model_allreduce_hook", small_model, torch.ones(batch, dim), default.allreduce_hook, None),
+              ("small_model_power_sgd_hook", small_model, torch.ones(batch, dim), powerSGD.powerSGD_hook,
+               power_sgd_state)]
+    # (case, sync_interval, throw_on_early_termination): the hooks only in the first set, as the original
+    cases = [(m, 1, False) for m in models]
+    cases += [((m[0], m[1], m[2], None, None), i + 2, False) for i, m in enumerate(models)]
+    cases += [((m[0], m[1], m[2], None, None), 1, True) for m in models]
+    mappings = []
+    for num_early_join_ranks in [1] + ([2] if world > 2 else []):
+        for baseline_iter in [0, 5]:
+            for offset in [2, 3, 10]:
+                mapping = dict.fromkeys(range(num_early_join_ranks), baseline_iter)
+                if num_early_join_ranks > 1:
+                    for r in mapping:
+                        if r > 0:
+                            mapping[r] += offset // 2
+                mapping.update(dict.fromkeys(range(num_early_join_ranks, world), baseline_iter + offset))
+                mappings.append(mapping)
+    for ((name, model, inp, hook, state), sync_interval, throw), mapping in itertools.product(cases, mappings):
+        label = "%s sync %d%s %s" % (name, sync_interval, " throw" if throw else "",
+                                     ",".join(str(mapping[r]) for r in range(world)))
+        dist.barrier()
+        net = DDP(model, bucket_cap_mb=0.25, find_unused_parameters="unused_params_model" in name)
+        if hook is not None:
+            net.register_comm_hook(state, hook)
+        num_iters = mapping[rank]
+        total_iters = [0]
+
+        def run():
+            with net.join(throw_on_early_termination=throw):
+                for i in range(num_iters):
+                    with (net.no_sync() if i % sync_interval != 0 else contextlib.nullcontext()):
+                        loss = (net(*inp) if isinstance(inp, tuple) else net(inp)).sum()
+                        loss.backward()
+                        step(net)
+                    total_iters[0] += 1
+
+        if throw:
+            raised(out, label, run)
+        else:
+            run()
+        out.text(label + " iterations", total_iters[0])
+        if not throw:
+            out.text(label + " join_uneven_inputs", net._get_ddp_logging_data().get("join_uneven_inputs"))
+        checksums(out, label, model)
+
 def test_ddp_logging_data_cpu(out, rank, world):
     """_test_ddp_logging_data on CPU, then the logging data's keys (see the port)."""
     model = DDP(init(Net()))
@@ -1357,7 +1448,7 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
          test_ddp_control_flow_same_across_ranks, test_ddp_hook_parity_allreduce,
          test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
          test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward,
-         test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_logging_data_cpu]] + [
+         test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_uneven_inputs, test_ddp_logging_data_cpu]] + [
     ("test_c10d_gloo." + case.__name__[len("c10d_"):], case) for case in [
         c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
         c10d_test_global_local_unused_params_grad_with_static_graph,

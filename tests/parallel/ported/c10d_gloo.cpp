@@ -15,14 +15,6 @@
 
 namespace ddp::testing::ported {
 
-// The tests' Task: p + x, p a 2x2 parameter of ones.
-struct TaskImpl : nn::Module {
-  TaskImpl() : p(register_parameter("p", torch::ones({2, 2}))) {}
-  torch::Tensor forward(torch::Tensor x) { return p + x; }
-  torch::Tensor p;
-};
-TORCH_MODULE(Task);
-
 struct GlobalLocalUnusedParamModuleImpl : nn::Module {
   GlobalLocalUnusedParamModuleImpl() {
     t0 = register_module("t0", Task());

@@ -206,6 +206,26 @@ struct EmbeddingNetDifferentParamsImpl : nn::Module {
 };
 TORCH_MODULE(EmbeddingNetDifferentParams);
 
+// The tests' Task: p + x, p a 2x2 parameter of ones.
+struct TaskImpl : nn::Module {
+  TaskImpl() : p(register_parameter("p", torch::ones({2, 2}))) {}
+  torch::Tensor forward(torch::Tensor x) { return p + x; }
+  torch::Tensor p;
+};
+TORCH_MODULE(Task);
+
+// A parameter's or buffer's values as two float64 sums (plain, and weighted
+// by position), as the script's checksums(): bitwise the same for the same
+// values, two numbers for any size.
+inline void checksums(Out& out, const std::string& label, const nn::Module& module) {
+  auto write = [&](const std::string& name, const torch::Tensor& t) {
+    const auto flat = t.detach().to(torch::kDouble).reshape({-1});
+    out.tensor(label + " " + name, torch::stack({flat.sum(), (flat * torch::arange(flat.numel())).sum()}));
+  };
+  for (const auto& [name, p] : unique_parameters(module)) write(name, p);
+  for (const auto& b : module.named_buffers()) write(b.key(), b.value());
+}
+
 using Case = void (*)(Out&, std::shared_ptr<ProcessGroup>);
 using Cases = std::vector<std::pair<std::string, Case>>;
 Cases training_cases();
