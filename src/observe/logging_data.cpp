@@ -96,10 +96,9 @@ DDPLoggingData DistributedDataParallelBase::get_ddp_logging_data() const {
   d.strs_map["comm_hook"] = reducer.has_comm_hook() ? "registered" : "";
   d.ints_map["join_uneven_inputs"] = internals_->joined_up;
   d.ints_map["num_buckets"] = static_cast<int64_t>(s.num_buckets);
-  // PyTorch 2.x's: the buckets the last synchronised step reduced. We reduce
-  // every bucket (2.x's skip_all_reduce_unused_params is not ours), so all of
-  // them, and none before the first step.
-  d.ints_map["num_buckets_reduced"] = s.iterations > 0 ? static_cast<int64_t>(s.num_buckets) : 0;
+  // PyTorch 2.x's: the buckets the last synchronised step reduced (all but
+  // those skip_all_reduce_unused_params left out), none before the first step.
+  d.ints_map["num_buckets_reduced"] = s.iterations > 0 ? static_cast<int64_t>(s.num_buckets_reduced) : 0;
   // The cap in effect: "auto"'s candidate while tuning, its choice after.
   d.ints_map["bucket_cap_bytes"] = static_cast<int64_t>(s.bucket_cap_mb * 1024 * 1024);
   if (options_.bucket_cap_auto()) {

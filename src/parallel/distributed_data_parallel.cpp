@@ -261,6 +261,9 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   check_usage(!params.empty(), "rank ", pg_->rank(),
               ": DistributedDataParallel: the module has no parameter that requires a gradient; it needs no DDP");
   refuse_sparse_gradients(*module_, ignore, pg_->rank());
+  check_usage(options_.bucket_cap_mb_list().empty() || !options_.first_bucket_mb_given(), "rank ", pg_->rank(),
+              ": DistributedDataParallel: first_bucket_mb and bucket_cap_mb_list both give the first bucket's cap; "
+              "give one (the list's first entry is the first bucket's)");
   d.buffers = buffers_of(*module_, ignore);
   d.state.insert(d.state.end(), d.buffers.begin(), d.buffers.end());
 

@@ -944,6 +944,17 @@ def checksums(out, label, module):
         out.tensor("%s %s" % (label, name), torch.stack([flat.sum(), (flat * torch.arange(flat.numel())).sum()]))
 
 
+def grad_checksums(out, label, module):
+    """checksums() of every gradient; "none" for a missing one."""
+    for name, p in module.named_parameters():
+        if p.grad is None:
+            out.text("%s %s.grad" % (label, name), "none")
+        else:
+            flat = p.grad.double().reshape(-1)
+            out.tensor("%s %s.grad" % (label, name),
+                       torch.stack([flat.sum(), (flat * torch.arange(flat.numel())).sum()]))
+
+
 UNEVEN_DIM = 24  # 1000 in the original: a CPU runs it in seconds
 
 
@@ -1025,6 +1036,55 @@ def test_ddp_uneven_inputs(out, rank, world):
         if not throw:
             out.text(label + " join_uneven_inputs", net._get_ddp_logging_data().get("join_uneven_inputs"))
         checksums(out, label, model)
+
+class LargeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(1000, 2000, bias=False)
+        self.fc2 = nn.Linear(2000, 500, bias=False)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x))
+
+
+def test_ddp_bucket_cap_mb_list(out, rank, world):
+    """With bucket_cap_mb_list [1, 2] and without (bucket_cap_mb 25): two
+    iterations each; the caps in bytes, the first buckets' sizes, the model."""
+    for label, kwargs in [("with the list", dict(bucket_cap_mb_list=[1, 2])),
+                          ("without", dict(bucket_cap_mb=25))]:
+        model = DDP(init(LargeNet()), **kwargs)
+        for it in range(2):
+            model(data([10, 1000], rank + it)).sum().backward()
+        out.text(label + " bucket_bytes_cap_list", repr(model.bucket_bytes_cap_list).replace(" ", ""))
+        d = model._get_ddp_logging_data()
+        out.text(label + " bucket_cap_bytes", d.get("bucket_cap_bytes"))
+        if kwargs.get("bucket_cap_mb_list"):
+            out.text(label + " bucket_sizes", d.get("bucket_sizes"))
+        grad_checksums(out, label, model.module)
+
+
+def test_skip_all_reduce_unused_parameters(out, rank, world):
+    """_test_skip_all_reduce_unused_parameters with and without the option:
+    fc2 never used, buckets of 1.5 MiB, ten iterations."""
+    class SkipLargeNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(100, 5000, bias=False)
+            self.fc2 = nn.Linear(100, 100, bias=False)
+
+        def forward(self, x):
+            return self.fc1(x)
+
+    for skip in [False, True]:
+        ddp_model = DDP(init(SkipLargeNet()), find_unused_parameters=True, static_graph=False, bucket_cap_mb=1.5,
+                        skip_all_reduce_unused_params=skip)
+        random_input = data([20, 100], rank)
+        for _ in range(10):
+            ddp_model(random_input).sum().backward()
+        label = "skip_all_reduce_unused_params=%d" % skip
+        out.text(label + " num_buckets_reduced", ddp_model._get_ddp_logging_data().get("num_buckets_reduced"))
+        grad_checksums(out, label, ddp_model.module)
+        checksums(out, label, ddp_model.module)
 
 def test_ddp_logging_data_cpu(out, rank, world):
     """_test_ddp_logging_data on CPU, then the logging data's keys (see the port)."""
@@ -1448,7 +1508,8 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
          test_ddp_control_flow_same_across_ranks, test_ddp_hook_parity_allreduce,
          test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
          test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward,
-         test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_uneven_inputs, test_ddp_logging_data_cpu]] + [
+         test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_uneven_inputs, test_ddp_logging_data_cpu,
+         test_ddp_bucket_cap_mb_list, test_skip_all_reduce_unused_parameters]] + [
     ("test_c10d_gloo." + case.__name__[len("c10d_"):], case) for case in [
         c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
         c10d_test_global_local_unused_params_grad_with_static_graph,

@@ -9,7 +9,9 @@
 
 #include <torch/arg.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -27,6 +29,7 @@ struct DistributedDataParallelOptions {
     bucket_cap_mb_ = positive_mb("bucket_cap_mb", mb);
     bucket_cap_auto_ = false;
     bucket_cap_mb_given_ = true;
+    bucket_cap_mb_list_.clear();
     return *this;
   }
   double bucket_cap_mb() const { return bucket_cap_mb_; }
@@ -44,6 +47,7 @@ struct DistributedDataParallelOptions {
   DistributedDataParallelOptions& bucket_cap_mb(const std::string& value) {
     if (value == "auto") {
       bucket_cap_auto_ = true;
+      bucket_cap_mb_list_.clear();
       return *this;
     }
     size_t used = 0;
@@ -60,6 +64,23 @@ struct DistributedDataParallelOptions {
     return bucket_cap_mb(mb);
   }
   bool bucket_cap_auto() const { return bucket_cap_auto_; }
+  // One cap per bucket, MiB, as PyTorch 2.x's bucket_cap_mb_list: bucket i
+  // (in launch order, per dtype) closes at caps[i], the last cap repeating,
+  // from the first iteration on and after the rebuild; bucket_cap_mb becomes
+  // the largest. Each must be > 0; an empty list is the same as none. A later
+  // bucket_cap_mb(...) replaces it; with first_bucket_mb given as well,
+  // DistributedDataParallel's constructor throws a UsageError (give one).
+  DistributedDataParallelOptions& bucket_cap_mb_list(std::vector<double> caps) {
+    for (double mb : caps) positive_mb("bucket_cap_mb_list", mb);
+    if (!caps.empty()) {
+      bucket_cap_mb_ = *std::max_element(caps.begin(), caps.end());
+      bucket_cap_auto_ = false;
+      bucket_cap_mb_given_ = true;
+    }
+    bucket_cap_mb_list_ = std::move(caps);
+    return *this;
+  }
+  const std::vector<double>& bucket_cap_mb_list() const { return bucket_cap_mb_list_; }
   // The caps "auto" tries, in MiB (positive; checked when the model is
   // wrapped). Those that pack different buckets than an earlier one are
   // visited in this order, then in reverse order; each visit runs
@@ -97,6 +118,13 @@ struct DistributedDataParallelOptions {
   // DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(module, names).
   // A name that matches nothing is warned about.
   TORCH_ARG(std::vector<std::string>, params_and_buffers_to_ignore) = {};
+  // As PyTorch 2.x's skip_all_reduce_unused_params: with
+  // find_unused_parameters (or static_graph), a bucket whose parameters all
+  // went unused on this rank is not all-reduced; their gradients stay as
+  // PyTorch leaves an unused parameter's. Only for parameters unused on every
+  // rank alike, every iteration: a bucket one rank skips and another reduces
+  // stalls both until the process group's timeout.
+  TORCH_ARG(bool, skip_all_reduce_unused_params) = false;
   // Parameters outside this iteration's autograd graph count as ready with a
   // zero gradient; costs a graph traversal and one small all-reduce a step.
   TORCH_ARG(bool, find_unused_parameters) = false;
@@ -164,6 +192,7 @@ struct DistributedDataParallelOptions {
   bool bucket_cap_mb_given_ = false;
   bool gradient_as_bucket_view_ = true;
   bool gradient_as_bucket_view_given_ = false;
+  std::vector<double> bucket_cap_mb_list_;
 };
 
 // The short name this project used first; the same type.
@@ -175,5 +204,10 @@ using DDPOptions = DistributedDataParallelOptions;
 // comes only with the default cap); else first_bucket_mb's default, 1 MiB,
 // as PyTorch 1.13 always.
 double first_bucket_mb_in_effect(const DistributedDataParallelOptions& options);
+
+// The buckets' caps in effect, bytes, for a cap of cap_mb: bucket_cap_mb_list
+// when given; else first_bucket_mb_in_effect, then cap_mb. UsageError for
+// first_bucket_mb with bucket_cap_mb_list.
+std::vector<int64_t> bucket_limits_in_effect(const DistributedDataParallelOptions& options, double cap_mb);
 
 }  // namespace ddp

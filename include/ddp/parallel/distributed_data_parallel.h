@@ -39,6 +39,12 @@ class DistributedDataParallelBase : public Joinable {
 
   const DistributedDataParallelOptions& options() const { return options_; }
   ProcessGroup& process_group() const { return *pg_; }
+  // PyTorch 2.x's bucket_bytes_cap_list: bucket_cap_mb_list in bytes, empty without one.
+  std::vector<int64_t> bucket_bytes_cap_list() const {
+    std::vector<int64_t> caps;
+    for (double mb : options_.bucket_cap_mb_list()) caps.push_back(static_cast<int64_t>(mb * 1024 * 1024));
+    return caps;
+  }
   // What the reducer measured in the last synchronised step (ddp/parallel/reducer_stats.h).
   const ReducerStats& stats() const;
   // The job's timeline when DDP_TIMELINE is set (ddp/observe/timeline.h), else null.

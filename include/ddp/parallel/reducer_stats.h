@@ -16,6 +16,7 @@ struct ReducerStats {
   int64_t iterations = 0;          // synchronised backward passes so far
   int64_t bytes_reduced = 0;       // gradient bytes all-reduced in the last one
   size_t num_buckets = 0;
+  size_t num_buckets_reduced = 0;  // in the last one: all but those skip_all_reduce_unused_params left out
   std::vector<int64_t> bucket_bytes;  // per bucket, in launch order
   double backward_ms = 0;          // first gradient ready -> end of backward
   // Waiting for communication after backward finished. It includes waiting

@@ -20,6 +20,19 @@ double first_bucket_mb_in_effect(const DistributedDataParallelOptions& options) 
   return options.first_bucket_mb();
 }
 
+std::vector<int64_t> bucket_limits_in_effect(const DistributedDataParallelOptions& options, double cap_mb) {
+  auto bytes = [](double mb) { return static_cast<int64_t>(mb * 1024 * 1024); };  // PyTorch's int(mb * 1024 * 1024)
+  const auto& list = options.bucket_cap_mb_list();
+  if (list.empty()) return {bytes(first_bucket_mb_in_effect(options)), bytes(cap_mb)};
+  if (options.first_bucket_mb_given())
+    throw UsageError(
+        "DistributedDataParallelOptions: first_bucket_mb and bucket_cap_mb_list both give the first bucket's cap; give "
+        "one (the list's first entry is the first bucket's)");
+  std::vector<int64_t> limits;
+  for (double mb : list) limits.push_back(bytes(mb));
+  return limits;
+}
+
 namespace {
 
 // Packs `order` into buckets as PyTorch's compute_bucket_assignment_by_size:
@@ -56,7 +69,13 @@ std::vector<std::vector<size_t>> pack(const std::vector<at::Tensor>& params, con
 std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
                                                            const std::vector<size_t>& order, int64_t first_cap,
                                                            int64_t cap) {
-  auto result = pack(params, order, {first_cap, cap});
+  return compute_bucket_assignment(params, order, std::vector<int64_t>{first_cap, cap});
+}
+
+std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<size_t>& order,
+                                                           const std::vector<int64_t>& limits) {
+  auto result = pack(params, order, limits);
   // A bucket is ready when its last member is: launch in that order, so that
   // a bucket of another dtype whose first member came early does not hold
   // back the ones behind it.
@@ -69,14 +88,16 @@ std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at:
 
 std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params, int64_t first_cap,
                                                            int64_t cap, bool find_unused_parameters) {
+  return initial_bucket_assignment(params, std::vector<int64_t>{first_cap, cap}, find_unused_parameters);
+}
+
+std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<int64_t>& limits, bool by_limits) {
   std::vector<size_t> order(params.size());
   for (size_t k = 0; k < order.size(); ++k) order[k] = k;
   // PyTorch 1.13 packs the first iteration into one bucket per dtype unless
   // find_unused_parameters is on; the rebuild after it uses the caps.
-  const std::vector<int64_t> limits = find_unused_parameters
-                                          ? std::vector<int64_t>{first_cap, cap}
-                                          : std::vector<int64_t>{std::numeric_limits<int64_t>::max()};
-  auto result = pack(params, order, limits);
+  auto result = pack(params, order, by_limits ? limits : std::vector<int64_t>{std::numeric_limits<int64_t>::max()});
   std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
   std::reverse(result.begin(), result.end());
   return result;

@@ -18,6 +18,11 @@ namespace ddp {
 std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
                                                            const std::vector<size_t>& order, int64_t first_cap,
                                                            int64_t cap);
+// The same with one limit per bucket, the last repeating (PyTorch's
+// bucket_size_limits; bucket_cap_mb_list).
+std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<size_t>& order,
+                                                           const std::vector<int64_t>& limits);
 
 // The buckets DistributedDataParallel starts with, before the real ready order
 // is known, as PyTorch 1.13's constructor: packed in registration order (one
@@ -25,5 +30,8 @@ std::vector<std::vector<size_t>> compute_bucket_assignment(const std::vector<at:
 // cap), then reversed, since gradients arrive roughly last layer first.
 std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params, int64_t first_cap,
                                                            int64_t cap, bool find_unused_parameters);
+// The same with one limit per bucket; by_limits false: one bucket per dtype.
+std::vector<std::vector<size_t>> initial_bucket_assignment(const std::vector<at::Tensor>& params,
+                                                           const std::vector<int64_t>& limits, bool by_limits);
 
 }  // namespace ddp

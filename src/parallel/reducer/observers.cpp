@@ -28,7 +28,8 @@ void RuntimeFigures::buckets_laid_out(const BucketSet& buckets) {
 
 void RuntimeFigures::step_finished(const StepEnd& end) {
   auto& s = stats_;
-  s.bytes_reduced = bytes_;
+  s.bytes_reduced = bytes_ - end.bytes_skipped;
+  s.num_buckets_reduced = s.num_buckets - end.buckets_skipped;
   s.backward_ms = std::chrono::duration<double, std::milli>(end.backward_end - first_ready_).count();
   s.exposed_comm_ms = std::chrono::duration<double, std::milli>(end.wait_end - end.wait_start).count();
   s.forward_ms = ms_between(forward_start_, output_ready_);

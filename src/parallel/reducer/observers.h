@@ -30,6 +30,8 @@ struct StepEnd {
   Clock::time_point backward_end, wait_start, wait_end;
   int64_t unused_parameter_bytes = 0;
   bool communicated = false;          // the buckets went through a collective or a registered comm hook
+  size_t buckets_skipped = 0;         // not reduced (skip_all_reduce_unused_params)
+  int64_t bytes_skipped = 0;
   std::vector<size_t>* ready_order;   // this step's (every hook); whoever keeps it may take it
 };
 
@@ -81,9 +83,13 @@ class RuntimeFigures final : public ReducerObserver {
   void buckets_laid_out(const BucketSet& buckets) override;
   void forward_started() override { forward_start_ = Clock::now(); }
   void backward_prepared() override { output_ready_ = Clock::now(); }
-  void backward_started() override { first_ready_ = Clock::now(); }
-  void bucket_launching(size_t k) override {
-    if (k == 0) comm_start_ = Clock::now();
+  void backward_started() override {
+    first_ready_ = Clock::now();
+    comm_started_ = false;
+  }
+  void bucket_launching(size_t) override {  // the step's first launch (a skipped bucket launches nothing)
+    if (!comm_started_) comm_start_ = Clock::now();
+    comm_started_ = true;
   }
   void step_finished(const StepEnd& end) override;
 
@@ -91,6 +97,7 @@ class RuntimeFigures final : public ReducerObserver {
   ReducerStats& stats_;
   int64_t bytes_ = 0;  // of every bucket
   Clock::time_point forward_start_, output_ready_, first_ready_, comm_start_;
+  bool comm_started_ = false;
 };
 
 // Each backward's buckets on the timeline (ddp/observe/timeline.h): ready

@@ -151,16 +151,30 @@ void Reducer::Impl::mark_ready(size_t i) {
 
 // ---- 3. full buckets launch, in order -----------------------------------
 
-void Reducer::Impl::launch_ready_buckets() {
+void Reducer::Impl::launch_ready_buckets(bool may_skip) {
   while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
     const size_t k = next_bucket++;
     auto& b = buckets[k];
+    if (may_skip && skips(k)) {
+      skipped.push_back(k);
+      continue;
+    }
     observers.each([k](auto& o) { o.bucket_launching(k); });
     b.reduced = launch(k, b.contents);
     observers.each([k, &b](auto& o) { o.bucket_launched(k, b); });
   }
   // After the last bucket, which parameters were used anywhere.
   if (next_bucket == buckets.size() && usage.dynamic()) usage.launch_used_map(*pg);
+}
+
+// skip_all_reduce_unused_params: bucket k's parameters all went unused on
+// this rank (found in the graph; a static graph's, after its first
+// iteration), as PyTorch's should_skip_all_reduce_bucket.
+bool Reducer::Impl::skips(size_t k) const {
+  if (!options.skip_all_reduce_unused_params()) return false;
+  const auto& unused = usage.unused_before_backward();
+  return std::all_of(buckets[k].vars.begin(), buckets[k].vars.end(),
+                     [&](size_t i) { return std::find(unused.begin(), unused.end(), i) != unused.end(); });
 }
 
 // Bucket k's reduction, of `contents` (its own; a joined rank's zeros),
@@ -202,7 +216,7 @@ void Reducer::Impl::reduce_after_first_static_backward() {
     buckets[k].pending = 0;
     observers.each([k](auto& o) { o.bucket_ready(k); });
   }
-  launch_ready_buckets();
+  launch_ready_buckets(/*may_skip=*/false);  // as PyTorch's delay_all_reduce: every bucket
 }
 
 // ---- 4. backward ends: wait, and the averages go to .grad ---------------
@@ -229,8 +243,11 @@ void Reducer::Impl::finalize_backward() {
 
   stats.iterations++;
   observers.each([this](auto& o) { o.step_counted(stats.iterations); });
-  const bool communicated = !buckets.empty() && (pg->size() > 1 || hook_registered());
-  const detail::StepEnd end{backward_end, wait_start, wait_end, unused_bytes, communicated, &step_ready_order};
+  const bool communicated = skipped.size() < buckets.size() && (pg->size() > 1 || hook_registered());
+  int64_t skipped_bytes = 0;
+  for (size_t k : skipped) skipped_bytes += buckets[k].bytes();
+  const detail::StepEnd end{backward_end, wait_start,     wait_end,     unused_bytes,
+                            communicated, skipped.size(), skipped_bytes, &step_ready_order};
   observers.each([&end](auto& o) { o.step_finished(end); });
 
   // Every rank that finishes its first synchronised backward (a static
@@ -282,6 +299,7 @@ Clock::time_point Reducer::Impl::wait_for_buckets() {
   } ended{observers};
   for (size_t k = 0; k < buckets.size(); ++k) {
     auto& b = buckets[k];
+    if (std::find(skipped.begin(), skipped.end(), k) != skipped.end()) continue;
     observers.each([&](auto& o) { o.waiting_for(stats.iterations, k, next_bucket); });
     if (b.reduced.valid()) take_hook_result(k, b.reduced.wait());
     observers.each([&](auto& o) { o.bucket_done(k, b); });
@@ -352,6 +370,7 @@ void Reducer::Impl::reset_iteration() {
   buckets.reset();
   usage.reset_iteration();
   next_bucket = 0;
+  skipped.clear();
   divisor.reset();
   expect_hooks = false;
   unused_marked = false;
@@ -368,9 +387,9 @@ void Reducer::Impl::lay_out(const detail::Assignment& assignment) {
 }
 
 detail::Assignment Reducer::Impl::layout_for(double cap_mb) const {
-  const int64_t cap = bytes(cap_mb), first = bytes(first_bucket_mb_in_effect(options));
-  return layout_order.empty() ? initial_bucket_assignment(params, first, cap, true)
-                              : compute_bucket_assignment(params, layout_order, first, cap);
+  const auto limits = bucket_limits_in_effect(options, cap_mb);
+  return layout_order.empty() ? initial_bucket_assignment(params, limits, true)
+                              : compute_bucket_assignment(params, layout_order, limits);
 }
 
 // Before a forward (a joined rank's shadow of one too): the buckets follow
@@ -384,8 +403,7 @@ void Reducer::Impl::rebuild_and_apply_cap() {
     ready_order.clear();
     if (agreed) {
       layout_order = std::move(*agreed);
-      lay_out(compute_bucket_assignment(params, layout_order, bytes(first_bucket_mb_in_effect(options)),
-                                        bytes(options.bucket_cap_mb())));
+      lay_out(compute_bucket_assignment(params, layout_order, bucket_limits_in_effect(options, options.bucket_cap_mb())));
       stats.buckets_rebuilt = true;
     }
   }
@@ -449,10 +467,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   // As PyTorch 1.13, a static graph starts with one bucket per dtype, as
   // when find_unused_parameters is off: its first iteration reduces after
   // backward anyway.
+  // As PyTorch 2.x, a bucket_cap_mb_list shapes the first iteration's buckets too.
   s.buckets.lay_out(s.params,
-                    initial_bucket_assignment(s.params, s.bytes(first_bucket_mb_in_effect(options)),
-                                              s.bytes(options.bucket_cap_mb()),
-                                              options.find_unused_parameters() && !options.static_graph()),
+                    initial_bucket_assignment(s.params, bucket_limits_in_effect(options, options.bucket_cap_mb()),
+                                              (options.find_unused_parameters() && !options.static_graph()) ||
+                                                  !options.bucket_cap_mb_list().empty()),
                     options.gradient_as_bucket_view());
   s.observers.each([&s](auto& o) { o.buckets_laid_out(s.buckets); });
 }

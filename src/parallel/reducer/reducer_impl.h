@@ -83,6 +83,7 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   // ---- this step
   size_t next_bucket = 0;      // buckets launch strictly in order, the same on every rank
   std::vector<char> marked;    // ready this backward
+  std::vector<size_t> skipped;  // buckets not reduced this backward (skip_all_reduce_unused_params)
   // Left in .grad this backward: a group of one without a hook has nothing
   // to reduce, and one rank's average is its own gradient, bit for bit.
   std::vector<char> kept_in_grad;
@@ -103,7 +104,6 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   mutable std::mutex mutex;
 
   std::string who() const { return "rank " + std::to_string(pg->rank()) + ": DistributedDataParallel: "; }
-  int64_t bytes(double mb) const { return static_cast<int64_t>(mb * 1024 * 1024); }
   // As PyTorch 1.13: a static graph rebuilds after its second iteration
   // (the first records no ready order), whatever find_unused_parameters says.
   bool should_rebuild() const { return !rebuilt && (options.static_graph() || !options.find_unused_parameters()); }
@@ -115,7 +115,8 @@ struct Reducer::Impl : std::enable_shared_from_this<Impl> {
   void end_of_graph_task(const void* task);
   void mark_ready(size_t i);
   void copy_grad_to_bucket(size_t i, at::Tensor view);
-  void launch_ready_buckets();
+  void launch_ready_buckets(bool may_skip = true);
+  bool skips(size_t k) const;
   CommFuture launch(size_t k, const at::Tensor& contents);
   CommFuture allreduce_by_sum(const at::Tensor& bucket);
   void reduce_after_first_static_backward();

@@ -226,6 +226,18 @@ inline void checksums(Out& out, const std::string& label, const nn::Module& modu
   for (const auto& b : module.named_buffers()) write(b.key(), b.value());
 }
 
+// checksums() of every gradient; "none" for a missing one (the script's grad_checksums()).
+inline void grad_checksums(Out& out, const std::string& label, const nn::Module& module) {
+  for (const auto& [name, p] : unique_parameters(module)) {
+    if (!p.grad().defined()) {
+      out.text(label + " " + name + ".grad", "none");
+      continue;
+    }
+    const auto flat = p.grad().to(torch::kDouble).reshape({-1});
+    out.tensor(label + " " + name + ".grad", torch::stack({flat.sum(), (flat * torch::arange(flat.numel())).sum()}));
+  }
+}
+
 using Case = void (*)(Out&, std::shared_ptr<ProcessGroup>);
 using Cases = std::vector<std::pair<std::string, Case>>;
 Cases training_cases();

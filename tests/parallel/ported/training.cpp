@@ -369,6 +369,57 @@ void test_ddp_logging_data_cpu(Out& out, std::shared_ptr<ProcessGroup> pg) {
   out.text("host-side times in order", host_times ? 1 : 0);
 }
 
+
+struct LargeNetImpl : nn::Module {
+  LargeNetImpl(int64_t in, int64_t hidden, int64_t out_features, bool second_used)
+      : second_used(second_used) {
+    fc1 = register_module("fc1", nn::Linear(nn::LinearOptions(in, hidden).bias(false)));
+    fc2 = register_module("fc2", nn::Linear(nn::LinearOptions(second_used ? hidden : in, out_features).bias(false)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return second_used ? fc2(fc1(x)) : fc1(x); }
+  nn::Linear fc1{nullptr}, fc2{nullptr};
+  bool second_used;
+};
+TORCH_MODULE(LargeNet);
+
+// With bucket_cap_mb_list {1, 2} and without (bucket_cap_mb 25): two
+// iterations each; the caps in bytes, the first buckets' sizes, the gradients.
+void test_ddp_bucket_cap_mb_list(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  const int rank = pg->rank();
+  for (bool with_list : {true, false}) {
+    const std::string label = with_list ? "with the list" : "without";
+    LargeNet net(1000, 2000, 500, true);
+    DistributedDataParallel model(init(net), pg,
+                                  with_list ? DDPOptions().bucket_cap_mb_list({1, 2}) : DDPOptions().bucket_cap_mb(25));
+    for (int it = 0; it < 2; ++it) model(data({10, 1000}, rank + it)).sum().backward();
+    std::string caps = "[";
+    for (auto c : model.bucket_bytes_cap_list()) caps += (caps.size() > 1 ? "," : "") + std::to_string(c);
+    out.text(label + " bucket_bytes_cap_list", caps + "]");
+    const auto d = model.get_ddp_logging_data();
+    out.text(label + " bucket_cap_bytes", d.ints_map.at("bucket_cap_bytes"));
+    if (with_list) out.text(label + " bucket_sizes", d.strs_map.at("bucket_sizes"));
+    grad_checksums(out, label, *net);
+  }
+}
+
+// _test_skip_all_reduce_unused_parameters with and without the option: fc2
+// never used, buckets of 1.5 MiB, ten iterations.
+void test_skip_all_reduce_unused_parameters(Out& out, std::shared_ptr<ProcessGroup> pg) {
+  for (bool skip : {false, true}) {
+    LargeNet net(100, 5000, 100, false);
+    DistributedDataParallel ddp_model(
+        init(net), pg,
+        DDPOptions().find_unused_parameters(true).static_graph(false).bucket_cap_mb(1.5).skip_all_reduce_unused_params(
+            skip));
+    const auto random_input = data({20, 100}, pg->rank());
+    for (int i = 0; i < 10; ++i) ddp_model(random_input).sum().backward();
+    const std::string label = fmt("skip_all_reduce_unused_params=%d", skip);
+    out.text(label + " num_buckets_reduced", ddp_model.get_ddp_logging_data().ints_map.at("num_buckets_reduced"));
+    grad_checksums(out, label, *net);
+    checksums(out, label, *net);
+  }
+}
+
 Cases training_cases() {
   return {
       {"test_DistributedDataParallelCPU", test_DistributedDataParallelCPU},
@@ -390,6 +441,8 @@ Cases training_cases() {
       {"test_ddp_hook_parity_allreduce_process_group", test_ddp_hook_parity_allreduce_process_group},
       {"test_ddp_hook_parity_powerSGD", test_ddp_hook_parity_powerSGD},
       {"test_ddp_logging_data_cpu", test_ddp_logging_data_cpu},
+      {"test_ddp_bucket_cap_mb_list", test_ddp_bucket_cap_mb_list},
+      {"test_skip_all_reduce_unused_parameters", test_skip_all_reduce_unused_parameters},
   };
 }
 

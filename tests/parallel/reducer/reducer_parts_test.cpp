@@ -246,7 +246,7 @@ TEST(Observers, RuntimeFiguresCountBucketsAndLeaveCommunicationAtZeroWhenThereWa
   std::vector<size_t> order{2, 1, 0};
   const auto now = ddp::detail::Clock::now();
   stats.iterations = 1;
-  figures.step_finished({now, now, now, 0, /*communicated=*/false, &order});
+  figures.step_finished({now, now, now, 0, /*communicated=*/false, /*buckets_skipped=*/0, /*bytes_skipped=*/0, &order});
   EXPECT_EQ(stats.bytes_reduced, 60);
   EXPECT_EQ(stats.comm_ms, 0);
   EXPECT_EQ(stats.at_ns.comm_start, 0);
