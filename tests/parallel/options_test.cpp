@@ -25,6 +25,21 @@ TEST(DistributedDataParallelOptions, ZeroOrNegativeBucketIsAUsageErrorWhereItIsS
   EXPECT_DOUBLE_EQ(ddp::DDPOptions().bucket_cap_mb(), 25.0);  // PyTorch's default
 }
 
+TEST(DistributedDataParallelOptions, BucketCapListTakesPositiveCapsTheLargestIsTheCapALaterCapReplacesIt) {
+  EXPECT_THROW(ddp::DDPOptions().bucket_cap_mb_list({1, 0}), ddp::UsageError);
+  EXPECT_THROW(ddp::DDPOptions().bucket_cap_mb_list({-2}), ddp::UsageError);
+  EXPECT_THROW(ddp::DDPOptions().bucket_cap_mb_list({std::nan("")}), ddp::UsageError);
+  const auto listed = ddp::DDPOptions().bucket_cap_mb_list({1, 4, 2});
+  EXPECT_DOUBLE_EQ(listed.bucket_cap_mb(), 4.0);  // PyTorch's max(bucket_cap_mb_list)
+  EXPECT_EQ(ddp::bucket_limits_in_effect(listed, listed.bucket_cap_mb()),
+            (std::vector<int64_t>{1 << 20, 4 << 20, 2 << 20}));
+  EXPECT_TRUE(ddp::DDPOptions().bucket_cap_mb_list({1, 2}).bucket_cap_mb(3).bucket_cap_mb_list().empty());
+  EXPECT_TRUE(ddp::DDPOptions().bucket_cap_mb_list({1, 2}).bucket_cap_mb("auto").bucket_cap_mb_list().empty());
+  EXPECT_DOUBLE_EQ(ddp::DDPOptions().bucket_cap_mb_list({}).bucket_cap_mb(), 25.0);  // empty: none
+  EXPECT_THROW(ddp::bucket_limits_in_effect(ddp::DDPOptions().first_bucket_mb(1).bucket_cap_mb_list({1, 2}), 2),
+               ddp::UsageError);
+}
+
 TEST(ProcessGroupOptions, UnknownBackendZeroTimeoutAndUnknownInitMethodAreUsageErrors) {
   EXPECT_THROW(ddp::ProcessGroupOptions().backend("glooo"), ddp::UsageError);
   EXPECT_THROW(ddp::ProcessGroupOptions().timeout(std::chrono::milliseconds(0)), ddp::UsageError);

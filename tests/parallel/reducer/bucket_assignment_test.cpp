@@ -77,3 +77,13 @@ TEST(BucketAssignment, FirstBucketCapFollowsTheLibTorchVersionsDDP) {
   EXPECT_EQ(given_cap, 1.0);
 #endif
 }
+
+TEST(BucketAssignment, OneLimitPerBucketTheLastRepeatingFromTheFirstIteration) {
+  // bucket_cap_mb_list: 6 float tensors of 100 bytes; caps 100, 200, then 300.
+  std::vector<at::Tensor> p(6, torch::zeros({25}));
+  EXPECT_EQ(ddp::compute_bucket_assignment(p, reversed(6), std::vector<int64_t>{100, 200, 300}),
+            (Buckets{{5}, {4, 3}, {2, 1, 0}}));
+  // The first iteration packs by the limits too (by_limits), else one bucket per dtype.
+  EXPECT_EQ(ddp::initial_bucket_assignment(p, std::vector<int64_t>{100, 200, 300}, true).size(), 3u);
+  EXPECT_EQ(ddp::initial_bucket_assignment(p, std::vector<int64_t>{100, 200, 300}, false).size(), 1u);
+}
