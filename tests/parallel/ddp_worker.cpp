@@ -1,6 +1,9 @@
 // One rank of a multi-process DDP test. Started by the tests (through
 // multiprocess.h) with torchrun's variables; checks its own results and exits
-// 0 on success, 1 with a message otherwise. The scenario is argv[1].
+// 0 on success, 1 with a message otherwise. The scenario is argv[1]; several
+// scenarios, each with its flags, are separated by "--then" and share one
+// process start and one process group (the mpi tests run every scenario in
+// one mpirun).
 #include <sys/resource.h>
 
 #include <fstream>
@@ -21,10 +24,20 @@ using namespace ddp::testing;
 
 namespace {
 
-std::map<std::string, std::string> parse_flags(int argc, char** argv) {
-  std::map<std::string, std::string> flags;
-  for (int i = 2; i + 1 < argc; i += 2) flags[argv[i]] = argv[i + 1];
-  return flags;
+using Flags = std::map<std::string, std::string>;
+
+// argv[1..] as (scenario, flags) runs, split at "--then".
+std::vector<std::pair<std::string, Flags>> parse_runs(int argc, char** argv) {
+  std::vector<std::pair<std::string, Flags>> runs;
+  for (int i = 1; i < argc;) {
+    runs.emplace_back(argv[i++], Flags{});
+    while (i < argc && std::string(argv[i]) != "--then") {
+      if (i + 1 < argc) runs.back().second[argv[i]] = argv[i + 1];
+      i += 2;
+    }
+    ++i;  // past "--then"
+  }
+  return runs;
 }
 
 // Each rank's gradients equal the single-process gradients of the
@@ -342,69 +355,84 @@ int scenario_exit_handlers(ddp::ProcessGroup& pg, std::map<std::string, std::str
   return 0;
 }
 
+// One scenario on the group: its exit code.
+int run_scenario(const std::string& scenario, std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
+  int rc = 1;
+  if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
+  else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);
+  else if (scenario == "unused") rc = scenario_unused(*pg, pg, flags);
+  else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg, flags);
+  else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg, flags);
+  else if (scenario == "tied") rc = scenario_tied(*pg, pg, flags);
+  else if (scenario == "tied_reassigned") rc = scenario_tied_reassigned(pg, flags);
+  else if (scenario == "tied_step") rc = scenario_tied_step(pg);
+  else if (scenario == "undefined_grad") rc = scenario_undefined_grad(*pg, pg);
+  else if (scenario == "reentrant") rc = scenario_reentrant(*pg, pg);
+  else if (scenario == "failed_backward") rc = scenario_failed_backward(*pg, pg);
+  else if (scenario == "buffers_once") rc = scenario_buffers_once(*pg, pg);
+  else if (scenario == "channels_last") rc = scenario_channels_last(*pg, pg);
+  else if (scenario == "sparse") rc = scenario_sparse(pg);
+  else if (scenario == "comm_hook_usage") rc = scenario_comm_hook_usage(pg);
+  else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
+  else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
+  else if (scenario == "parity") rc = scenario_parity(pg, flags);
+  else if (scenario == "pytorch_tests") rc = scenario_pytorch_tests(pg, flags);
+  else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
+  else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
+  else if (scenario == "stall") rc = scenario_stall(pg, flags);
+  else if (scenario == "auto_bucket") rc = scenario_auto_bucket(pg, flags);
+  else if (scenario == "logging_data") rc = scenario_logging_data(pg, flags);
+  else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
+  else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
+  else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
+  else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
+  else if (scenario == "join_parity") rc = scenario_join_parity(pg, flags);
+  else if (scenario == "amp_parity") rc = scenario_amp_parity(pg, flags);
+  else if (scenario == "join_throw") rc = scenario_join_throw(pg, flags);
+  else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
+  else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
+  else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
+  else if (scenario == "sync_bn_definition") rc = scenario_sync_bn_definition(pg, flags);
+  else if (scenario == "sync_bn_ddp") rc = scenario_sync_bn_ddp(pg, flags);
+  else if (scenario == "sync_bn_errors") rc = scenario_sync_bn_errors(pg);
+  else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
+  else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
+  else if (scenario == "zero_reload") rc = scenario_zero_reload(pg, flags);
+  else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
+  else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
+  else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
+  else if (scenario == "straggler") rc = scenario_straggler(*pg);
+  else if (scenario == "exit_handlers") rc = scenario_exit_handlers(*pg, flags);
+  else throw Fail("unknown scenario " + scenario);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::cerr << "usage: ddp_worker SCENARIO [--flag value ...]\n";
+    std::cerr << "usage: ddp_worker SCENARIO [--flag value ...] [--then SCENARIO [--flag value ...]]...\n";
     return 2;
   }
-  const std::string scenario = argv[1];
-  auto flags = parse_flags(argc, argv);
+  const auto runs = parse_runs(argc, argv);
   try {
-    const auto timeout = std::chrono::seconds(flags.count("--timeout") ? std::stoi(flags["--timeout"]) : 120);
+    int timeout_s = 0;  // the longest any run asks for, else 120
+    for (const auto& [scenario, flags] : runs)
+      if (flags.count("--timeout")) timeout_s = std::max(timeout_s, std::stoi(flags.at("--timeout")));
+    const auto timeout = std::chrono::seconds(timeout_s > 0 ? timeout_s : 120);
     // Gloo unless the test asks for another backend (the MPI tests: mpi).
     const char* backend = std::getenv("DDP_TEST_BACKEND");
     auto pg = ddp::init_process_group(
         ddp::ProcessGroupOptions().backend(backend && *backend ? backend : "gloo").timeout(timeout));
     EXPECT_OR_FAIL(!backend || !*backend || pg->backend_name() == backend, "the group is " + pg->backend_name());
-    int rc = 1;
-    if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
-    else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);
-    else if (scenario == "unused") rc = scenario_unused(*pg, pg, flags);
-    else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg, flags);
-    else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg, flags);
-    else if (scenario == "tied") rc = scenario_tied(*pg, pg, flags);
-    else if (scenario == "tied_reassigned") rc = scenario_tied_reassigned(pg, flags);
-    else if (scenario == "tied_step") rc = scenario_tied_step(pg);
-    else if (scenario == "undefined_grad") rc = scenario_undefined_grad(*pg, pg);
-    else if (scenario == "reentrant") rc = scenario_reentrant(*pg, pg);
-    else if (scenario == "failed_backward") rc = scenario_failed_backward(*pg, pg);
-    else if (scenario == "buffers_once") rc = scenario_buffers_once(*pg, pg);
-    else if (scenario == "channels_last") rc = scenario_channels_last(*pg, pg);
-    else if (scenario == "sparse") rc = scenario_sparse(pg);
-    else if (scenario == "comm_hook_usage") rc = scenario_comm_hook_usage(pg);
-    else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
-    else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
-    else if (scenario == "parity") rc = scenario_parity(pg, flags);
-    else if (scenario == "pytorch_tests") rc = scenario_pytorch_tests(pg, flags);
-    else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
-    else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
-    else if (scenario == "stall") rc = scenario_stall(pg, flags);
-    else if (scenario == "auto_bucket") rc = scenario_auto_bucket(pg, flags);
-    else if (scenario == "logging_data") rc = scenario_logging_data(pg, flags);
-    else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
-    else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
-    else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
-    else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
-    else if (scenario == "join_parity") rc = scenario_join_parity(pg, flags);
-    else if (scenario == "amp_parity") rc = scenario_amp_parity(pg, flags);
-    else if (scenario == "join_throw") rc = scenario_join_throw(pg, flags);
-    else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
-    else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
-    else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
-    else if (scenario == "sync_bn_definition") rc = scenario_sync_bn_definition(pg, flags);
-    else if (scenario == "sync_bn_ddp") rc = scenario_sync_bn_ddp(pg, flags);
-    else if (scenario == "sync_bn_errors") rc = scenario_sync_bn_errors(pg);
-    else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
-    else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
-    else if (scenario == "zero_reload") rc = scenario_zero_reload(pg, flags);
-    else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
-    else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
-    else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
-    else if (scenario == "straggler") rc = scenario_straggler(*pg);
-    else if (scenario == "exit_handlers") rc = scenario_exit_handlers(*pg, flags);
-    else throw Fail("unknown scenario " + scenario);
+    int rc = 0;
+    for (size_t k = 0; k < runs.size() && rc == 0; ++k) {
+      if (runs.size() > 1) {
+        if (k > 0) pg->barrier();
+        std::cerr << "scenario " << k + 1 << " of " << runs.size() << ": " << runs[k].first << std::endl;
+      }
+      rc = run_scenario(runs[k].first, pg, runs[k].second);
+    }
     ddp::destroy_process_group();
     return rc;
   } catch (const std::exception& e) {
