@@ -13,8 +13,8 @@ namespace ddp::testing {
 
 class WarningCapture final : public c10::WarningHandler {
  public:
-  WarningCapture() : previous_(c10::Warning::get_warning_handler()) { c10::Warning::set_warning_handler(this); }
-  ~WarningCapture() override { c10::Warning::set_warning_handler(previous_); }
+  WarningCapture() : previous_(handler()) { set_handler(this); }
+  ~WarningCapture() override { set_handler(previous_); }
   WarningCapture(const WarningCapture&) = delete;
   WarningCapture& operator=(const WarningCapture&) = delete;
 
@@ -34,6 +34,14 @@ class WarningCapture final : public c10::WarningHandler {
   std::vector<std::string> messages;
 
  private:
+  // The handler's accessors moved from c10::Warning to c10::WarningUtils in 2.x.
+#if TORCH_VERSION_MAJOR >= 2
+  static c10::WarningHandler* handler() { return c10::WarningUtils::get_warning_handler(); }
+  static void set_handler(c10::WarningHandler* h) { c10::WarningUtils::set_warning_handler(h); }
+#else
+  static c10::WarningHandler* handler() { return c10::Warning::get_warning_handler(); }
+  static void set_handler(c10::WarningHandler* h) { c10::Warning::set_warning_handler(h); }
+#endif
   c10::WarningHandler* previous_;
 };
 
