@@ -18,6 +18,7 @@
 #include "ddp/parallel/distributed_data_parallel.h"
 #include "ddp/parallel/distributed_sampler.h"
 #include "ddp/parallel/join.h"
+#include "ddp/parallel/post_local_sgd_hook.h"
 #include "ddp/parallel/powersgd_hook.h"
 #include "ddp/parallel/reducer_stats.h"
 
@@ -30,6 +31,8 @@
 #include "ddp/amp/grad_scaler.h"
 #include "ddp/nn/sync_batch_norm.h"
 #include "ddp/nn/unique_parameters.h"
+#include "ddp/optim/model_averaging.h"
+#include "ddp/optim/post_local_sgd_optimizer.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 
 // runtime/: the process's start

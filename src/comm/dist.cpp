@@ -299,6 +299,43 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
   return Group::of_ranks(std::move(pg), std::move(ranks));
 }
 
+namespace {
+
+// new_subgroups' default size: the ranks on this node, as the launch
+// environment that the default group came from says.
+int ranks_on_this_node(const ProcessGroup& world) {
+  const LaunchEnv env = LaunchEnv::from_environment();
+  if (env.rank != world.rank() || env.world_size != world.size())
+    throw UsageError(who("new_subgroups") + "the ranks on this node are unknown: the launch environment (rank " +
+                     std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
+                     ") is not the default group's; pass group_size");
+  return env.local_world_size;
+}
+
+}  // namespace
+
+std::pair<Group, std::vector<Group>> new_subgroups(std::optional<int> group_size, const Group& group,
+                                                   std::optional<std::chrono::milliseconds> timeout,
+                                                   std::string backend) {
+  const int size = group_size ? *group_size : ranks_on_this_node(*default_process_group());
+  const std::vector<int> ranks = group.ranks();
+  const int world = static_cast<int>(ranks.size());
+  const std::string what = group_size ? "group_size " : "group_size (LOCAL_WORLD_SIZE, the ranks on this node) ";
+  if (size <= 0) throw UsageError(who("new_subgroups") + what + std::to_string(size) + " must be positive");
+  if (size > world || world % size != 0)
+    throw UsageError(who("new_subgroups") + what + std::to_string(size) + " must divide the group's size " +
+                     std::to_string(world) + (size > world ? " (it exceeds it)" : ""));
+  const int me = default_process_group()->rank();
+  std::pair<Group, std::vector<Group>> out{Group::of_ranks(nullptr, {}), {}};
+  for (int first = 0; first < world; first += size) {
+    std::vector<int> members(ranks.begin() + first, ranks.begin() + first + size);
+    const bool mine = std::find(members.begin(), members.end(), me) != members.end();
+    out.second.push_back(new_group(std::move(members), timeout, backend));
+    if (mine) out.first = out.second.back();
+  }
+  return out;
+}
+
 void barrier(const Group& group) { (void)run(make(Kind::Barrier, {}), group, false); }
 Work barrier(const Group& group, AsyncOp) { return run(make(Kind::Barrier, {}), group, true); }
 Work barrier(AsyncOp) { return barrier(Group{}, async_op); }

@@ -15,6 +15,8 @@ import itertools
 import math
 import os
 import sys
+import warnings
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -1492,6 +1494,143 @@ def c10d_test_ddp_buffer_sync_multi_forward_with_batchnorm(out, rank, world):
         out.tensor(name, b)
 
 
+# ---- post-local SGD: its hook, model averagers, PostLocalSGDOptimizer ----------
+
+@contextlib.contextmanager
+def subgroups_of_this_node():
+    """dist.new_subgroups() sizes its default subgroups by the GPUs of the
+    node (torch.cuda.device_count()) and refuses without CUDA (1.13's, even
+    given a size); the original test has one GPU per rank. Here it sees
+    LOCAL_WORLD_SIZE GPUs, libddp's default (the ranks on this node)."""
+    original = dist.new_subgroups
+
+    def new_subgroups(*args, **kwargs):
+        with mock.patch.object(torch.cuda, "is_available", return_value=True), \
+                mock.patch.object(torch.cuda, "device_count", return_value=int(os.environ["LOCAL_WORLD_SIZE"])):
+            return original(*args, **kwargs)
+
+    dist.new_subgroups = new_subgroups
+    try:
+        yield
+    finally:
+        dist.new_subgroups = original
+
+
+def test_ddp_hook_parity_post_localSGD(out, rank, world):
+    from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as post_localSGD
+    state = post_localSGD.PostLocalSGDState(process_group=None, subgroup=dist.group.WORLD, start_localSGD_iter=10)
+    ddp_hook_parity(out, rank, world, state, post_localSGD.post_localSGD_hook, "subgroup=WORLD ")
+    state = post_localSGD.PostLocalSGDState(process_group=None, subgroup=dist.group.WORLD, start_localSGD_iter=10,
+                                            post_local_gradient_allreduce=False)
+    ddp_hook_parity(out, rank, world, state, post_localSGD.post_localSGD_hook, "post_local_gradient_allreduce=0 ")
+    state = post_localSGD.PostLocalSGDState(process_group=None, subgroup=None, start_localSGD_iter=10)
+    with subgroups_of_this_node():
+        ddp_hook_parity(out, rank, world, state, post_localSGD.post_localSGD_hook, "subgroup=None ")
+
+
+def periodic_model_averager():
+    from torch.distributed.algorithms.model_averaging import averagers
+    return averagers.PeriodicModelAverager(period=4, warmup_steps=10)
+
+
+def hierarchical_model_averager():
+    from collections import OrderedDict
+    from torch.distributed.algorithms.model_averaging import hierarchical_model_averager as hierarchicalSGD
+    with subgroups_of_this_node():  # PyTorch 1.13's refuses any subgroup without CUDA (from 4 ranks on)
+        return hierarchicalSGD.HierarchicalModelAverager(
+            period_group_size_dict=OrderedDict([(2, 2), (4, dist.get_world_size())]), warmup_steps=4)
+
+
+def post_localSGD_optimizer(net, learning_rate, averager):
+    from torch.distributed.optim import post_localSGD_optimizer as post_localSGD_opt
+    return post_localSGD_opt.PostLocalSGDOptimizer(optim=torch.optim.SGD(net.parameters(), lr=learning_rate),
+                                                   averager=averager)
+
+
+def perform_a_train_step(optimizer, net, loss_fn, input, target):
+    optimizer.zero_grad()
+    loss_fn(net(input), target).backward()
+    optimizer.step()
+
+
+def post_localSGD_optimizer_parity(out, rank, world, create_averager, grad_is_view):
+    """_test_post_localSGD_optimizer_parity: SGD then averager.average_parameters
+    by hand, against PostLocalSGDOptimizer, from the same model; each
+    iteration's parameters, and whether the two models are bitwise equal."""
+    learning_rate = 0.03
+    ddp_net = init(Net())
+    net = DDP(copy.deepcopy(ddp_net), gradient_as_bucket_view=grad_is_view)
+    averager = create_averager()
+    opt = torch.optim.SGD(net.parameters(), lr=learning_rate)
+    net_using_post_localSGD_opt = DDP(copy.deepcopy(ddp_net), gradient_as_bucket_view=grad_is_view)
+    averager2 = create_averager()
+    post_localSGD_opt = post_localSGD_optimizer(net_using_post_localSGD_opt, learning_rate, averager2)
+    input, target = data([world * 2, 2], 1), data([world * 2, 4], 2)
+    loss_fn = nn.MSELoss()
+    for i in range(20):
+        perform_a_train_step(opt, net, loss_fn, input, target)
+        averager.average_parameters(net.parameters())
+        perform_a_train_step(post_localSGD_opt, net_using_post_localSGD_opt, loss_fn, input, target)
+        out.params("iteration %d" % i, net_using_post_localSGD_opt.module)
+        same = all(torch.equal(p1, p2) for p1, p2 in zip(net.parameters(), net_using_post_localSGD_opt.parameters()))
+        out.text("iteration %d same as SGD and the averager" % i, int(same))
+    out.text("averager.step", averager.step)
+    out.text("averager2.step", averager2.step)
+
+
+def test_post_localSGD_optimizer_parity(out, rank, world):
+    post_localSGD_optimizer_parity(out, rank, world, periodic_model_averager, False)
+
+
+def test_post_localSGD_optimizer_parity_grad_is_view(out, rank, world):
+    post_localSGD_optimizer_parity(out, rank, world, periodic_model_averager, True)
+
+
+def test_post_localSGD_optimizer_parity_with_hierarchical_sgd(out, rank, world):
+    if world % 2 == 1:  # skip_if_odd_worldsize
+        return out.text("skipped", "odd world size")
+    post_localSGD_optimizer_parity(out, rank, world, hierarchical_model_averager, False)
+
+
+def test_post_localSGD_optimizer_parity_with_hierarchical_sgd_grad_is_view(out, rank, world):
+    if world % 2 == 1:
+        return out.text("skipped", "odd world size")
+    post_localSGD_optimizer_parity(out, rank, world, hierarchical_model_averager, True)
+
+
+def test_post_localSGD_optimizer_step_reload(out, rank, world):
+    """_test_post_localSGD_optimizer_step_reload: rank 0 saves the optimizer
+    after 20 steps to a file every rank loads into a second optimizer; then
+    the checkpoint without "step" warns and resets the step to 0."""
+    learning_rate = 0.03
+    net_using_post_localSGD_opt = DDP(init(Net()))
+    averager = periodic_model_averager()
+    post_localSGD_opt = post_localSGD_optimizer(net_using_post_localSGD_opt, learning_rate, averager)
+    averager2 = periodic_model_averager()
+    dummy_post_localSGD_opt = post_localSGD_optimizer(net_using_post_localSGD_opt, learning_rate, averager2)
+    input, target = data([world * 2, 2], 1), data([world * 2, 4], 2)
+    loss_fn = nn.MSELoss()
+    for _ in range(20):
+        perform_a_train_step(post_localSGD_opt, net_using_post_localSGD_opt, loss_fn, input, target)
+    chkpt_file = os.path.join(os.environ["DDP_TEST_DIR"], "post_localSGD_py.pt")
+    if rank == 0:
+        torch.save({"optimizer_state_dict": post_localSGD_opt.state_dict()}, chkpt_file)
+    dist.barrier()
+    checkpoint = torch.load(chkpt_file)
+    dummy_post_localSGD_opt.load_state_dict(checkpoint["optimizer_state_dict"])
+    out.text("averager.step", averager.step)
+    out.text("averager2.step after the load", averager2.step)
+    del checkpoint["optimizer_state_dict"]["step"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dummy_post_localSGD_opt.load_state_dict(checkpoint["optimizer_state_dict"])
+    if any("Loaded state dict does not contain a step counter for an averager. Setting step counter to 0."
+           in str(w.message) for w in caught):
+        out.text("the load without a step", "warned")
+    out.text("averager2.step after the load without a step", averager2.step)
+    out.params("parameters", net_using_post_localSGD_opt.module)
+
+
 CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, test_DistributedDataParallelCPU_grad_is_view,
          test_DistributedDataParallel_requires_grad, test_ddp_create_graph, test_ddp_ignore_params_arg,
          test_ddp_unused_params_rebuild_buckets_exception, test_ddp_shared_grad_acc_unused_params,
@@ -1509,7 +1648,11 @@ CASES = [(case.__name__, case) for case in [test_DistributedDataParallelCPU, tes
          test_ddp_hook_parity_allreduce_process_group, test_ddp_hook_parity_powerSGD,
          test_undefined_grad_parity_unused_parameters, test_static_graph_multi_forward,
          test_ddp_uneven_inputs_stop_iteration_sync_bn, test_ddp_uneven_inputs, test_ddp_logging_data_cpu,
-         test_ddp_bucket_cap_mb_list, test_skip_all_reduce_unused_parameters]] + [
+         test_ddp_bucket_cap_mb_list, test_skip_all_reduce_unused_parameters, test_ddp_hook_parity_post_localSGD,
+         test_post_localSGD_optimizer_parity, test_post_localSGD_optimizer_parity_grad_is_view,
+         test_post_localSGD_optimizer_parity_with_hierarchical_sgd,
+         test_post_localSGD_optimizer_parity_with_hierarchical_sgd_grad_is_view,
+         test_post_localSGD_optimizer_step_reload]] + [
     ("test_c10d_gloo." + case.__name__[len("c10d_"):], case) for case in [
         c10d_test_global_local_unused_params_grad, c10d_test_global_local_unused_params_grad_with_grad_is_view,
         c10d_test_global_local_unused_params_grad_with_static_graph,

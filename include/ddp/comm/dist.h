@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ddp/comm/process_group.h"
@@ -102,6 +103,21 @@ int get_global_rank(const Group& group, int group_rank);
 // MASTER_ADDR:MASTER_PORT when the default group is mpi's).
 Group new_group(std::vector<int> ranks = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
                 std::string backend = "");
+
+// torch.distributed.new_subgroups (PyTorch 2.x's): `group`'s global ranks,
+// ascending, cut into consecutive subgroups of `group_size`, each made by
+// new_group in turn, so every rank of the job calls it, as new_group.
+// Returns this rank's subgroup (one it is not a member of, where it is
+// outside `group`) and all of them, in order. group_size omitted: the ranks
+// on this node, the launch environment's LOCAL_WORLD_SIZE (PyTorch counts
+// the node's GPUs, torch.cuda.device_count(), and needs CUDA for it); every
+// node must run as many. A group_size that is not positive, exceeds the
+// group's size or does not divide it is a UsageError, before any group is made.
+//   cur, all = dist.new_subgroups(group_size=2)  ->  auto [cur, all] = dist::new_subgroups(2);
+std::pair<Group, std::vector<Group>> new_subgroups(std::optional<int> group_size = std::nullopt,
+                                                   const Group& group = {},
+                                                   std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                                                   std::string backend = "");
 
 void barrier(const Group& group = {});
 [[nodiscard]] Work barrier(const Group& group, AsyncOp);

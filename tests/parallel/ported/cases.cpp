@@ -21,7 +21,7 @@ int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   ported::Out out;
   for (const auto& cases : {ported::training_cases(), ported::unused_parameter_cases(),
                             ported::output_and_static_graph_cases(), ported::join_cases(),
-                            ported::c10d_gloo_cases()}) {
+                            ported::post_local_sgd_cases(), ported::c10d_gloo_cases()}) {
     for (const auto& [name, run] : cases) {
       if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
       out.case_name = name;

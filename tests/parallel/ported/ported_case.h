@@ -1,9 +1,10 @@
 // What the ports of PyTorch's own DDP tests share (training.cpp,
-// unused_parameters.cpp, outputs_and_static_graph.cpp, join.cpp of
-// distributed_test.py's, c10d_gloo.cpp of test_c10d_gloo.py's; cases.cpp
-// runs them): the lines a case writes, as pytorch_ddp_tests.py's Out, the
-// script's helpers (init, data, raised, outcome) and the models several tests
-// of distributed_test.py use. Change both sides together: the test compares
+// unused_parameters.cpp, outputs_and_static_graph.cpp, join.cpp,
+// post_local_sgd.cpp of distributed_test.py's, c10d_gloo.cpp of
+// test_c10d_gloo.py's; cases.cpp runs them): the lines a case writes, as
+// pytorch_ddp_tests.py's Out, the script's helpers (init, data, raised,
+// outcome), the models several tests of distributed_test.py use and the
+// hook parity run several of them share. Change both sides together: the test compares
 // their lines.
 #pragma once
 
@@ -238,6 +239,40 @@ inline void grad_checksums(Out& out, const std::string& label, const nn::Module&
   }
 }
 
+// ---- what several tests run ---------------------------------------------------
+
+// _test_ddp_hook_parity: Linear(1, 5) with and without the hook, 100
+// iterations; the weight's gradients are cleared by hand, the bias's
+// accumulate.
+template <typename State, typename Hook>
+void ddp_hook_parity(Out& out, std::shared_ptr<ProcessGroup> pg, State state, Hook hook,
+                     std::shared_ptr<ProcessGroup> process_group, const std::string& label = "") {
+  const int rank = pg->rank();
+  nn::Linear with(1, 5), without(1, 5);
+  init(with);
+  init(without);
+  auto group = process_group ? process_group : pg;
+  DistributedDataParallel net_with_hook(with, group);
+  net_with_hook.register_comm_hook(std::move(state), hook);
+  DistributedDataParallel net_without_hook(without, group);
+  for (int i = 0; i < 100; ++i) {
+    for (auto* m : {&without, &with}) {
+      auto& g = (*m)->weight.mutable_grad();
+      if (g.defined()) {
+        g.requires_grad_(false);
+        g.zero_();
+      }
+    }
+    const auto batch = torch::tensor({static_cast<float>(rank)});
+    net_without_hook(batch).sum().backward();
+    net_with_hook(batch).sum().backward();
+    if (i < 3 || i % 25 == 24) {
+      out.grads(label + fmt("iteration %d without the hook", i), *without);
+      out.grads(label + fmt("iteration %d with the hook", i), *with);
+    }
+  }
+}
+
 using Case = void (*)(Out&, std::shared_ptr<ProcessGroup>);
 using Cases = std::vector<std::pair<std::string, Case>>;
 Cases training_cases();
@@ -245,5 +280,6 @@ Cases unused_parameter_cases();
 Cases output_and_static_graph_cases();
 Cases join_cases();
 Cases c10d_gloo_cases();  // test_c10d_gloo.py's
+Cases post_local_sgd_cases();
 
 }  // namespace ddp::testing::ported

@@ -243,38 +243,6 @@ void test_ddp_zero_output_features(Out& out, std::shared_ptr<ProcessGroup> pg) {
   raised(out, "DDP(model)", [&] { DistributedDataParallel ddp(model, pg); });
 }
 
-// _test_ddp_hook_parity: Linear(1, 5) with and without the hook, 100
-// iterations; the weight's gradients are cleared by hand, the bias's
-// accumulate.
-template <typename State, typename Hook>
-void ddp_hook_parity(Out& out, std::shared_ptr<ProcessGroup> pg, State state, Hook hook,
-                     std::shared_ptr<ProcessGroup> process_group, const std::string& label = "") {
-  const int rank = pg->rank();
-  nn::Linear with(1, 5), without(1, 5);
-  init(with);
-  init(without);
-  auto group = process_group ? process_group : pg;
-  DistributedDataParallel net_with_hook(with, group);
-  net_with_hook.register_comm_hook(std::move(state), hook);
-  DistributedDataParallel net_without_hook(without, group);
-  for (int i = 0; i < 100; ++i) {
-    for (auto* m : {&without, &with}) {
-      auto& g = (*m)->weight.mutable_grad();
-      if (g.defined()) {
-        g.requires_grad_(false);
-        g.zero_();
-      }
-    }
-    const auto batch = torch::tensor({static_cast<float>(rank)});
-    net_without_hook(batch).sum().backward();
-    net_with_hook(batch).sum().backward();
-    if (i < 3 || i % 25 == 24) {
-      out.grads(label + fmt("iteration %d without the hook", i), *without);
-      out.grads(label + fmt("iteration %d with the hook", i), *with);
-    }
-  }
-}
-
 void test_ddp_hook_parity_allreduce(Out& out, std::shared_ptr<ProcessGroup> pg) {
   ddp_hook_parity(out, pg, std::shared_ptr<ProcessGroup>(), hooks::allreduce_hook, nullptr);
 }
