@@ -97,9 +97,9 @@ void check_hierarchy(const std::vector<std::pair<int64_t, int>>& levels, int64_t
   for (size_t i = 0; i < levels.size(); ++i) {
     const auto [period, size] = levels[i];
     check_usage(period >= 1, who, "period ", period, " is not positive");
-    check_usage(i == 0 || period > levels[i - 1].first, who, "period ", period, " follows period ",
-                levels[i - 1].first, ": the periods must increase, each level averaging less often than the one "
-                "before");
+    if (i > 0)  // (check_usage's arguments are all evaluated: levels[i - 1] only here)
+      check_usage(period > levels[i - 1].first, who, "period ", period, " follows period ", levels[i - 1].first,
+                  ": the periods must increase, each level averaging less often than the one before");
     check_usage(size >= 1 && size <= overall && overall % size == 0, who, "group size ", size, " (period ", period,
                 ") must divide the size of process_group, ", overall);
   }
