@@ -236,8 +236,9 @@ Work C10dProcessGroup::collective(const CollectiveCall& call) {
   live(("dist." + op).c_str());
   refuse_unsupported(call, who);
   if (call.kind == CollectiveCall::Kind::MonitoredBarrier) return monitored_barrier(call, who);
-  return detail::make_work(started(call, who), name_ + " " + op, rank(),
-                           call.kind == CollectiveCall::Kind::Recv && call.root < 0);
+  if (call.kind == CollectiveCall::Kind::Send || call.kind == CollectiveCall::Kind::Recv)
+    return detail::make_p2p_work(started(call, who), name_, call, rank());
+  return detail::make_work(started(call, who), name_ + " " + op, rank());
 }
 
 // start(), its refusals turned into UsageError and the backend's failures
@@ -273,8 +274,8 @@ std::vector<Work> C10dProcessGroup::coalesced(const std::vector<CollectiveCall>&
   }
   auto whole = compat::end_coalescing(*backend_, started_works);
   std::vector<Work> works;
-  for (auto& w : started_works)
-    if (w) works.push_back(detail::make_work(std::move(w), name_ + " batch_isend_irecv", rank()));
+  for (size_t i = 0; i < started_works.size(); ++i)
+    if (started_works[i]) works.push_back(detail::make_p2p_work(std::move(started_works[i]), name_, calls[i], rank()));
   if (whole) works.push_back(detail::make_work(std::move(whole), name_ + " batch_isend_irecv", rank()));
   return works;
 }

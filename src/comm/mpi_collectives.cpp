@@ -186,8 +186,8 @@ Work MpiProcessGroup::start_collective(const CollectiveCall& call, const std::st
       break;
     }
   }
-  return detail::make_work(work, std::string("mpi ") + collective_name(call.kind), rank_,
-                           call.kind == Kind::Recv && call.root < 0);
+  if (call.kind == Kind::Send || call.kind == Kind::Recv) return detail::make_p2p_work(work, "mpi", call, rank_);
+  return detail::make_work(work, std::string("mpi ") + collective_name(call.kind), rank_);
 }
 
 // send and recv: the tensor's bytes to or from one rank (any rank: a

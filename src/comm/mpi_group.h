@@ -53,13 +53,15 @@ std::string error_string(int code);
 // runtime's mutex) until it returns true or `deadline` passes, yielding for
 // the first 200 polls and then sleeping 50 us between them. False at the
 // deadline, with the runtime marked as holding an abandoned request (MPI
-// never finishes it: MPI_Finalize and MPI_Comm_free are skipped then).
+// never finishes it: MPI_Finalize and MPI_Comm_free are skipped then),
+// unless `abandon` is false (a caller's own shorter wait: the request goes
+// on and a later wait may still finish it).
 template <typename Done>
-bool poll_until(Done&& done, Clock::time_point deadline) {
+bool poll_until(Done&& done, Clock::time_point deadline, bool abandon = true) {
   for (int spins = 0;; ++spins) {
     if (done()) return true;
     if (Clock::now() >= deadline) {
-      runtime().abandoned = true;
+      if (abandon) runtime().abandoned = true;
       return false;
     }
     if (spins < 200) std::this_thread::yield();
@@ -128,7 +130,10 @@ class MpiWork final : public compat::Work {
   bool wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) override {  // 0: c10d's kNoTimeout
     const auto limit = timeout.count() > 0 ? timeout : timeout_;
     const auto deadline = (timeout.count() > 0 ? Clock::now() : started_) + limit;
-    if (!poll_until([this] { return isCompleted(); }, deadline))
+    // Past the group's timeout the request is abandoned; a shorter wait of
+    // the caller's (Work::wait(timeout)) leaves it pending.
+    const bool group_limit = Clock::now() + limit >= started_ + timeout_;
+    if (!poll_until([this] { return isCompleted(); }, deadline, group_limit))
       throw std::runtime_error(
           "not finished within the timeout of " + std::to_string(limit.count()) + " ms on rank " +
           std::to_string(rank_) + ": some rank has not started this " + op_ +

@@ -34,24 +34,62 @@ const std::string& Work::op() const {
   return handle_ ? handle_->op : none;
 }
 
+namespace {
+
+// A failed wait as a CommError naming the rank and the operation (a send's
+// or receive's peer and tag); a collective's adds what uneven inputs do.
+[[noreturn]] void throw_failed(const detail::WorkHandle& h, const std::string& what) {
+  std::string message = "rank " + std::to_string(h.rank) + ": " + h.op + " failed: " + what;
+  if (h.p2p != detail::PointToPoint::none) {
+    message += "\n  (the peer may have died, be stuck or never post the matching " +
+               std::string(h.p2p == detail::PointToPoint::send ? "receive" : "send") +
+               " with this tag; its own log says why. The process group's timeout bounds this wait: "
+               "ddp::ProcessGroupOptions().timeout(...))";
+    throw CommError(message);
+  }
+  throw CommError(message +
+                  "\n  (a peer may have died or be stuck; its own log says why. The process group's "
+                  "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))"
+                  "\n  If ranks may have different numbers of batches (uneven inputs), a rank that finished "
+                  "early has left, or gone on to another collective, while this one still trains: wrap the "
+                  "training loop in ddp::Join (ddp/parallel/join.h), or give every rank the same number of batches "
+                  "(DistributedSampler's padding, the default, or drop_last).");
+}
+
+}  // namespace
+
 void Work::wait() {
   if (!handle_) return;
   try {
     handle_->work->wait();
   } catch (const std::exception& e) {
-    throw CommError("rank " + std::to_string(handle_->rank) + ": " + handle_->op + " failed: " + e.what() +
-                    "\n  (a peer may have died or be stuck; its own log says why. The process group's "
-                    "timeout bounds this wait: ddp::ProcessGroupOptions().timeout(...))"
-                    "\n  If ranks may have different numbers of batches (uneven inputs), a rank that finished "
-                    "early has left, or gone on to another collective, while this one still trains: wrap the "
-                    "training loop in ddp::Join (ddp/parallel/join.h), or give every rank the same number of batches "
-                    "(DistributedSampler's padding, the default, or drop_last).");
+    throw_failed(*handle_, e.what());
   }
 }
 
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (!handle_) return;
+  bool done = false;
+  try {
+    done = handle_->work->wait(timeout);
+  } catch (const std::exception& e) {
+    if (!handle_->work->isCompleted())
+      throw_failed(*handle_, "not finished within the wait's timeout of " + std::to_string(timeout.count()) + " ms");
+    throw_failed(*handle_, e.what());
+  }
+  if (!done && !handle_->work->isCompleted())
+    throw_failed(*handle_, "not finished within the wait's timeout of " + std::to_string(timeout.count()) + " ms");
+}
+
+bool Work::is_completed() const { return !handle_ || handle_->work->isCompleted(); }
+
 int Work::source_rank() const {
-  if (!handle_ || !handle_->any_source) return -1;
-  return handle_->work->sourceRank();
+  using detail::PointToPoint;
+  const PointToPoint kind = handle_ ? handle_->p2p : PointToPoint::none;
+  if (kind == PointToPoint::recv) return handle_->peer;
+  if (kind == PointToPoint::recv_any) return handle_->work->sourceRank();
+  throw UsageError("Work::source_rank() is a receive's (dist::recv, dist::irecv), as c10d's sourceRank(); this Work "
+                   "is " + (handle_ ? handle_->op : std::string("empty")));
 }
 
 bool Work::on_complete(std::function<void()> fn) {

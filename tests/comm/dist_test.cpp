@@ -157,7 +157,21 @@ void expect_refusals(const std::vector<std::string>& outputs, const std::string&
       EXPECT_NE(out.find("ERR monitored_barrier: rank " + std::to_string(r)), std::string::npos) << out;
       EXPECT_NE(out.find("only implemented for GLOO"), std::string::npos) << out;
     }
+    // Work and groups as torch.distributed's (dist_worker.cpp's work_api).
+    EXPECT_NE(out.find("groups " + std::to_string(r) + " 2 2"), std::string::npos) << out;
   }
+  const auto& receiver = outputs[0];
+  EXPECT_NE(receiver.find("completed_after 1 source 1"), std::string::npos) << receiver;
+  if (backend == "mpi") {  // the receive's wait gave up after 300 ms, naming its peer and tag, with no DDP advice
+    EXPECT_NE(receiver.find("ERR wait_timeout: rank 0: mpi recv from rank 1 (tag 97) failed: not finished within the "
+                            "wait's timeout of 300 ms"),
+              std::string::npos)
+        << receiver;
+    EXPECT_NE(receiver.find("wait_timeout_advice p2p"), std::string::npos) << receiver;
+    EXPECT_NE(receiver.find("completed_before 0"), std::string::npos) << receiver;
+  }
+  EXPECT_NE(outputs[1].find("ERR send_source_rank: Work::source_rank() is a receive's"), std::string::npos)
+      << outputs[1];
 }
 
 TEST(DistErrors, RefusedOnEveryRankBeforeAnythingStartsAndTheGroupWorksAfter) {

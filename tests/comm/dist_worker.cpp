@@ -430,6 +430,50 @@ void monitored() {
   std::_Exit(0);
 }
 
+// Work and groups as torch.distributed's: a receive's source_rank(), a
+// send's refused; is_completed(); wait(timeout), which under mpi gives up
+// on a receive whose send comes later (a timed-out Gloo receive is finished
+// with its error, so there only the wait that succeeds); group::WORLD,
+// new_group(ranks, backend) and ranks of another integer type.
+void work_api(int rank) {
+  const bool mpi = dist::get_backend() == "mpi";
+  if (rank == 0) {
+    auto r = zeros({2});
+    auto w = dist::irecv(r, 1, {}, 97);
+    if (mpi) {
+      try {
+        w.wait(std::chrono::milliseconds(300));
+        std::cout << "NOERR wait_timeout" << std::endl;
+      } catch (const ddp::CommError& e) {
+        const std::string m = e.what();
+        std::cout << "ERR wait_timeout: " << m.substr(0, m.find('\n')) << std::endl;
+        std::cout << "wait_timeout_advice " << (m.find("ddp::Join") == std::string::npos ? "p2p" : "collective")
+                  << std::endl;
+      }
+      std::cout << "completed_before " << w.is_completed() << std::endl;
+    }
+    dist::barrier();
+    w.wait(std::chrono::seconds(60));
+    std::cout << "completed_after " << w.is_completed() << " source " << w.source_rank() << std::endl;
+  } else {
+    dist::barrier();
+    if (rank == 1) {
+      auto w = dist::isend(torch::ones({2}).to(g_device), 0, {}, 97);
+      w.wait();
+      try {
+        (void)w.source_rank();
+        std::cout << "NOERR send_source_rank" << std::endl;
+      } catch (const ddp::UsageError& e) {
+        std::cout << "ERR send_source_rank: " << e.what() << std::endl;
+      }
+    }
+  }
+  auto g = dist::new_group(std::vector<int64_t>{0, 1});
+  auto g_named = dist::new_group({0, 1}, "");
+  std::cout << "groups " << dist::get_rank(dist::group::WORLD) << " " << dist::get_world_size(g) << " "
+            << dist::get_world_size(g_named) << std::endl;
+}
+
 // Refusals that come before anything starts; the group works after them.
 void errors() {
   const int rank = dist::get_rank(), world = dist::get_world_size();
@@ -476,6 +520,7 @@ void errors() {
   auto t = torch::ones({3});
   dist::all_reduce(t);
   std::cout << "after " << t.sum().item<double>() << std::endl;
+  work_api(rank);
 }
 
 // destroy_process_group() while this program still holds the group: the

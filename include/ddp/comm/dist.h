@@ -32,6 +32,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -81,6 +82,11 @@ class Group {
   std::vector<int> ranks_;  // for a subgroup
 };
 
+// torch.distributed.group.WORLD: the default group.
+namespace group {
+inline const Group WORLD{};
+}  // namespace group
+
 // ---- the group ----------------------------------------------------------------
 
 // This process's rank in `group` (-1 where it is not a member).
@@ -103,6 +109,16 @@ int get_global_rank(const Group& group, int group_rank);
 // MASTER_ADDR:MASTER_PORT when the default group is mpi's).
 Group new_group(std::vector<int> ranks = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
                 std::string backend = "");
+// new_group([0, 2], backend="gloo") -> dist::new_group({0, 2}, "gloo").
+inline Group new_group(std::vector<int> ranks, std::string backend) {
+  return new_group(std::move(ranks), std::nullopt, std::move(backend));
+}
+// Ranks of another integer type (int64_t, size_t: a tensor's or a loop's).
+template <typename Int, typename = std::enable_if_t<std::is_integral_v<Int> && !std::is_same_v<Int, int>>>
+Group new_group(const std::vector<Int>& ranks, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+                std::string backend = "") {
+  return new_group(std::vector<int>(ranks.begin(), ranks.end()), timeout, std::move(backend));
+}
 
 // torch.distributed.new_subgroups (PyTorch 2.x's): `group`'s global ranks,
 // ascending, cut into consecutive subgroups of `group_size`, each made by
@@ -128,6 +144,10 @@ void barrier(const Group& group = {});
 // naming it (every rank missing with wait_all_ranks), and on the others.
 void monitored_barrier(const Group& group = {}, std::optional<std::chrono::milliseconds> timeout = std::nullopt,
                        bool wait_all_ranks = false);
+// monitored_barrier(timeout=timedelta(seconds=30)) -> dist::monitored_barrier(30s).
+inline void monitored_barrier(std::chrono::milliseconds timeout, bool wait_all_ranks = false) {
+  monitored_barrier(Group(), timeout, wait_all_ranks);
+}
 
 // ---- reductions ------------------------------------------------------------------
 

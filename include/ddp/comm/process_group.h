@@ -32,6 +32,13 @@ class [[nodiscard]] Work {
   explicit Work(std::shared_ptr<detail::WorkHandle> handle) : handle_(std::move(handle)) {}
 
   void wait();
+  // torch.distributed's work.wait(timeout): as wait(), but gives up after
+  // `timeout` (a CommError naming the operation; the operation itself is
+  // not cancelled and the group's timeout still bounds it).
+  void wait(std::chrono::milliseconds timeout);
+  // torch.distributed's work.is_completed(): whether it has ended (a failed
+  // one too); true for a default-constructed Work.
+  bool is_completed() const;
   bool valid() const { return static_cast<bool>(handle_); }
   // Runs `fn` on the backend's thread the moment the collective ends (at
   // once if it has), where the backend can tell (Gloo, NCCL); false where it
@@ -39,9 +46,10 @@ class [[nodiscard]] Work {
   bool on_complete(std::function<void()> fn);
   // "gloo allreduce", ...; empty for a default-constructed Work.
   const std::string& op() const;
-  // After wait(), for a receive from any source (dist::irecv without src):
-  // the sender's rank in the group, as c10d's Work::sourceRank(). -1 for any
-  // other Work.
+  // A receive's sender, as torch.distributed's work._source_rank() and c10d's
+  // sourceRank(): its rank in the group, the src given to dist::irecv, or
+  // for a receive from any rank the rank it came from (after wait()). Any
+  // other Work is a UsageError, as c10d's.
   int source_rank() const;
 
  private:
