@@ -50,15 +50,16 @@ void Work::wait() {
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!handle_) return;
   bool done = false;
+  std::string failure;
   try {
     done = handle_->work->wait(timeout);
   } catch (const std::exception& e) {
-    if (!handle_->work->isCompleted())
-      throw_wait_failed(*handle_, "not finished within the wait's timeout of " + std::to_string(timeout.count()) + " ms");
-    throw_wait_failed(*handle_, e.what());
+    failure = e.what();
   }
+  // Still running: the wait gave up (Gloo finishes a timed-out receive with its error instead).
   if (!done && !handle_->work->isCompleted())
     throw_wait_failed(*handle_, "not finished within the wait's timeout of " + std::to_string(timeout.count()) + " ms");
+  if (!failure.empty()) throw_wait_failed(*handle_, failure);
 }
 
 bool Work::is_completed() const { return !handle_ || handle_->work->isCompleted(); }
