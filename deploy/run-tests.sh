@@ -18,16 +18,36 @@ step() {
 }
 step "installing what is missing" deploy/install-deps.sh
 step "the LibTorch 1.13 build" deploy/build.sh
-# Four tests at a time, in a new order each run: a 2-core machine stays busy
-# (at -j 2 the suite kept 1.6 cores busy; its tests wait on one another's
-# ranks, sockets and timeouts), and no test depends on its neighbours or on
-# running before or after another (docs/testing.md, "Tests that run at once").
+# Four tests at a time, longest first: a 2-core machine stays busy (at -j 2
+# the suite kept 1.6 cores busy; its tests wait on one another's ranks,
+# sockets and timeouts), and no long test starts last to run alone at the end.
+# ctest orders by the times its last run recorded in the build's
+# Testing/Temporary/CTestCostData.txt; a clean clone has none, so each build's
+# is kept beside the oracle cache (suite BUILD_DIR runs BUILD_DIR's tests with
+# them; the first run, or DDP_TEST_COST=0, takes ctest's order). No test
+# depends on its neighbours or on running before or after another
+# (docs/testing.md, "Tests that run at once").
 # The PyTorch oracles' results are cached by everything they depend on, as
 # ccache caches compiles (tests/support/oracle_cache.py; DDP_ORACLE_CACHE=0
 # runs PyTorch every time).
-ctest_args=(--output-on-failure -j "${DDP_TEST_JOBS:-4}" --schedule-random --timeout 600)
+ctest_args=(--output-on-failure -j "${DDP_TEST_JOBS:-4}" --timeout 600)
+cost_dir=${XDG_CACHE_HOME:-$HOME/.cache}/libddp/ctest-cost
+suite() {  # suite BUILD_DIR [ctest args...]
+  local dir=$1 rc=0 kept
+  shift
+  kept=$cost_dir/$(basename "$dir").txt
+  if [[ "${DDP_TEST_COST:-1}" != 0 && -f "$kept" ]]; then
+    mkdir -p "$dir/Testing/Temporary"
+    cp "$kept" "$dir/Testing/Temporary/CTestCostData.txt"
+  fi
+  ctest --test-dir "$dir" "${ctest_args[@]}" "$@" || rc=$?
+  if [[ "${DDP_TEST_COST:-1}" != 0 && -f "$dir/Testing/Temporary/CTestCostData.txt" ]]; then
+    mkdir -p "$cost_dir" && cp "$dir/Testing/Temporary/CTestCostData.txt" "$kept.tmp" && mv "$kept.tmp" "$kept"
+  fi
+  return "$rc"
+}
 # LibTorch 1.13: all but the end_to_end tests, which the 2.x build runs (below).
-step "its tests" ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -LE end_to_end
+step "its tests" suite "${DDP_BUILD_DIR:-build}" -LE end_to_end
 
 # LibTorch 2.x: the pinned PyTorch wheel's (CUDA and NCCL on; no GPU needed,
 # the GPU tests skip with their reason), with PyTorch 2.x's Python as the
@@ -48,7 +68,7 @@ step "its tests" ctest --test-dir "${DDP_BUILD_DIR:-build}" "${ctest_args[@]}" -
 # DDP_SKIP_TORCH2=1 skips this part, for a quick local run only.
 if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
   step "the LibTorch 2.x build" deploy/build-torch2.sh
-  step "its tests" ctest --test-dir "${DDP_TORCH2_BUILD_DIR:-build-torch2}" "${ctest_args[@]}" -LE 'cluster|torch_free'
+  step "its tests" suite "${DDP_TORCH2_BUILD_DIR:-build-torch2}" -LE 'cluster|torch_free'
 else
   echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does), nor the end_to_end tests"
 fi
@@ -59,5 +79,5 @@ if [[ "${DDP_SKIP_SANITIZED:-0}" == 1 ]]; then
 fi
 step "the sanitized build" deploy/build-san.sh
 # The sanitizers' options come with the tests (cmake/sanitize.cmake).
-step "its tests" ctest --test-dir "${DDP_SAN_BUILD_DIR:-build-san}" "${ctest_args[@]}"
+step "its tests" suite "${DDP_SAN_BUILD_DIR:-build-san}"
 echo "run-tests: everything passed in $SECONDS s"
