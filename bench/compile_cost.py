@@ -13,7 +13,7 @@ import argparse, json, os, shlex, subprocess, sys, tempfile, time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("build")
-ap.add_argument("files", nargs="+", help="path suffixes, e.g. src/comm/dist.cpp")
+ap.add_argument("files", nargs="+", help="path suffixes, e.g. src/comm/dist/dist.cpp")
 ap.add_argument("--runs", type=int, default=1)
 args = ap.parse_args()
 

@@ -17,7 +17,7 @@ figure first reported for this regime) and checks the goals:
 Modes: local, ddp, ddp_no_retain (DDPOptions::retain_step_memory(false):
 the slow regime's cause, glibc returning every step's heap), sync_only (the
 ranks meet once per step and exchange no gradients), ddp_loop_idle (DDP_GLOO_LOOP_POLICY=idle: Gloo's event
-loop under SCHED_IDLE, see src/comm/comm_threads.h), ddp_timeline (DDP_TIMELINE set:
+loop under SCHED_IDLE, see src/comm/backend/comm_threads.h), ddp_timeline (DDP_TIMELINE set:
 the timeline's cost, with --model mlp100 for a large model), pytorch_ddp, pytorch_local
 (see run_lenet_bench.py), ddp_baseline (ddp from --baseline-bin, another build,
 interleaved: what a change costs):

@@ -3,7 +3,8 @@
 and projected to 8, 64 and 256 GPUs (docs/scaling.md explains it).
 
   /usr/bin/python3 bench/scaling_model.py --csv bench/results/links.csv
-  /usr/bin/python3 bench/scaling_model.py --csv bench/results/links.csv --update-doc docs/scaling.md
+  /usr/bin/python3 bench/scaling_model.py --no-plot --update-doc docs/scaling.md
+  /usr/bin/python3 bench/scaling_model.py --csv bench/results/links.csv --update-doc bench/results/scaling_runs.md
   /usr/bin/python3 bench/scaling_model.py --make-synthetic /tmp/links_synthetic.csv   # for development only
   /usr/bin/python3 bench/scaling_model.py --csv /tmp/links_synthetic.csv --outdir /tmp/scaling
 
