@@ -1,11 +1,11 @@
-// Fuzzes the object collectives' decoder (src/comm/plain_data.cpp): the
+// Fuzzes the object collectives' decoder (src/comm/objects/plain_data.cpp): the
 // bytes are what another rank sent. Bytes that are not an encoding must be a
 // ddp::DataError; anything else (a crash, a sanitizer report, another
 // exception, an allocation beyond the input's size) is a finding; a value
 // decoded must encode again. Run: fuzz/README.md.
 #include <string>
 
-#include "comm/plain_data.h"
+#include "comm/objects/plain_data.h"
 #include "ddp/errors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -154,10 +154,6 @@ std::string random_run_id() {
   return buf;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 RdzvConf parse_rdzv_conf(const std::string& text, std::vector<std::string>& notes) {
   RdzvConf c;
   if (text.empty()) return c;
@@ -475,7 +471,8 @@ void resolve_command(const Flags& f, const std::vector<std::string>& command, Op
   bool module = f.on("module");
   bool no_python = f.on("no-python");
   if (module && no_python) usage("--module and --no-python contradict each other");
-  if (!module && (no_python || !ends_with(o.program, ".py"))) {
+  const bool script = o.program.size() >= 3 && o.program.compare(o.program.size() - 3, 3, ".py") == 0;
+  if (!module && (no_python || !script)) {
     o.command = command;
     o.command[0] = resolve_program(o.program);
     return;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "fd.h"
+#include "runtime/regular_file.h"
 
 namespace ddprun {
 namespace {
@@ -280,7 +281,8 @@ std::optional<WorkerError> read_error_file(const std::string& path, std::string*
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
   if (!fd) return errno == ENOENT ? std::nullopt : fail(std::string("cannot open it: ") + std::strerror(errno));
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return fail("not a regular file");
+  if (::fstat(fd.get(), &st) != 0) return fail(std::string("cannot stat it: ") + std::strerror(errno));
+  if (const std::string why = ddp::why_not_regular(st); !why.empty()) return fail(why);
   if (static_cast<unsigned long long>(st.st_size) > kMaxErrorFileBytes)
     return fail("larger than " + std::to_string(kMaxErrorFileBytes) + " bytes");
   std::string text(kMaxErrorFileBytes + 1, '\0');

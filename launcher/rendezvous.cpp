@@ -14,9 +14,9 @@
 #include "net.h"
 #include "output.h"
 #include "runtime/parse_number.h"
-#include "comm/store_bind.h"
-#include "comm/store_client.h"
-#include "comm/store_deadline.h"
+#include "comm/store/store_bind.h"
+#include "comm/store/store_client.h"
+#include "comm/store/store_deadline.h"
 #include "signals.h"
 #include "wait.h"
 

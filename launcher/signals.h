@@ -35,8 +35,6 @@ class SignalChannel {
   // notice), forwarded to them while ddprun goes on supervising; the workers
   // decide whether to stop (checkpoint and exit 75, say).
   static bool is_warning(int signo) { return signo == SIGUSR1 || signo == SIGUSR2; }
-  // True for the signals that mean "stop": the others but SIGCHLD.
-  static bool is_termination(int signo) { return signo != SIGCHLD && !is_warning(signo); }
   // Whether a termination signal waits in the channel, unread: safe from any
   // thread, and reads nothing (store_deadline.h's helper thread asks it, so a
   // store call blocked on a silent host ends on Ctrl-C; tick() then reads it).

@@ -4,6 +4,11 @@
   - no function in a .cpp or .h there is over 60 lines, counted from the
     first line of its signature to its closing brace (lambdas and local
     classes count toward the function that holds them);
+  - no function in src/ or launcher/ of three lines or fewer is used from
+    one place only, in its own file (a split that only forwards: fold it
+    into its caller). Public API, overrides, constructors, operators and
+    c10d_compat.h's shims (each names a version difference) aside; a use
+    from another file is an interface between files, not a split;
   - every folder of src/ and include/ddp/ has its line in that tree's README.md;
   - every header starts with a comment that says what it is for.
 Usage: check_layout.py SOURCE_DIR. Prints each problem; exit 1 if any."""
@@ -251,7 +256,7 @@ def functions(text):
                     raise ValueError(f"line {line(i)}: a brace that nothing closes")
                 if kind == "function":
                     first = head_start + len(head) - len(head.lstrip())
-                    found.append((function_name(head), line(first), line(end)))
+                    found.append((function_name(head), line(first), line(end), head))
                 if kind != "inline":
                     head_start = end + 1
                 i = end
@@ -259,6 +264,69 @@ def functions(text):
     if scopes:
         raise ValueError("a namespace or class that nothing closes")
     return found
+
+
+MAX_TINY_LINES = 3
+# Words after which a name followed by ( is a call, not a declaration.
+CALL_KEYWORDS = {"return", "throw", "else", "case", "co_return", "co_await", "new", "delete", "do", "not", "and", "or"}
+
+
+def uses_of(name, code):
+    """How many times `name` is used in `code` (blanked C++): called, or
+    named as a value; a declaration or definition (a type or a qualifier
+    chain's type before it) does not count."""
+    count = 0
+    for m in re.finditer(r"(?<![\w~])" + re.escape(name) + r"\b", code):
+        before = re.sub(r"(?:\w+\s*::\s*)+$", "", code[max(0, m.start() - 200):m.start()].rstrip()).rstrip()
+        if before.endswith(("::", "~")):
+            continue
+        word = re.search(r"(\w+)$", before)
+        if word and word.group(1) not in CALL_KEYWORDS:
+            continue  # Type name(...): a declaration or definition
+        if re.search(r"[\w>][*&]$|\w\s*[*&]$|>$", before) and not before.endswith(("->", ">>")):
+            continue  # Type* name(...), std::vector<T> name(...)
+        count += 1
+    return count
+
+
+def tiny_single_use(root, code_files, blanked):
+    """Functions of src/ and launcher/ of MAX_TINY_LINES or fewer used once,
+    from their own file."""
+    public = set(re.findall(r"\w+", "".join(blanked[p] for p in code_files
+                                              if os.path.relpath(p, root).startswith("include"))))
+    words = {}
+    for text in blanked.values():
+        for w in re.findall(r"\w+", text):
+            words[w] = words.get(w, 0) + 1
+    problems = []
+    for p in code_files:
+        rel = os.path.relpath(p, root)
+        if not rel.startswith(("src" + os.sep, "launcher" + os.sep)) or rel.endswith("c10d_compat.h"):
+            continue
+        found = functions(open(p, encoding="utf-8").read())
+        defined = {}
+        for name, _, _, _ in found:
+            defined[name] = defined.get(name, 0) + 1
+        for name, first, last, head in found:
+            bare = name.split("::")[-1]
+            parts = name.split("::")
+            if defined[name] > 1:
+                continue  # alternatives under #if, or overloads
+            if last - first + 1 > MAX_TINY_LINES or not re.fullmatch(r"\w+", bare) or bare == "main":
+                continue
+            if (len(parts) > 1 and parts[-2] == bare) or re.search(r"\b(class|struct)\s+" + bare + r"\b", blanked[p]):
+                continue  # a constructor
+            if re.search(r"\b(override|virtual|final)\b", head) or bare in public:
+                continue
+            # A name written more than four times (definition, perhaps a
+            # declaration, a use) has uses enough; the others are read closely.
+            if words.get(bare, 0) > 4:
+                continue
+            uses = {q: uses_of(bare, text) for q, text in blanked.items() if bare in text}
+            if sum(uses.values()) == 1 and uses.get(p) == 1:
+                problems.append(f"{rel}:{first}: function {name} is {last - first + 1} line(s) and used from one "
+                                f"place: fold it into its caller")
+    return problems
 
 
 def main():
@@ -282,12 +350,19 @@ def main():
         if p.endswith(".h") and not (lines and lines[0].startswith("//")):
             problems.append(f"{rel}: a header starts with a comment saying what it is for")
         try:
-            for name, first, last in functions(text):
+            for name, first, last, _ in functions(text):
                 if last - first + 1 > MAX_FUNCTION_LINES:
                     problems.append(f"{rel}:{first}: function {name} is {last - first + 1} lines, "
                                     f"over {MAX_FUNCTION_LINES}: split it into named steps")
         except ValueError as e:
             problems.append(f"{rel}: cannot measure its functions: {e}")
+
+    blanked = {}
+    for top in ("src", "include", "launcher", "tests", "examples", "bench", "fuzz"):
+        for p in files_under(top):
+            if p.endswith((".h", ".cpp", ".cc", ".cu")):
+                blanked[p] = blank_out(open(p, encoding="utf-8", errors="replace").read()) + "\n"
+    problems += tiny_single_use(root, code, blanked)
 
     for tree in ("src", "include/ddp"):
         readme = os.path.join(root, tree, "README.md")

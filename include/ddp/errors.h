@@ -35,6 +35,10 @@ class Error {
  public:
   virtual ~Error() = default;
   virtual const char* what() const noexcept = 0;
+  // The status guarded_main() exits with for it (ddp/runtime/main_guard.h):
+  // 1, 2 for a UsageError, kPreemptedExitCode for the training kit's
+  // Preempted (ddp/train/errors.h).
+  virtual int exit_code() const noexcept { return 1; }
 
  protected:
   Error() = default;
@@ -80,6 +84,7 @@ class ErrorOf : public Base, public Error {
 class UsageError : public error_bases::ErrorOf<error_bases::ErrorBase> {
  public:
   using ErrorOf::ErrorOf;
+  int exit_code() const noexcept override { return 2; }
 };
 
 // A missing, malformed or inconsistent launch variable (RANK, WORLD_SIZE,
@@ -118,30 +123,14 @@ class CheckpointError : public error_bases::ErrorOf<error_bases::ErrorBase> {
   using ErrorOf::ErrorOf;
 };
 
-// The program stopped on purpose for a batch system's preemption warning
-// (Slurm's `--signal=USR1@T`, `scancel --signal=USR1`) after saving what it
-// needs to resume (ddp/train/preemption.h). guarded_main() exits with
-// kPreemptedExitCode for it, the status the job templates in deploy/slurm/
-// requeue on.
-class Preempted : public error_bases::ErrorOf<error_bases::ErrorBase> {
- public:
-  using ErrorOf::ErrorOf;
-};
-
-// The training loss became NaN or infinite on some rank (the training kit's
-// train_epoch, unless --nonfinite-loss continue). Every rank throws it at the
-// same step, before a checkpoint of the diverged model can be written; the
-// message names the first rank and step and the last good checkpoint.
-class NonFiniteLoss : public error_bases::ErrorOf<error_bases::ErrorBase> {
- public:
-  using ErrorOf::ErrorOf;
-};
-
 #if defined(DDP_ERRORS_TORCH_FREE)
 }  // namespace torch_free
 #endif
 
-// EX_TEMPFAIL of sysexits.h: "a temporary failure; try again later".
+// The status of a program that stopped for a batch system's preemption
+// warning after saving what it needs to resume (the training kit's
+// Preempted), which ddprun and the job templates in deploy/slurm/ requeue
+// on: EX_TEMPFAIL of sysexits.h, "a temporary failure; try again later".
 constexpr int kPreemptedExitCode = 75;
 
 }  // namespace ddp

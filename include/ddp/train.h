@@ -13,6 +13,7 @@
 #include "ddp/data/tensor_dataset.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/env_summary.h"
+#include "ddp/train/errors.h"
 #include "ddp/train/epoch_loop.h"
 #include "ddp/train/evaluation.h"
 #include "ddp/train/preemption.h"

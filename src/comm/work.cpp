@@ -73,17 +73,34 @@ int Work::source_rank() const {
                    "is " + (handle_ ? handle_->op : std::string("empty")));
 }
 
-bool Work::on_complete(std::function<void()> fn) {
-  if (!handle_) return false;
-  c10::intrusive_ptr<c10::ivalue::Future> future;
+namespace {
+
+// The backend's future of `handle`'s work, or null where it has none.
+c10::intrusive_ptr<c10::ivalue::Future> future_of(const detail::WorkHandle* handle) {
+  if (!handle) return {};
   try {
-    future = handle_->work->getFuture();
+    return handle->work->getFuture();
   } catch (const std::exception&) {
-    return false;  // c10d::Work's default: this backend has no future
+    return {};  // c10d::Work's default: this backend has no future
   }
+}
+
+}  // namespace
+
+bool Work::on_complete(std::function<void()> fn) {
+  auto future = future_of(handle_.get());
   if (!future) return false;
   future->addCallback([fn = std::move(fn)](c10::ivalue::Future&) { fn(); });
   return true;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> Work::get_future() const {
+  auto future = future_of(handle_.get());
+  if (!future)
+    throw UsageError("rank " + std::to_string(handle_ ? handle_->rank : 0) + ": Work::get_future(): " +
+                     (handle_ ? handle_->op + " has no future on this backend" : std::string("an empty Work")) +
+                     "; wait() on the Work instead");
+  return future;
 }
 
 }  // namespace ddp

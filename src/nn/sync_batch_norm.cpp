@@ -22,12 +22,6 @@ ProcessGroup& saved_group(AutogradContext* ctx) {
   return *static_cast<GroupCapsule*>(ctx->saved_data["group"].toCapsule().get())->pg;
 }
 
-// Statistics are accumulated in float32 at least (half and bfloat16 inputs),
-// as PyTorch's kernels do.
-at::ScalarType acc_type(const at::Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 // Every dimension but the channels'.
 std::vector<int64_t> reduce_dims(const at::Tensor& t) {
   std::vector<int64_t> dims{0};
@@ -60,7 +54,9 @@ struct SyncBatchNormFunction : torch::autograd::Function<SyncBatchNormFunction> 
     ProcessGroup& pg = *group->pg;
     const at::Tensor input = input_in.contiguous(input_in.suggest_memory_format());
     const int64_t channels = input.size(1);
-    const auto acc = acc_type(input);
+    // Statistics are accumulated in float32 at least (half and bfloat16
+    // inputs), as PyTorch's kernels do.
+    const auto acc = input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     const at::Tensor x = input.to(acc);
     const auto dims = reduce_dims(x);
     const int64_t count = channels > 0 ? input.numel() / channels : 0;

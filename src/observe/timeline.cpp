@@ -17,7 +17,7 @@
 #include <map>
 #include <sstream>
 
-#include "comm/object_exchange.h"
+#include "comm/objects/object_exchange.h"
 #include "runtime/steady_clock.h"
 
 namespace ddp {

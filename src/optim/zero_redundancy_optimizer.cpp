@@ -7,7 +7,7 @@
 #include <sstream>
 #include <type_traits>
 
-#include "comm/object_exchange.h"
+#include "comm/objects/object_exchange.h"
 #include "usage_check.h"
 
 namespace ddp {

@@ -3,8 +3,8 @@
 #include "parallel/ddp_internals.h"
 
 #include "ddp/runtime/malloc_tuning.h"
-#include "comm/object_exchange.h"
-#include "comm/before_shutdown.h"
+#include "comm/objects/object_exchange.h"
+#include "comm/group/registry.h"
 #include "parallel/tied_weights.h"
 #include "runtime/parse_number.h"
 #include "usage_check.h"
@@ -298,9 +298,10 @@ void DistributedDataParallelBase::start_timeline() {
   // Gathering the timeline is collective: when the group shuts down
   // (destroy_process_group(), or the program's exit) with this DDP still
   // alive, it is written then, while every rank still has the group.
-  detail::before_shutdown(pg_, [weak = std::weak_ptr<Timeline>(timeline_), rank = pg_->rank()] {
+  auto write = [weak = std::weak_ptr<Timeline>(timeline_), rank = pg_->rank()] {
     if (auto timeline = weak.lock()) write_timeline(*timeline, rank);
-  });
+  };
+  detail::GroupRegistry::instance().before_shutdown(pg_, write);
 }
 
 DistributedDataParallelBase::~DistributedDataParallelBase() {

@@ -11,22 +11,23 @@
 #include <vector>
 
 #include "ddp/parallel/default_hooks.h"
+#include "parallel/numpy_random.h"
 #include "usage_check.h"
 
 namespace ddp::hooks {
 
 namespace detail {
 
-int64_t NumpyRandomState::randint(int64_t high) {
-  TORCH_CHECK(high > 0 && high <= (int64_t{1} << 32), "NumpyRandomState::randint: high ", high, " out of range");
+int64_t numpy_randint(std::mt19937& engine, int64_t high) {
+  TORCH_CHECK(high > 0 && high <= (int64_t{1} << 32), "numpy_randint: high ", high, " out of range");
   const uint32_t range = static_cast<uint32_t>(high - 1);  // numpy's inclusive bound
   if (range == 0) return 0;
-  if (range == std::numeric_limits<uint32_t>::max()) return engine_();
+  if (range == std::numeric_limits<uint32_t>::max()) return engine();
   uint32_t mask = range;
   for (int shift = 1; shift < 32; shift <<= 1) mask |= mask >> shift;
   uint32_t value;
   do {
-    value = static_cast<uint32_t>(engine_()) & mask;
+    value = static_cast<uint32_t>(engine()) & mask;
   } while (value > range);
   return value;
 }
@@ -244,7 +245,7 @@ void view_ps_and_qs(InFlight& c, int64_t approximation_rank) {
 }
 
 // The Qs, orthogonalized: last iteration's (the warm start), or random ones.
-void prepare_qs(InFlight& c, bool randomize, detail::NumpyRandomState& rng, double epsilon) {
+void prepare_qs(InFlight& c, bool randomize, std::mt19937& rng, double epsilon) {
   if (!randomize) {
     for (const auto& q : c.qs) orthogonalize(q, epsilon);
     return;
@@ -252,7 +253,7 @@ void prepare_qs(InFlight& c, bool randomize, detail::NumpyRandomState& rng, doub
   // Every rank draws the same seed, and a new one each time. A generator
   // of our own, on the CPU, as PyTorch's forked one: the program's global
   // generator is neither read nor advanced.
-  const int64_t seed = rng.randint(1000000000);
+  const int64_t seed = detail::numpy_randint(rng, 1000000000);
   at::Generator generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed));
   for (const auto& q : c.qs) {
     q.copy_(at::randn(q.sizes(), generator, at::TensorOptions().dtype(q.scalar_type()).device(at::kCPU)));

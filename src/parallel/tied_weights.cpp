@@ -46,10 +46,6 @@ Members parameter_members(const torch::nn::Module& m) {
   return out;
 }
 
-std::string dotted(const std::string& prefix, const std::string& name) {
-  return prefix.empty() ? name : prefix + "." + name;
-}
-
 std::string explain(const ReassignedMember& r) {
   const auto dot = r.parameter.rfind('.');
   const std::string layer = dot == std::string::npos ? "the module" : r.parameter.substr(0, dot);
@@ -80,7 +76,7 @@ std::vector<ReassignedMember> reassigned_members(const torch::nn::Module& module
     for (const auto& [name, member] : parameter_members(*m.value())) {
       const at::Tensor* own = registered.find(name);
       if (own == nullptr) continue;  // not registered (a Linear without bias)
-      const std::string parameter = dotted(m.key(), name);
+      const std::string parameter = m.key().empty() ? name : m.key() + "." + name;
       if (member.unsafeGetTensorImpl() == own->unsafeGetTensorImpl()) {
         if (intact) intact->push_back(parameter);
         continue;

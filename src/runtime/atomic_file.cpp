@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "ddp/errors.h"
+#include "runtime/unique_fd.h"
 
 namespace ddp {
 
@@ -59,18 +60,11 @@ FileWriteFailure write_synced_temporary(const std::string& tmp, const char* data
   // removes a link, not its target. O_EXCL|O_NOFOLLOW then refuses anything
   // that appears in between.
   ::unlink(tmp.c_str());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return fail("open " + tmp, errno);
-  if (const int err = write_all(fd, data, size); err != 0) {
-    ::close(fd);
-    return fail("write", err);
-  }
-  if (::fsync(fd) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return fail("fsync", err);
-  }
-  if (::close(fd) != 0) return fail("close", errno);
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!fd) return fail("open " + tmp, errno);
+  if (const int err = write_all(fd.get(), data, size); err != 0) return fail("write", err);
+  if (::fsync(fd.get()) != 0) return fail("fsync", errno);
+  if (const int err = fd.close_checked(); err != 0) return fail("close", err);
   return {};
 }
 
@@ -81,11 +75,8 @@ FileWriteFailure rename_synced(const std::string& tmp, const std::string& path) 
     return {"rename", err};
   }
   // The rename itself is durable only once the directory is.
-  const int dfd = ::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  if (const UniqueFd dir(::open(folder_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)); dir)
+    ::fsync(dir.get());
   return {};
 }
 
@@ -116,12 +107,8 @@ int open_append_no_follow(const std::string& path) {
 }
 
 void append_no_follow(const std::string& path, const std::string& text) {
-  const int fd = open_append_no_follow(path);
-  if (const int err = write_all(fd, text.data(), text.size()); err != 0) {
-    ::close(fd);
-    throw_write_failure(path, {"write", err});
-  }
-  ::close(fd);
+  const UniqueFd fd(open_append_no_follow(path));
+  if (const int err = write_all(fd.get(), text.data(), text.size()); err != 0) throw_write_failure(path, {"write", err});
 }
 
 }  // namespace ddp

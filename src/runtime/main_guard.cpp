@@ -72,18 +72,17 @@ bool record_error(const std::exception& error) noexcept {
 int guarded_main(const std::function<int()>& body) {
   try {
     return body();
-  } catch (const Preempted& e) {
-    record_error(e);  // ddprun's summary says why the worker exited 75
-    std::cerr << e.what() << std::endl;
-    return kPreemptedExitCode;
-  } catch (const UsageError& e) {
-    record_error(e);
-    std::cerr << rank_prefix() << ": error: " << e.what() << std::endl;
-    return 2;
   } catch (const std::exception& e) {
-    record_error(e);
-    std::cerr << "error: " << without_backtrace(labelled(e.what())) << std::endl;
-    return 1;
+    const auto* ours = dynamic_cast<const Error*>(&e);
+    const int code = ours ? ours->exit_code() : 1;
+    record_error(e);  // for a Preempted too: ddprun's summary says why the worker exited 75
+    if (code == kPreemptedExitCode)
+      std::cerr << e.what() << std::endl;  // a stop on purpose, said as it is
+    else if (code == 2)
+      std::cerr << rank_prefix() << ": error: " << e.what() << std::endl;  // a UsageError
+    else
+      std::cerr << "error: " << without_backtrace(labelled(e.what())) << std::endl;
+    return code;
   }
 }
 

@@ -19,7 +19,7 @@
 //     succeeds, and so does its listen(), because the holder does not listen.
 //     Everything that listens on a reserved port sets it: c10d's
 //     TCPStore (its classic server and libuv's uv_tcp_bind), libddp's store
-//     (src/comm/store_bind.cpp) and ddprun (launcher/net.cpp);
+//     (src/comm/store/store_bind.cpp) and ddprun (launcher/net.cpp);
 //   - a connection to it is refused until something listens there.
 // Torch-free: only POSIX and the standard library.
 #pragma once
@@ -35,6 +35,8 @@
 #include <system_error>
 #include <vector>
 
+#include "unique_fd.h"  // beside it: tests include this header by its path
+
 namespace ddp::detail {
 
 // Throws std::system_error (the call that failed and errno) when no port can be had.
@@ -42,23 +44,20 @@ inline uint16_t reserve_port() {
   // The holders, never closed: the reservations last as long as the process.
   static std::mutex mutex;
   static std::vector<int> holders;
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "socket");
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) throw std::system_error(errno, std::generic_category(), "socket");
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_ANY);
   a.sin_port = 0;
   socklen_t len = sizeof a;
   const int one = 1;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
-      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0) {
-    const int err = errno;
-    ::close(fd);
-    throw std::system_error(err, std::generic_category(), "bind");
-  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0 ||
+      ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0)
+    throw std::system_error(errno, std::generic_category(), "bind");
   std::lock_guard<std::mutex> lock(mutex);
-  holders.push_back(fd);
+  holders.push_back(fd.release());
   return ntohs(a.sin_port);
 }
 

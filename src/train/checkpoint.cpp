@@ -2,7 +2,7 @@
 
 #include "runtime/atomic_file.h"
 #include "checkpoint_extra.h"
-#include "comm/object_exchange.h"
+#include "comm/objects/object_exchange.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
@@ -59,9 +59,8 @@ void set_cpu_rng_state(const torch::Tensor& state) {
 
 // Rank 0 says whether its part succeeded; the others learn it (and wait for it).
 void share_verdict(ProcessGroup& pg, bool ok, const std::string& what) {
-  auto flag = torch::tensor({ok ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
-  pg.broadcast(flag, 0).wait();
-  if (pg.rank() != 0 && flag.cpu().item<int64_t>() == 0)
+  const bool rank0_ok = detail::broadcast_flag(pg, ok, 0);
+  if (pg.rank() != 0 && !rank0_ok)
     throw CheckpointError(rank_tag(pg) + ": rank 0 failed " + what + "; its log says why");
 }
 
@@ -496,9 +495,7 @@ bool run_has_checkpoint(RunDir& run, ProcessGroup& pg) {
   const std::string path = run.checkpoint_path();
   const bool here = pg.rank() == 0 && (std::filesystem::exists(path) ||
                                        std::filesystem::exists(previous_checkpoint_path(path)));
-  auto found = torch::tensor({here ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
-  pg.broadcast(found, 0).wait();
-  return found.cpu().item<int64_t>() != 0;
+  return detail::broadcast_flag(pg, here, 0);
 }
 
 // What rank 0 knows of the stop request: its own signal, or that another rank got one.

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ddp/runtime/launch_env.h"
-#include "comm/object_exchange.h"
+#include "comm/objects/object_exchange.h"
 
 #ifdef DDP_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>

@@ -14,6 +14,7 @@
 #include "ddp/parallel/distributed_sampler.h"
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/train_options.h"
+#include "runtime/unique_fd.h"
 
 namespace ddp {
 
@@ -90,7 +91,6 @@ class SampleLog {
  public:
   SampleLog(const TrainOptions& opts, const DistributedSampler& sampler, int64_t epoch, const TrainState& state,
             ProcessGroup& pg);
-  ~SampleLog();
   SampleLog(const SampleLog&) = delete;
   SampleLog& operator=(const SampleLog&) = delete;
   // The step just taken: this rank's batch `batch` (0-based in this run of
@@ -99,7 +99,7 @@ class SampleLog {
 
  private:
   void append_line(std::string line);
-  int fd_ = -1;
+  UniqueFd fd_;
   std::string path_;
   int64_t round_ = 0, epoch_ = 0;
   std::vector<size_t> mine_;  // this rank's indices for the epoch, from its start

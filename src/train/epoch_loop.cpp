@@ -17,7 +17,7 @@
 #include <iostream>
 #include <sstream>
 
-#include "comm/object_exchange.h"
+#include "comm/objects/object_exchange.h"
 #include "runtime/parse_number.h"
 
 namespace ddp {
@@ -172,7 +172,7 @@ SampleLog::SampleLog(const TrainOptions& opts, const DistributedSampler& sampler
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   const std::string path = (dir / ("rank" + std::to_string(pg.rank()) + ".txt")).string();
-  fd_ = open_append_no_follow(path);  // CheckpointError naming it if it cannot
+  fd_.reset(open_append_no_follow(path));  // CheckpointError naming it if it cannot
   path_ = path;
   static bool headed = false;  // once per process: where this run of the program began
   if (!headed) {
@@ -181,14 +181,10 @@ SampleLog::SampleLog(const TrainOptions& opts, const DistributedSampler& sampler
   }
 }
 
-SampleLog::~SampleLog() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 void SampleLog::append_line(std::string line) {
   line += '\n';
   for (size_t done = 0; done < line.size();) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    const ssize_t n = ::write(fd_.get(), line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) throw CheckpointError("cannot append to " + path_ + " (--log-samples): " + std::strerror(errno));
     done += static_cast<size_t>(n);

@@ -1,5 +1,7 @@
 #include "ddp/train/preemption.h"
 
+#include "comm/objects/object_exchange.h"
+
 #include <atomic>
 #include <mutex>
 #include <set>
@@ -33,10 +35,7 @@ int preemption_signal_received() { return g_received.load(std::memory_order_rela
 void clear_preemption_signal() { g_received.store(0, std::memory_order_relaxed); }
 
 bool preemption_requested(ProcessGroup& pg) {
-  auto flag = torch::tensor({preemption_signal_received() != 0 ? int64_t(1) : int64_t(0)}, torch::kLong);
-  flag = flag.to(pg.device());
-  pg.allreduce(flag).wait();
-  return flag.cpu().item<int64_t>() > 0;
+  return detail::any_rank(pg, preemption_signal_received() != 0);
 }
 
 }  // namespace ddp

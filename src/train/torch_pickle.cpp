@@ -12,14 +12,14 @@
 #include <unordered_map>
 
 #include "zip_archive.h"
+#include "runtime/regular_file.h"
+#include "runtime/unique_fd.h"
 
 namespace ddp::pickle {
 
 namespace {
 
 using Kind = Value::Kind;
-
-bool is_container(Kind k) { return k == Kind::Tuple || k == Kind::List || k == Kind::Dict || k == Kind::Object; }
 
 std::string int_list_text(const std::vector<int64_t>& xs) {
   std::ostringstream s;
@@ -186,7 +186,8 @@ class Unpickler {
     charge(sizeof(Value) + 2 * kSlot);  // the value and its shared_ptr's control block
     auto v = std::make_shared<Value>();
     v->kind = k;
-    v->depth = is_container(k) ? 1 : 0;
+    const bool container = k == Kind::Tuple || k == Kind::List || k == Kind::Dict || k == Kind::Object;
+    v->depth = container ? 1 : 0;
     return v;
   }
   void put_memo(uint64_t key) {
@@ -482,19 +483,13 @@ ValuePtr Value::get(const std::string& key) const {
 std::vector<char> read_file(const std::string& path) {
   auto fail = [&](const std::string& why) { throw CheckpointError(path + ": " + why); };
   // Non-blocking: opening a FIFO for reading would wait for a writer.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) fail(std::string("cannot open (") + std::strerror(errno) + ")");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const UniqueFd file(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (!file) fail(std::string("cannot open (") + std::strerror(errno) + ")");
+  const int fd = file.get();
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail(std::string("cannot stat (") + std::strerror(errno) + ")");
-  if (!S_ISREG(st.st_mode))
-    fail(std::string("not a regular file (") +
-         (S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device" :
-          S_ISBLK(st.st_mode) ? "a block device" : S_ISSOCK(st.st_mode) ? "a socket" : "not a file") +
-         "); give the path of a checkpoint or state dict file");
+  if (const std::string why = why_not_regular(st); !why.empty())
+    fail(why + "; give the path of a checkpoint or state dict file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   auto read_at = [&](char* to, uint64_t n, uint64_t offset) {
     for (uint64_t done = 0; done < n;) {

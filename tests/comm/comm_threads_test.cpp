@@ -1,6 +1,6 @@
 // Gloo's threads are named gloo-loop and gloo-worker; DDP_GLOO_LOOP_POLICY=idle
 // moves the event loop to SCHED_IDLE, so that its spinning never takes a CPU
-// that a rank's compute or Gloo's workers want (src/comm/comm_threads.h); the
+// that a rank's compute or Gloo's workers want (src/comm/backend/comm_threads.h); the
 // default leaves it as Gloo starts it. A one-rank group over a real TCP store
 // is enough to see the threads.
 #include <gtest/gtest.h>

@@ -137,7 +137,8 @@ void expect_refusals(const std::vector<std::string>& outputs, const std::string&
       {"p2p_op", "Expected ``op``"},
       {"object_list_size", "object_list has 1 entries"},
       {"object_not_plain", "is not plain data"},
-      {"new_group_backend", "unknown backend 'ucc'"}};
+      {"new_group_backend", "unknown backend 'ucc'"},
+      {"dict_keys", "keys of two kinds"}};
   for (int r = 0; r < 2; ++r) {
     const auto& out = outputs[r];
     for (const auto& [name, words] : cases) {
@@ -146,6 +147,16 @@ void expect_refusals(const std::vector<std::string>& outputs, const std::string&
       EXPECT_NE(out.substr(at, out.find('\n', at) - at).find(words), std::string::npos) << out;
     }
     EXPECT_NE(out.find("ERR scatter_list_missing: rank " + std::to_string(r)), std::string::npos) << out;
+    EXPECT_NE(out.find(r == 0 ? "ERR scatter_object_refused: rank 0: dist.scatter_object_list: scatter_object_input_list "
+                                "has 1 entries on src"
+                              : "ERR scatter_object_refused: rank 1: the scatter's source (rank 0 of the group) refused"),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find(backend == "mpi" ? "ERR get_future: rank " + std::to_string(r) + ": Work::get_future(): mpi"
+                                        : std::string("future 4")),
+              std::string::npos)
+        << out;
+    EXPECT_NE(out.find("built {'rank': 1, 'names': ['a', 'b'], 'shape': (2, 3)}"), std::string::npos) << out;
     EXPECT_NE(out.find("must be specified on source rank"), std::string::npos) << out;
     // gather to 0: rank 0 gave no list, rank 1 gave one
     EXPECT_NE(out.find(r == 0 ? "must be specified on destination rank" : "must NOT be specified on non-destination"),

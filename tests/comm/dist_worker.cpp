@@ -339,7 +339,7 @@ void objects(Out& out, int rank, int world, int last, int src1) {
   std::vector<c10::IValue> mine(1), ins;
   if (rank == 0)
     for (int r = 0; r < world; ++r) ins.push_back(obj(30 + r));
-  dist::scatter_object_list(mine, ins, 0);
+  dist::scatter_object_list(mine, rank == 0 ? &ins : nullptr, 0);
   out.text("scatter_object_list", show(mine[0]));
 }
 
@@ -468,6 +468,23 @@ void work_api(int rank) {
       }
     }
   }
+  // work.get_future(): completed with the output tensors (Gloo, NCCL); the
+  // mpi backend has none.
+  auto summed = torch::ones({2}).to(g_device);
+  auto w = dist::all_reduce(summed, dist::async_op);
+  try {
+    auto future = w.get_future();
+    future->wait();
+    std::cout << "future " << future->value().toTensorList().get(0).sum().item<double>() << std::endl;
+  } catch (const ddp::UsageError& e) {
+    w.wait();
+    std::cout << "ERR get_future: " << e.what() << std::endl;
+  }
+  // Objects built as Python writes them, all-gathered.
+  std::vector<c10::IValue> built(static_cast<size_t>(dist::get_world_size()));
+  dist::all_gather_object(built, dist::dict({{"rank", rank}, {"names", dist::list({"a", "b"})},
+                                             {"shape", dist::tuple({2, 3})}}));
+  std::cout << "built " << show(built[1]) << std::endl;
   auto g = dist::new_group(std::vector<int64_t>{0, 1});
   auto g_named = dist::new_group({0, 1}, "");
   std::cout << "groups " << dist::get_rank(dist::group::WORLD) << " " << dist::get_world_size(g) << " "
@@ -512,6 +529,11 @@ void errors() {
     dist::all_gather_object(list, c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get()));
   });
   expect("new_group_backend", [&] { dist::new_group({}, std::nullopt, "ucc"); });
+  expect("scatter_object_refused", [&] {  // src's list is one short: every rank hears of it at once
+    std::vector<c10::IValue> mine(1), ins(static_cast<size_t>(world - 1), int64_t{1});
+    dist::scatter_object_list(mine, rank == 0 ? &ins : nullptr, 0);
+  });
+  expect("dict_keys", [&] { (void)dist::dict({{"a", 1}, {2, 3}}); });
   if (dist::get_backend() != "gloo") expect("monitored_barrier", [&] { dist::monitored_barrier(); });
   if (dist::get_backend() == "mpi")
     expect("dtype_mismatch", [&] {

@@ -1,5 +1,5 @@
 // Which GPU an NCCL rank takes, and the refusal of more ranks on a node than
-// it has GPUs (src/comm/gpu_ranks.h): any count, on a machine with or
+// it has GPUs (src/comm/backend/gpu_ranks.h): any count, on a machine with or
 // without GPUs.
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "comm/gpu_ranks.h"
+#include "comm/backend/gpu_ranks.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The choice of the subnet through which an mpirun job without MASTER_ADDR
-// reaches rank 0 (src/comm/interfaces.h).
-#include "comm/interfaces.h"
+// reaches rank 0 (src/comm/backend/interfaces.h).
+#include "comm/backend/interfaces.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// The object collectives' encoding (src/comm/plain_data.cpp): values come
+// The object collectives' encoding (src/comm/objects/plain_data.cpp): values come
 // back as they were sent, typed containers included; what is not plain
 // data is refused when sent; bytes that are not an encoding (cut short,
 // foreign, too deep, sizes that do not add up) are a DataError when
@@ -7,7 +7,7 @@
 
 #include <torch/torch.h>
 
-#include "comm/plain_data.h"
+#include "comm/objects/plain_data.h"
 #include "ddp/errors.h"
 
 namespace {

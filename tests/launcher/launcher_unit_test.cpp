@@ -24,8 +24,8 @@
 #include "../support/located.h"
 #include "../support/reserved_port.h"
 #include "cli.h"
-#include "comm/store_client.h"
-#include "comm/store_deadline.h"
+#include "comm/store/store_client.h"
+#include "comm/store/store_deadline.h"
 #include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
@@ -458,7 +458,7 @@ TEST(ErrorFile, ReadingIsBoundedAndNeverBlocks) {
 
   ASSERT_EQ(::mkfifo((dir / "fifo.json").c_str(), 0600), 0);  // nobody will ever write to it
   EXPECT_FALSE(read_error_file((dir / "fifo.json").string(), &problem));
-  EXPECT_EQ(problem, "not a regular file");
+  EXPECT_EQ(problem, "a FIFO, not a regular file");
   fs::create_directories(dir / "a_dir.json");
   EXPECT_FALSE(read_error_file((dir / "a_dir.json").string(), &problem));
   EXPECT_FALSE(problem.empty());

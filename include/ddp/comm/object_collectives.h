@@ -7,7 +7,12 @@
 //   dist.broadcast_object_list(objs, src=0)        ->  dist::broadcast_object_list(objs, 0);
 //   dist.gather_object(obj, out if r == 0 else None, dst=0)
 //                                                  ->  dist::gather_object(obj, r == 0 ? &out : nullptr, 0);
-//   dist.scatter_object_list(out, ins, src=0)      ->  dist::scatter_object_list(out, ins, 0);
+//   dist.scatter_object_list(out, ins if r == 0 else None, src=0)
+//                                                  ->  dist::scatter_object_list(out, r == 0 ? &ins : nullptr, 0);
+//
+// Building a value to send, as Python writes it:
+//   {"step": 3, "names": ["a", "b"], "shape": (2, 3)}
+//   ->  dist::dict({{"step", 3}, {"names", dist::list({"a", "b"})}, {"shape", dist::tuple({2, 3})}})
 //
 // As in PyTorch, the sizes travel first, then the bytes, on the group's
 // device; src and dst are global ranks; a rank outside the group does
@@ -40,11 +45,21 @@ void gather_object(const c10::IValue& obj, std::vector<c10::IValue>* object_gath
 // same length; on the others its entries are overwritten).
 void broadcast_object_list(std::vector<c10::IValue>& object_list, int src = 0, const Group& group = {});
 
-// Rank r of the group gets scatter_object_input_list[r] (given on src,
-// ignored elsewhere) in scatter_object_output_list[0] (a list of at least
-// one entry).
+// Rank r of the group gets scatter_object_input_list[r] in
+// scatter_object_output_list[0] (a list of at least one entry). The input
+// list is given on src (one entry per rank of the group), nullptr elsewhere
+// (PyTorch's None; ignored there). Where src refuses the call (no list, the
+// wrong size, a value it cannot send), every rank throws a UsageError.
 void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
-                         const std::vector<c10::IValue>& scatter_object_input_list, int src = 0,
+                         const std::vector<c10::IValue>* scatter_object_input_list = nullptr, int src = 0,
                          const Group& group = {});
+
+// Values as Python writes them, for the object collectives: a list, a tuple
+// and a dict of any values (c10's GenericList, Tuple and GenericDict; a
+// dict's keys are strings, ints, doubles or bools, all of one kind).
+// dist::list({1, 2.5, "x"}), dist::tuple({...}), dist::dict({{"k", v}, ...}).
+c10::IValue list(std::vector<c10::IValue> items);
+c10::IValue tuple(std::vector<c10::IValue> items);
+c10::IValue dict(std::vector<std::pair<c10::IValue, c10::IValue>> items);
 
 }  // namespace ddp::dist

@@ -44,6 +44,11 @@ class [[nodiscard]] Work {
   // once if it has), where the backend can tell (Gloo, NCCL); false where it
   // cannot (then the end is known only to wait()).
   bool on_complete(std::function<void()> fn);
+  // The collective's future, as torch.distributed's work.get_future():
+  // completed with its output tensors (a list) when it ends, or with its
+  // error. Gloo and NCCL have one; a backend without (mpi, an empty Work) is
+  // a UsageError naming it: wait() on the Work there.
+  c10::intrusive_ptr<c10::ivalue::Future> get_future() const;
   // "gloo allreduce", ...; empty for a default-constructed Work.
   const std::string& op() const;
   // A receive's sender, as torch.distributed's work._source_rank() and c10d's

@@ -65,10 +65,6 @@ class Timeline {
   // on its console and appended to `path` with .skew.txt for .json).
   void report_skew();
 
-  // This rank's measured offset (its clock minus rank 0's), microseconds,
-  // and the round trip it was measured over.
-  int64_t offset_us() const { return offset_us_; }
-  int64_t offset_rtt_us() const { return offset_rtt_us_; }
   const std::string& path() const { return path_; }
 
   // Collective: gathers every rank's events; rank 0 writes the trace

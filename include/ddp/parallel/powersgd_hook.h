@@ -54,24 +54,6 @@ struct PowerSGDOptions {
   TORCH_ARG(bool, batch_tensors_with_same_shape) = false;
 };
 
-namespace detail {
-
-// numpy.random.RandomState(seed).randint(high), numpy's legacy generator:
-// MT19937 seeded by init_genrand (as std::mt19937), and a bounded draw that
-// masks 32-bit outputs to the smallest power of two above the range and
-// rejects those beyond it. PyTorch draws the seed of every random Q with it.
-class NumpyRandomState {
- public:
-  explicit NumpyRandomState(uint32_t seed) : engine_(seed) {}
-  // Uniform in [0, high), 0 < high <= 2^32.
-  int64_t randint(int64_t high);
-
- private:
-  std::mt19937 engine_;
-};
-
-}  // namespace detail
-
 // The hyperparameters and what PowerSGD remembers between iterations, per
 // bucket index: the local error, and P and Q for the warm start. One state
 // for all buckets of one model; register_comm_hook moves it in.
@@ -101,7 +83,7 @@ class PowerSGDState {
 
   std::shared_ptr<ProcessGroup> process_group_;
   PowerSGDOptions options_;
-  detail::NumpyRandomState rng_;
+  std::mt19937 rng_;  // numpy.random.RandomState(random_seed)'s generator: PyTorch seeds each random Q from it
   std::map<size_t, at::Tensor> error_dict_;
   std::map<size_t, at::Tensor> p_memory_dict_;
   std::map<size_t, at::Tensor> q_memory_dict_;

@@ -4,9 +4,9 @@
 // a model DDP cannot wrap or that differs across ranks; 1 for anything else),
 // so a launcher sees which rank failed and why. Under ddprun or torchrun the
 // error is also written to the worker's TORCHELASTIC_ERROR_FILE (record_error
-// below), and the launcher's failure summary shows it. A ddp::Preempted (the
-// program checkpointed on a preemption warning) exits with kPreemptedExitCode
-// (75).
+// below), and the launcher's failure summary shows it. Any ddp::Error exits
+// with its exit_code(): the training kit's ddp::Preempted (the program
+// checkpointed on a preemption warning) with kPreemptedExitCode (75).
 //
 //   int main(int argc, char** argv) {
 //     return ddp::guarded_main([&] { ... return 0; });

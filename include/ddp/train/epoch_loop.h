@@ -37,6 +37,7 @@
 #include "ddp/train/run_dir.h"
 #include "ddp/train/state_dict.h"
 #include "ddp/train/train_options.h"
+#include "ddp/train/errors.h"
 
 namespace ddp {
 

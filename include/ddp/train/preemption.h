@@ -30,6 +30,7 @@
 #include <csignal>
 
 #include "ddp/comm/process_group.h"
+#include "ddp/train/errors.h"
 
 namespace ddp {
 

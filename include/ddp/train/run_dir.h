@@ -58,7 +58,6 @@ class RunDir {
   std::string file(const std::string& name) const;
   std::string checkpoint_path() const { return file("checkpoint.pt"); }
   std::string model_path() const { return file("model.pt"); }
-  bool is_writer() const { return writer_; }
 
   // Starts metrics.csv afresh, keeping the rows of epochs <= completed_epochs
   // (those a resumed checkpoint already covers).

@@ -1,8 +1,8 @@
-#include "comm/c10d_process_group.h"
+#include "comm/backend/c10d_process_group.h"
 
 #include <algorithm>
 
-#include "comm/before_shutdown.h"
+#include "comm/group/registry.h"
 
 #ifdef DDP_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -93,7 +93,7 @@ compat::Backend& C10dProcessGroup::live(const char* op) const {
 void C10dProcessGroup::shutdown() {
   for (auto& weak : made_) {
     if (auto subgroup = weak.lock()) {
-      run_before_shutdown(*subgroup);
+      GroupRegistry::instance().run_before_shutdown(*subgroup);
       subgroup->shutdown();
     }
   }

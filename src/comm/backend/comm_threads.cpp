@@ -1,4 +1,4 @@
-#include "comm/comm_threads.h"
+#include "comm/backend/comm_threads.h"
 
 #include <dirent.h>
 #include <sched.h>

@@ -1,4 +1,4 @@
-#include "comm/gpu_ranks.h"
+#include "comm/backend/gpu_ranks.h"
 
 #include <algorithm>
 #include <cstdlib>

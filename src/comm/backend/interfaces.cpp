@@ -1,4 +1,4 @@
-#include "comm/interfaces.h"
+#include "comm/backend/interfaces.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

@@ -5,7 +5,7 @@
 // MPI_Ibarrier bounded by the timeout shows every rank has come). Tensors
 // of a list travel as one flat byte buffer; sizes may differ by rank where
 // MPI's "v" collectives allow it (all_gather, gather, scatter, all_to_all).
-#include "comm/mpi_group.h"
+#include "comm/backend/mpi_group.h"
 
 #ifdef DDP_WITH_MPI
 

@@ -4,11 +4,11 @@
 // without a bound. Starting a collective also tests the outstanding ones, so
 // Open MPI's non-blocking collectives (which progress only inside MPI calls)
 // move on while backward computes. All MPI calls hold one mutex.
-#include "comm/process_group_mpi.h"
+#include "comm/backend/process_group_mpi.h"
 
 #include <cstdlib>
 
-#include "comm/mpi_group.h"
+#include "comm/backend/mpi_group.h"
 
 namespace ddp::detail {
 namespace mpi {

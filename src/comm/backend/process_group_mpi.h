@@ -12,7 +12,7 @@
 
 #include "ddp/runtime/launch_env.h"
 #include "ddp/comm/process_group.h"
-#include "comm/interfaces.h"
+#include "comm/backend/interfaces.h"
 
 namespace ddp::detail {
 

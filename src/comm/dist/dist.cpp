@@ -2,15 +2,14 @@
 
 #include <c10/util/Exception.h>
 
-#include <cctype>
-
 #include <algorithm>
 #include <map>
 #include <mutex>
 #include <set>
 
-#include "comm/backend_groups.h"
-#include "comm/dist_notes.h"
+#include "comm/backend/connect.h"
+#include "comm/group/registry.h"
+#include "comm/dist/dist_notes.h"
 
 namespace ddp::detail {
 
@@ -261,13 +260,10 @@ int get_global_rank(const Group& group, int group_rank) {
 
 // new_group's backend: "" for the default group's, else gloo, nccl or mpi
 // (in any case, as PyTorch's Backend()).
-std::string backend_asked(std::string backend, const ProcessGroup& world) {
-  for (char& c : backend) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (backend.empty() || backend == world.backend_name()) return "";
-  if (backend != "gloo" && backend != "nccl" && backend != "mpi")
-    throw UsageError(who("new_group") + "unknown backend '" + backend + "'; use gloo, nccl or mpi (or \"\" for the "
-                     "default group's, " + world.backend_name() + ")");
-  return backend;
+std::string backend_asked(const std::string& backend, const ProcessGroup& world) {
+  if (backend.empty()) return "";
+  const std::string parsed = detail::parse_backend_name(backend, false, who("new_group"));
+  return parsed == world.backend_name() ? "" : parsed;
 }
 
 Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds> timeout, std::string backend) {
@@ -286,7 +282,7 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
     throw UsageError(who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
                      " ms");
   const auto wait = timeout.value_or(world->timeout());
-  const std::string other = backend_asked(std::move(backend), *world);
+  const std::string other = backend_asked(backend, *world);
   const auto parent = other.empty() ? world : detail::job_group_of_backend(other, wait);
   auto pg = parent->new_subgroup(ranks, wait);
   if (pg) {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cstring>
 
-#include "comm/dist_notes.h"
-#include "comm/object_exchange.h"
-#include "comm/plain_data.h"
+#include "comm/dist/dist_notes.h"
+#include "comm/objects/object_exchange.h"
+#include "comm/objects/plain_data.h"
 
 namespace ddp {
 namespace detail {
@@ -46,6 +46,18 @@ void run(ProcessGroup& pg, CollectiveCall::Kind kind, std::vector<at::Tensor> in
 
 }  // namespace
 
+bool broadcast_flag(ProcessGroup& pg, bool flag, int root) {
+  auto t = torch::tensor({flag ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
+  pg.broadcast(t, root).wait();
+  return t.cpu().item<int64_t>() != 0;
+}
+
+bool any_rank(ProcessGroup& pg, bool flag) {
+  auto t = torch::tensor({flag ? int64_t(1) : int64_t(0)}, torch::kLong).to(pg.device());
+  pg.allreduce(t).wait();
+  return t.cpu().item<int64_t>() > 0;
+}
+
 std::string broadcast_bytes(ProcessGroup& pg, std::string bytes, int root) {
   if (pg.size() == 1) return bytes;
   const bool mine = pg.rank() == root;
@@ -84,6 +96,12 @@ std::vector<std::string> gather_bytes(ProcessGroup& pg, const std::string& bytes
   return out;
 }
 
+void refuse_scatter(ProcessGroup& pg, int root) {
+  if (pg.size() == 1) return;
+  auto sizes = torch::full({pg.size()}, int64_t{-1}, torch::kInt64).to(pg.device());
+  pg.broadcast(sizes, root).wait();
+}
+
 std::string scatter_bytes(ProcessGroup& pg, const std::vector<std::string>& parts, int root) {
   if (pg.size() == 1) return parts.at(0);
   const bool mine = pg.rank() == root;
@@ -93,6 +111,9 @@ std::string scatter_bytes(ProcessGroup& pg, const std::vector<std::string>& part
   sizes = sizes.to(pg.device());
   pg.broadcast(sizes, root).wait();
   const auto all = to_sizes(sizes);
+  if (all[0] < 0)
+    throw UsageError("rank " + std::to_string(pg.rank()) + ": the scatter's source (rank " + std::to_string(root) +
+                     " of the group) refused the call; its own error says why");
   const int64_t longest = *std::max_element(all.begin(), all.end());
   if (longest == 0) return std::string();
   std::vector<at::Tensor> rows;
@@ -177,7 +198,7 @@ void broadcast_object_list(std::vector<c10::IValue>& object_list, int src, const
 }
 
 void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
-                         const std::vector<c10::IValue>& scatter_object_input_list, int src, const Group& group) {
+                         const std::vector<c10::IValue>* scatter_object_input_list, int src, const Group& group) {
   const auto pg = member_group(group, "scatter_object_list");
   if (!pg) return;
   if (scatter_object_output_list.empty())
@@ -186,14 +207,53 @@ void scatter_object_list(std::vector<c10::IValue>& scatter_object_output_list,
   const int root = ddp::detail::dist_root_of(group, src, "scatter_object_list", "src");
   std::vector<std::string> parts;
   if (pg->rank() == root) {
-    if (scatter_object_input_list.size() != static_cast<size_t>(pg->size()))
-      throw UsageError(dist_who("scatter_object_list") + "scatter_object_input_list has " +
-                       std::to_string(scatter_object_input_list.size()) +
-                       " entries on src; it must have one per rank of the group (" + std::to_string(pg->size()) + ")");
-    for (const auto& obj : scatter_object_input_list)
-      parts.push_back(detail::encode_plain_data(obj, dist_who("scatter_object_list")));
+    // What src cannot send, it refuses on every rank: the others, waiting
+    // in the scatter, hear of it at once instead of at their timeout.
+    try {
+      if (!scatter_object_input_list)
+        throw UsageError(dist_who("scatter_object_list") + "scatter_object_input_list must be given on src");
+      if (scatter_object_input_list->size() != static_cast<size_t>(pg->size()))
+        throw UsageError(dist_who("scatter_object_list") + "scatter_object_input_list has " +
+                         std::to_string(scatter_object_input_list->size()) +
+                         " entries on src; it must have one per rank of the group (" + std::to_string(pg->size()) +
+                         ")");
+      for (const auto& obj : *scatter_object_input_list)
+        parts.push_back(detail::encode_plain_data(obj, dist_who("scatter_object_list")));
+    } catch (const std::exception&) {
+      detail::refuse_scatter(*pg, root);
+      throw;
+    }
   }
   scatter_object_output_list[0] = decode(detail::scatter_bytes(*pg, parts, root), "scatter_object_list", root);
+}
+
+c10::IValue list(std::vector<c10::IValue> items) {
+  c10::impl::GenericList out(c10::AnyType::get());
+  out.reserve(items.size());
+  for (auto& item : items) out.push_back(std::move(item));
+  return out;
+}
+
+c10::IValue tuple(std::vector<c10::IValue> items) { return c10::ivalue::Tuple::create(std::move(items)); }
+
+c10::IValue dict(std::vector<std::pair<c10::IValue, c10::IValue>> items) {
+  auto key_type = [](const c10::IValue& k) -> c10::TypePtr {
+    if (k.isString()) return c10::StringType::get();
+    if (k.isInt()) return c10::IntType::get();
+    if (k.isDouble()) return c10::FloatType::get();
+    if (k.isBool()) return c10::BoolType::get();
+    throw UsageError(dist_who("dict") + "a key is a " + k.tagKind() + "; keys are strings, ints, doubles or bools");
+  };
+  const c10::TypePtr keys = items.empty() ? c10::StringType::get() : key_type(items.front().first);
+  c10::impl::GenericDict out(keys, c10::AnyType::get());
+  for (auto& [k, v] : items) {
+    if (*key_type(k) != *keys)
+      throw UsageError(dist_who("dict") + "keys of two kinds (" + keys->str() + " and " + key_type(k)->str() +
+                       "); a dict's keys are all of one kind, as the object collectives send them");
+    if (!out.insert(k, std::move(v)).second)
+      throw UsageError(dist_who("dict") + "the key " + c10::str(k) + " is given twice");
+  }
+  return out;
 }
 
 }  // namespace dist

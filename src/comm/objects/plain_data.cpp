@@ -1,4 +1,4 @@
-#include "comm/plain_data.h"
+#include "comm/objects/plain_data.h"
 
 #include <ATen/ATen.h>
 

@@ -3,7 +3,7 @@
 // executable, or in libddp linked before libc. Built against LibTorch 1.13 to
 // 2.7 only (DDP_INTERPOSE_BIND, src/CMakeLists.txt); from 2.8 on, c10d takes
 // a bound socket and bind() stays the C library's.
-#include "comm/bind_substitution.h"
+#include "comm/store/bind_substitution.h"
 
 #include <arpa/inet.h>
 #include <dlfcn.h>

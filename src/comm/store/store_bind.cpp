@@ -12,11 +12,12 @@
 // C library's. The interposed bind() is in bind_substitution.cpp, found before
 // libc's (the executable, or libddp linked before libc); when it is not, c10d
 // binds the wildcard itself and the store says so in its notice.
-#include "comm/store_bind.h"
+#include "comm/store/store_bind.h"
 
-#include "comm/bind_substitution.h"
+#include "comm/store/bind_substitution.h"
 
 #include "comm/c10d_compat.h"
+#include "runtime/unique_fd.h"
 
 // c10d_compat.h decides whether this LibTorch needs the substitution; the
 // build, which compiles the interposed bind() into the program, must agree.
@@ -41,25 +42,7 @@
 namespace ddp::store_bind {
 namespace {
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    std::swap(fd_, o.fd_);
-    return *this;
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  explicit operator bool() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
+using Fd = UniqueFd;
 
 struct AddrInfo {
   addrinfo* head = nullptr;

@@ -1,9 +1,9 @@
-#include "comm/store_client.h"
+#include "comm/store/store_client.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
 
-#include "comm/store_deadline.h"
+#include "comm/store/store_deadline.h"
 
 namespace ddp::store_client {
 

@@ -1,4 +1,4 @@
-#include "comm/store_deadline.h"
+#include "comm/store/store_deadline.h"
 
 #include <dirent.h>
 #include <sys/socket.h>

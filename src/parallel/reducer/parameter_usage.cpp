@@ -15,8 +15,10 @@ ParameterUsage::ParameterUsage(size_t num_params, const DDPOptions& options)
       locally_used_(num_params, 0),
       hook_counts_(num_params, 0) {}
 
-void ParameterUsage::find_unused_in_graph(const std::vector<at::Tensor>& outputs,
-                                          const std::vector<AccumulatorPtr>& accumulators) {
+void ParameterUsage::prepare_backward(const std::vector<at::Tensor>& outputs,
+                                      const std::vector<AccumulatorPtr>& accumulators) {
+  hooks_left_ = hook_counts_;
+  if (!dynamic_) return;
   std::unordered_set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> stack;
   for (const auto& t : outputs)

@@ -34,7 +34,6 @@ class ParameterUsage {
   ParameterUsage(size_t num_params, const DDPOptions& options);
 
   bool dynamic() const { return dynamic_; }  // find_unused_parameters without static_graph
-  bool static_graph() const { return static_graph_; }
   // A forward that prepares a synchronised backward (or a joined rank's
   // shadow of one): a static graph's first iteration is the first of them.
   void count_synchronised_forward() { ++sync_forwards_; }
@@ -42,12 +41,10 @@ class ParameterUsage {
   bool static_after_first_iteration() const { return static_graph_ && sync_forwards_ > 1; }
 
   // ---- before backward
-  // Dynamic: the parameters whose gradient accumulators `outputs` cannot
-  // reach (none when there are no outputs: the end of backward will tell).
-  void find_unused_in_graph(const std::vector<at::Tensor>& outputs,
-                            const std::vector<AccumulatorPtr>& accumulators);
-  // Static, later iterations: every parameter's hooks to come.
-  void expect_first_iteration_hooks() { hooks_left_ = hook_counts_; }
+  // Static, later iterations: every parameter's hooks to come. Dynamic: the
+  // parameters whose gradient accumulators `outputs` cannot reach (none when
+  // there are no outputs: the end of backward will tell).
+  void prepare_backward(const std::vector<at::Tensor>& outputs, const std::vector<AccumulatorPtr>& accumulators);
 
   // ---- a hook fires
   // Every hook, no_sync backwards included (as PyTorch), so that a parameter
@@ -63,10 +60,9 @@ class ParameterUsage {
   // Static, later iterations: whether this is parameter i's last hook of the
   // backward. More hooks than in the first iteration are a usage error.
   bool last_hook(size_t i, const std::string& who, const std::string& name);
-  // Known unused before any gradient: marked ready at the first hook.
-  const std::vector<size_t>& unused_before_backward() const { return static_graph_ ? static_unused_ : unused_from_graph_; }
-  const std::vector<size_t>& unused_from_graph() const { return unused_from_graph_; }
-  const std::vector<size_t>& static_unused() const { return static_unused_; }
+  // Known unused before any gradient (dynamic: found in the graph; static:
+  // no hook in the first iteration): marked ready at the first hook.
+  const std::vector<size_t>& unused() const { return static_graph_ ? static_unused_ : unused_from_graph_; }
 
   // ---- the end of backward
   // Static, first iteration: the parameters no hook reached are this rank's
@@ -76,7 +72,6 @@ class ParameterUsage {
   // once per iteration; none on one rank).
   void launch_used_map(ProcessGroup& pg);
   void wait_used_map() { used_work_.wait(); }
-  const Work& used_map_work() const { return used_work_; }
   // After the wait: which parameters some rank used, and for a static
   // graph's first iteration, the usage kept from then on.
   void read_used_map();

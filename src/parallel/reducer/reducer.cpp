@@ -56,7 +56,7 @@ void Reducer::Impl::register_hooks() {
 
 void Reducer::Impl::autograd_hook(size_t i) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (usage.dynamic()) usage.note_hook(i, params[i].grad().defined());
+  usage.note_hook(i, params[i].grad().defined());
   if (!expect_hooks) return;  // no_sync, or a backward not prepared by a DDP forward
   if (!backward_started) {
     backward_started = true;
@@ -71,7 +71,7 @@ void Reducer::Impl::autograd_hook(size_t i) {
   if (!unused_marked) {
     unused_marked = true;
     readying_unused = true;
-    for (size_t u : usage.unused_before_backward()) mark_ready(u);
+    for (size_t u : usage.unused()) mark_ready(u);
     readying_unused = false;
   }
   // Its last gradient of this backward may still be to come. A gradient
@@ -172,7 +172,7 @@ void Reducer::Impl::launch_ready_buckets(bool may_skip) {
 // iteration), as PyTorch's should_skip_all_reduce_bucket.
 bool Reducer::Impl::skips(size_t k) const {
   if (!options.skip_all_reduce_unused_params()) return false;
-  const auto& unused = usage.unused_before_backward();
+  const auto& unused = usage.unused();
   return std::all_of(buckets[k].vars.begin(), buckets[k].vars.end(),
                      [&](size_t i) { return std::find(unused.begin(), unused.end(), i) != unused.end(); });
 }
@@ -255,7 +255,7 @@ void Reducer::Impl::finalize_backward() {
   // the broadcast.
   if (should_rebuild() && !usage.static_first_iteration()) rebuild_pending = true;
   if (usage.static_after_first_iteration() && should_rebuild())
-    ready_order.insert(ready_order.end(), usage.static_unused().begin(), usage.static_unused().end());
+    ready_order.insert(ready_order.end(), usage.unused().begin(), usage.unused().end());
   reset_iteration();
   const double step_ms = stats.backward_ms + stats.exposed_comm_ms;
   const bool settled = !should_rebuild() && !rebuild_pending;
@@ -270,7 +270,7 @@ int64_t Reducer::Impl::mark_unused_ready() {
   if (usage.static_first_iteration()) {
     reduce_after_first_static_backward();
   } else if (usage.dynamic()) {
-    for (size_t u : usage.unused_from_graph()) unused += bytes_of(u);
+    for (size_t u : usage.unused()) unused += bytes_of(u);
     // Parameters in the graph whose hook never fired (an output left out of
     // the loss) count as unused too. PyTorch's DDP passes every output
     // through its _DDPSink, so their hooks fire there, and such a parameter
@@ -283,7 +283,7 @@ int64_t Reducer::Impl::mark_unused_ready() {
         mark_ready(i);
       }
   } else if (options.static_graph()) {
-    for (size_t u : usage.static_unused()) unused += bytes_of(u);
+    for (size_t u : usage.unused()) unused += bytes_of(u);
   }
   return unused;
 }
@@ -510,9 +510,8 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   s.expect_hooks = true;
   ++s.generation;
   if (s.should_rebuild()) s.ready_order.clear();
-  s.usage.expect_first_iteration_hooks();
   s.graph_tasks.expect_outputs(outputs);
-  if (s.usage.dynamic()) s.usage.find_unused_in_graph(outputs, s.accumulators);
+  s.usage.prepare_backward(outputs, s.accumulators);
 }
 
 void Reducer::set_sync(bool sync) {

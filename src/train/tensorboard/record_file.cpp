@@ -23,12 +23,9 @@ std::array<uint32_t, 256> crc_table() {
   return t;
 }
 
-void put_u64(std::string& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-void put_u32(std::string& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+// `v`'s low `bytes` bytes, little-endian, as TFRecord writes its lengths and CRCs.
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
 }
 
 std::string failure(const std::string& path, const char* step, int err) {
@@ -62,10 +59,10 @@ uint32_t masked_crc32c(const void* data, size_t size) {
 std::string frame_record(const std::string& data) {
   std::string out;
   out.reserve(data.size() + 16);
-  put_u64(out, data.size());
-  put_u32(out, masked_crc32c(out.data(), 8));
+  put_le(out, data.size(), 8);
+  put_le(out, masked_crc32c(out.data(), 8), 4);
   out += data;
-  put_u32(out, masked_crc32c(data.data(), data.size()));
+  put_le(out, masked_crc32c(data.data(), data.size()), 4);
   return out;
 }
 
@@ -77,12 +74,10 @@ std::string RecordFile::path() const { return (std::filesystem::path(folder_) / 
 
 std::string RecordFile::open() {
   std::string what;
-  const int dir = open_folder(folder_, what);
-  if (dir < 0) return what;
-  fd_ = ::openat(dir, name_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-  const int err = errno;
-  ::close(dir);
-  return fd_ < 0 ? failure(path(), "create", err) : std::string();
+  const UniqueFd dir(open_folder(folder_, what));
+  if (!dir) return what;
+  fd_.reset(::openat(dir.get(), name_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  return fd_ ? std::string() : failure(path(), "create", errno);
 }
 
 void RecordFile::append(const std::string& data) { buffer_ += frame_record(data); }
@@ -90,7 +85,7 @@ void RecordFile::append(const std::string& data) { buffer_ += frame_record(data)
 std::string RecordFile::write_out() {
   size_t done = 0;
   while (done < buffer_.size()) {
-    const ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+    const ssize_t n = ::write(fd_.get(), buffer_.data() + done, buffer_.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : ENOSPC;
@@ -103,9 +98,6 @@ std::string RecordFile::write_out() {
   return "";
 }
 
-void RecordFile::close() {
-  if (fd_ >= 0) ::close(fd_);
-  fd_ = -1;
-}
+void RecordFile::close() { fd_.reset(); }
 
 }  // namespace ddp::tensorboard

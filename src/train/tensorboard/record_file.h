@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/unique_fd.h"
+
 namespace ddp::tensorboard {
 
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78) of `size` bytes.
@@ -40,7 +42,7 @@ class RecordFile {
  private:
   std::string folder_, name_;
   std::string buffer_;
-  int fd_ = -1;
+  UniqueFd fd_;
 };
 
 }  // namespace ddp::tensorboard

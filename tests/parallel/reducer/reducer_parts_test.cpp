@@ -177,10 +177,10 @@ TEST(ParameterUsage, FindsTheParametersTheForwardsGraphCannotReach) {
   ddp::detail::ParameterUsage usage(3, ddp::DDPOptions().find_unused_parameters(true));
   ASSERT_TRUE(usage.dynamic());
   auto out = params[0].sum() + params[2].sum();
-  usage.find_unused_in_graph({out}, accumulators);
-  EXPECT_EQ(usage.unused_from_graph(), (std::vector<size_t>{1}));
-  usage.find_unused_in_graph({}, accumulators);  // no outputs: the end of backward tells
-  EXPECT_TRUE(usage.unused_from_graph().empty());
+  usage.prepare_backward({out}, accumulators);
+  EXPECT_EQ(usage.unused(), (std::vector<size_t>{1}));
+  usage.prepare_backward({}, accumulators);  // no outputs: the end of backward tells
+  EXPECT_TRUE(usage.unused().empty());
 }
 
 TEST(ParameterUsage, AParameterNoRankUsedKeepsItsGradient) {
@@ -208,13 +208,13 @@ TEST(ParameterUsage, AStaticGraphLearnsItsHooksInTheFirstIterationAndHoldsLaterO
   usage.count_first_iteration_hook(0, true);  // a parameter used twice
   usage.count_first_iteration_hook(2, true);
   usage.end_first_iteration();
-  EXPECT_EQ(usage.static_unused(), (std::vector<size_t>{1}));
+  EXPECT_EQ(usage.unused(), (std::vector<size_t>{1}));
   usage.read_used_map();
   usage.end_step();
 
   usage.count_synchronised_forward();
   ASSERT_TRUE(usage.static_after_first_iteration());
-  usage.expect_first_iteration_hooks();
+  usage.prepare_backward({}, {});
   EXPECT_FALSE(usage.last_hook(0, "rank 0: ", "w0"));
   EXPECT_TRUE(usage.last_hook(0, "rank 0: ", "w0"));
   EXPECT_TRUE(usage.last_hook(2, "rank 0: ", "w2"));

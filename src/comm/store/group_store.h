@@ -1,0 +1,30 @@
+// The rendezvous store a process group is made on: rank 0 serves it at
+// MASTER_ADDR:MASTER_PORT (on that address alone, store_bind.h), the other
+// ranks join it, each refuses a store of another job; and the group's view of
+// it under a prefix of its own. Errors name which of MASTER_ADDR, MASTER_PORT
+// or the machine is wrong. Private to the core.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "comm/c10d_compat.h"
+#include "ddp/runtime/launch_env.h"
+
+namespace ddp::detail {
+
+struct GroupStore {
+  c10::intrusive_ptr<c10d::Store> store;     // the job's store
+  std::string prefix;                        // the group's keys: the job's id and a generation
+  c10::intrusive_ptr<c10d::Store> prefixed;  // `store` under `prefix`, what the backend uses
+};
+
+// The job's store (served on rank 0, joined elsewhere), checked to be this
+// job's, under the prefix of `generation`. `who` starts every error.
+GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, int generation,
+                       const std::string& who);
+
+// `store` under the prefix of `generation` (GroupRegistry::next_generation).
+GroupStore prefixed_store(c10::intrusive_ptr<c10d::Store> store, const LaunchEnv& env, int generation);
+
+}  // namespace ddp::detail
