@@ -9,6 +9,8 @@
 // puts every tensor on the rank's GPU).
 #include <ddp/ddp.h>
 
+#include "dist_worker.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -20,6 +22,17 @@
 
 namespace dist = ddp::dist;
 using ddp::ReduceOp;
+using namespace dist_worker;
+
+namespace dist_worker {
+
+torch::Device g_device = torch::kCPU;
+
+at::Tensor zeros(std::vector<int64_t> shape, at::ScalarType dtype) {
+  return torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(g_device));
+}
+
+}  // namespace dist_worker
 
 namespace {
 
@@ -32,11 +45,6 @@ std::string dtype_name(at::ScalarType t) {
   return "?";
 }
 
-torch::Device g_device = torch::kCPU;  // the group's
-
-at::Tensor zeros(std::vector<int64_t> shape, at::ScalarType dtype = at::kFloat) {
-  return torch::zeros(shape, torch::TensorOptions().dtype(dtype).device(g_device));
-}
 
 // pytorch_dist_parity.py's val(): exact in every order of reduction.
 at::Tensor val(std::vector<int64_t> shape, at::ScalarType dtype, int seed, int rank, bool bits = false) {
@@ -70,6 +78,45 @@ struct Out {
     for (const auto& l : lines) f << l << "\n";
   }
 };
+
+}  // namespace
+
+// pytorch_dist_parity.py's show(): an object as text.
+std::string dist_worker::show(const c10::IValue& v) {
+  if (v.isNone()) return "None";
+  if (v.isBool()) return v.toBool() ? "True" : "False";
+  if (v.isInt()) return std::to_string(v.toInt());
+  if (v.isDouble()) {
+    const double d = v.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    return "f" + std::to_string(bits);
+  }
+  if (v.isString()) return "'" + v.toStringRef() + "'";
+  if (v.isTensor()) {
+    Out o;
+    o.add("", v.toTensor());
+    return "T<" + o.lines[0].substr(1) + ">";
+  }
+  std::string s;
+  auto join = [&](const std::string& item) { s += (s.size() > 1 ? ", " : "") + item; };
+  if (v.isList()) {
+    s = "[";
+    for (const auto& x : v.toListRef()) join(show(x));
+    return s + "]";
+  }
+  if (v.isTuple()) {
+    s = "(";
+    for (const auto& x : v.toTupleRef().elements()) join(show(x));
+    return s + ")";
+  }
+  s = "{";
+  for (const auto& e : v.toGenericDict()) join(show(e.key()) + ": " + show(e.value()));
+  return s + "}";
+}
+
+
+namespace {
 
 // Runs `fn`; a UsageError (the backend lacks the op) is the line "unsupported".
 template <typename Fn>
@@ -265,40 +312,6 @@ void subgroups(Out& out, int rank, int world, int last) {
   }
 }
 
-// pytorch_dist_parity.py's show(): an object as text.
-std::string show(const c10::IValue& v) {
-  if (v.isNone()) return "None";
-  if (v.isBool()) return v.toBool() ? "True" : "False";
-  if (v.isInt()) return std::to_string(v.toInt());
-  if (v.isDouble()) {
-    const double d = v.toDouble();
-    int64_t bits;
-    std::memcpy(&bits, &d, sizeof bits);
-    return "f" + std::to_string(bits);
-  }
-  if (v.isString()) return "'" + v.toStringRef() + "'";
-  if (v.isTensor()) {
-    Out o;
-    o.add("", v.toTensor());
-    return "T<" + o.lines[0].substr(1) + ">";
-  }
-  std::string s;
-  auto join = [&](const std::string& item) { s += (s.size() > 1 ? ", " : "") + item; };
-  if (v.isList()) {
-    s = "[";
-    for (const auto& x : v.toListRef()) join(show(x));
-    return s + "]";
-  }
-  if (v.isTuple()) {
-    s = "(";
-    for (const auto& x : v.toTupleRef().elements()) join(show(x));
-    return s + ")";
-  }
-  s = "{";
-  for (const auto& e : v.toGenericDict()) join(show(e.key()) + ": " + show(e.value()));
-  return s + "}";
-}
-
 // pytorch_dist_parity.py's obj(r).
 c10::IValue obj(int r) {
   c10::impl::GenericList values(c10::AnyType::get());
@@ -403,171 +416,6 @@ void point_to_point(Out& out, int rank, int world) {
     c10::impl::GenericList shown(c10::AnyType::get());
     for (const auto& o : list) shown.push_back(o);
     out.text("g3_all_gather_object", show(shown));
-  }
-}
-
-// A function of isend's type that is not isend: P2POp refuses it.
-ddp::Work not_isend(const at::Tensor& t, int dst, const dist::Group& g, int tag) { return dist::isend(t, dst, g, tag); }
-
-// Gloo's monitored barrier at 3 ranks: every rank comes (it passes), then
-// rank 0 comes alone and names the ranks that did not, within 1 s. The
-// ranks end without tearing the group down (what the failed barrier left
-// pending is not waited for).
-void monitored() {
-  const int rank = dist::get_rank();
-  dist::monitored_barrier();
-  std::cout << "passed" << std::endl;
-  if (rank == 0) {
-    try {
-      dist::monitored_barrier({}, std::chrono::milliseconds(1000), true);
-      std::cout << "NOERR monitored" << std::endl;
-    } catch (const ddp::CommError& e) {
-      std::cout << "ERR monitored: " << e.what() << std::endl;
-    }
-  } else {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
-  }
-  std::_Exit(0);
-}
-
-// Work and groups as torch.distributed's: a receive's source_rank(), a
-// send's refused; is_completed(); wait(timeout), which under mpi gives up
-// on a receive whose send comes later (a timed-out Gloo receive is finished
-// with its error, so there only the wait that succeeds); group::WORLD,
-// new_group(ranks, backend) and ranks of another integer type.
-void work_api(int rank) {
-  const bool mpi = dist::get_backend() == "mpi";
-  if (rank == 0) {
-    auto r = zeros({2});
-    auto w = dist::irecv(r, 1, {}, 97);
-    if (mpi) {
-      try {
-        w.wait(std::chrono::milliseconds(300));
-        std::cout << "NOERR wait_timeout" << std::endl;
-      } catch (const ddp::CommError& e) {
-        const std::string m = e.what();
-        std::cout << "ERR wait_timeout: " << m.substr(0, m.find('\n')) << std::endl;
-        std::cout << "wait_timeout_advice " << (m.find("ddp::Join") == std::string::npos ? "p2p" : "collective")
-                  << std::endl;
-      }
-      std::cout << "completed_before " << w.is_completed() << std::endl;
-    }
-    dist::barrier();
-    w.wait(std::chrono::seconds(60));
-    std::cout << "completed_after " << w.is_completed() << " source " << w.source_rank() << std::endl;
-  } else {
-    dist::barrier();
-    if (rank == 1) {
-      auto w = dist::isend(torch::ones({2}).to(g_device), 0, {}, 97);
-      w.wait();
-      try {
-        (void)w.source_rank();
-        std::cout << "NOERR send_source_rank" << std::endl;
-      } catch (const ddp::UsageError& e) {
-        std::cout << "ERR send_source_rank: " << e.what() << std::endl;
-      }
-    }
-  }
-  // work.get_future(): completed with the output tensors (Gloo, NCCL); the
-  // mpi backend has none.
-  auto summed = torch::ones({2}).to(g_device);
-  auto w = dist::all_reduce(summed, dist::async_op);
-  try {
-    auto future = w.get_future();
-    future->wait();
-    std::cout << "future " << future->value().toTensorList().get(0).sum().item<double>() << std::endl;
-  } catch (const ddp::UsageError& e) {
-    w.wait();
-    std::cout << "ERR get_future: " << e.what() << std::endl;
-  }
-  // Objects built as Python writes them, all-gathered.
-  std::vector<c10::IValue> built(static_cast<size_t>(dist::get_world_size()));
-  dist::all_gather_object(built, dist::dict({{"rank", rank}, {"names", dist::list({"a", "b"})},
-                                             {"shape", dist::tuple({2, 3})}}));
-  std::cout << "built " << show(built[1]) << std::endl;
-  auto g = dist::new_group(std::vector<int64_t>{0, 1});
-  auto g_named = dist::new_group({0, 1}, "");
-  std::cout << "groups " << dist::get_rank(dist::group::WORLD) << " " << dist::get_world_size(g) << " "
-            << dist::get_world_size(g_named) << std::endl;
-}
-
-// Refusals that come before anything starts; the group works after them.
-void errors() {
-  const int rank = dist::get_rank(), world = dist::get_world_size();
-  auto expect = [&](const std::string& name, auto&& fn) {
-    try {
-      fn();
-      std::cout << "NOERR " << name << std::endl;
-    } catch (const ddp::UsageError& e) {
-      std::string m = e.what();
-      std::cout << "ERR " << name << ": " << m.substr(0, m.find('\n')) << std::endl;
-    }
-  };
-  expect("avg", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::AVG); });
-  expect("band_float", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::BAND); });
-  expect("src_outside", [&] { dist::broadcast(torch::ones({2}), world); });
-  expect("gather_list_elsewhere", [&] {
-    std::vector<at::Tensor> l(static_cast<size_t>(world), zeros({2}));
-    dist::gather(torch::ones({2}), rank == 0 ? std::vector<at::Tensor>{} : l, 0);
-  });
-  expect("scatter_list_missing", [&] { dist::scatter(zeros({2}), {}, rank); });
-  expect("undefined", [&] { dist::all_reduce(at::Tensor()); });
-  expect("new_group_twice", [&] { dist::new_group({0, 0}); });
-  expect("new_group_outside", [&] { dist::new_group({0, world}); });
-  expect("group_rank_outside", [&] { dist::get_group_rank(dist::Group{}, world + 3); });
-  expect("send_self", [&] { dist::send(torch::ones({2}), rank); });
-  expect("premul_bare", [&] { dist::all_reduce(torch::ones({2}), ReduceOp::PREMUL_SUM); });
-  expect("premul_here", [&] { dist::all_reduce(torch::ones({2}), dist::make_nccl_premul_sum(2.0)); });
-  expect("batch_empty", [&] { (void)dist::batch_isend_irecv({}); });
-  expect("p2p_op", [&] { dist::P2POp(not_isend, torch::ones({2}), (rank + 1) % world); });
-  expect("object_list_size", [&] {
-    std::vector<c10::IValue> list(1);
-    dist::all_gather_object(list, int64_t{1});
-  });
-  expect("object_not_plain", [&] {
-    std::vector<c10::IValue> list(static_cast<size_t>(world));
-    dist::all_gather_object(list, c10::make_intrusive<c10::ivalue::Future>(c10::AnyType::get()));
-  });
-  expect("new_group_backend", [&] { dist::new_group({}, std::nullopt, "ucc"); });
-  expect("scatter_object_refused", [&] {  // src's list is one short: every rank hears of it at once
-    std::vector<c10::IValue> mine(1), ins(static_cast<size_t>(world - 1), int64_t{1});
-    dist::scatter_object_list(mine, rank == 0 ? &ins : nullptr, 0);
-  });
-  expect("dict_keys", [&] { (void)dist::dict({{"a", 1}, {2, 3}}); });
-  if (dist::get_backend() != "gloo") expect("monitored_barrier", [&] { dist::monitored_barrier(); });
-  if (dist::get_backend() == "mpi")
-    expect("dtype_mismatch", [&] {
-      dist::all_to_all_single(zeros({2 * world}, at::kDouble), zeros({2 * world}, at::kFloat));
-    });
-  auto t = torch::ones({3});
-  dist::all_reduce(t);
-  std::cout << "after " << t.sum().item<double>() << std::endl;
-  work_api(rank);
-}
-
-// destroy_process_group() while this program still holds the group: the
-// default is gone and every later call on the held group is a UsageError.
-void teardown() {
-  auto held = ddp::default_process_group();
-  auto t = torch::ones({3});
-  held->allreduce(t).wait();
-  std::cout << "before " << t.sum().item<double>() << std::endl;
-  ddp::destroy_process_group();
-  std::cout << "initialized " << ddp::is_initialized() << std::endl;
-  const std::vector<std::pair<std::string, std::function<void()>>> calls = {
-      {"allreduce", [&] { held->allreduce(t).wait(); }},
-      {"barrier", [&] { held->barrier(); }},
-      {"all_gather", [&] { held->allgather(t); }},
-      {"dist_broadcast", [&] { dist::broadcast(t, 0, held); }},
-      {"dist_all_reduce_default", [&] { dist::all_reduce(t); }},
-  };
-  for (const auto& [name, call] : calls) {
-    try {
-      call();
-      std::cout << "ran " << name << std::endl;
-    } catch (const ddp::UsageError& e) {
-      std::cout << "ERR " << name << ": " << e.what() << std::endl;
-    }
   }
 }
 
