@@ -289,21 +289,20 @@ def uses_of(name, code):
     return count
 
 
-def tiny_single_use(root, code_files, blanked):
+def tiny_single_use(root, found_by_file, blanked):
     """Functions of src/ and launcher/ of MAX_TINY_LINES or fewer used once,
     from their own file."""
-    public = set(re.findall(r"\w+", "".join(blanked[p] for p in code_files
+    public = set(re.findall(r"\w+", "".join(blanked[p] for p in found_by_file
                                               if os.path.relpath(p, root).startswith("include"))))
     words = {}
     for text in blanked.values():
         for w in re.findall(r"\w+", text):
             words[w] = words.get(w, 0) + 1
     problems = []
-    for p in code_files:
+    for p, found in found_by_file.items():
         rel = os.path.relpath(p, root)
         if not rel.startswith(("src" + os.sep, "launcher" + os.sep)) or rel.endswith("c10d_compat.h"):
             continue
-        found = functions(open(p, encoding="utf-8").read())
         defined = {}
         for name, _, _, _ in found:
             defined[name] = defined.get(name, 0) + 1
@@ -340,6 +339,7 @@ def main():
                     yield os.path.join(d, n)
 
     code = [p for p in files_under("src", "include", "launcher") if p.endswith((".h", ".cpp"))]
+    found = {}  # each file's functions, for the checks below
     for p in code:
         with open(p, encoding="utf-8") as f:
             text = f.read()
@@ -350,7 +350,8 @@ def main():
         if p.endswith(".h") and not (lines and lines[0].startswith("//")):
             problems.append(f"{rel}: a header starts with a comment saying what it is for")
         try:
-            for name, first, last, _ in functions(text):
+            found[p] = functions(text)
+            for name, first, last, _ in found[p]:
                 if last - first + 1 > MAX_FUNCTION_LINES:
                     problems.append(f"{rel}:{first}: function {name} is {last - first + 1} lines, "
                                     f"over {MAX_FUNCTION_LINES}: split it into named steps")
@@ -362,7 +363,7 @@ def main():
         for p in files_under(top):
             if p.endswith((".h", ".cpp", ".cc", ".cu")):
                 blanked[p] = blank_out(open(p, encoding="utf-8", errors="replace").read()) + "\n"
-    problems += tiny_single_use(root, code, blanked)
+    problems += tiny_single_use(root, found, blanked)
 
     for tree in ("src", "include/ddp"):
         readme = os.path.join(root, tree, "README.md")
