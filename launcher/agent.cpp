@@ -160,7 +160,7 @@ Agent::State Agent::start_workers() {
   assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
   round_ = assignment_.round;
   if (!before.nodes.empty()) {
-    const std::string line = membership_change(before, assignment_, failure_ ? failure_->text : "a restart");
+    const std::string line = membership_change(before, assignment_, round_end_ ? round_end_->text : "a restart");
     if (!line.empty()) say(line);
   } else if (round_ > 0) {
     // This node arrived while the group ran, and the group restarted to let it in.
@@ -168,7 +168,7 @@ Agent::State Agent::start_workers() {
         std::to_string(assignment_.group_rank) + " of " + std::to_string(assignment_.num_nodes) + ", world size " +
         std::to_string(assignment_.world_size));
   }
-  failure_.reset();
+  round_end_.reset();
   local_failures_.clear();
   stalled_.reset();
   killed_ = false;
@@ -203,11 +203,12 @@ Agent::State Agent::monitor_workers(const Events& e) {
     return State::Succeeded;
   }
   if (failed_elsewhere(e, /*admit=*/true)) {
-    say(std::string(failure_->membership ? "stopping the workers to let nodes join: " : "stopping the workers: ") +
-        failure_->text);
+    say(std::string(round_end_->admits_nodes() ? "stopping the workers to let nodes join: "
+                                               : "stopping the workers: ") +
+        round_end_->text);
     // A node whose ddprun was told to stop passes its signal on.
-    int f = failure_->exit_code;
-    begin_stop(failure_->restartable ? SIGTERM : f > 128 ? f - 128 : SIGTERM);
+    int f = round_end_->exit_code;
+    begin_stop(round_end_->restartable ? SIGTERM : f > 128 ? f - 128 : SIGTERM);
     return State::Unhealthy;
   }
   return State::Healthy;
@@ -231,23 +232,23 @@ Agent::State Agent::stop_for_local_failure() {
   const int code = exit_code_of(*first.process->exit_status());
   // 75: the worker stopped for preemption with its state saved; the job
   // script requeues on it, and a restart here would only be killed.
-  FailureRecord r{code, code != ddp::kPreemptedExitCode, failure_text(first)};
+  RoundEnd r = RoundEnd::failure(code, code != ddp::kPreemptedExitCode, failure_text(first));
   if (auto error = read_error_file(first.error_file)) r.message = error->message;
   // A worker stopped meanwhile is why the others timed out: it is the cause.
   if ((stalled_ = first_stopped())) r.text = stalled_text(first);
   try {
-    failure_ = rdzv_->report_failure(r);
+    round_end_ = rdzv_->report_failure(r);
   } catch (const LaunchError& e) {
     // The other nodes cannot be told (a link or the store host is down);
     // they learn it from their own workers' timeouts. This node still
     // stops its workers and says why they failed.
     say(std::string(e.what()) + "; the other nodes are not told of this failure");
-    failure_ = r;
+    round_end_ = r;
   }
-  if (failure_->membership) {
+  if (round_end_->admits_nodes()) {
     // Another node already stopped the group to admit waiting nodes; these
     // workers ended because their peers did (75: they checkpointed).
-    say("stopping the workers to let nodes join: " + failure_->text);
+    say("stopping the workers to let nodes join: " + round_end_->text);
     begin_stop(SIGTERM);
     return State::Unhealthy;
   }
@@ -296,15 +297,15 @@ Agent::State Agent::exit_barrier(const Events& e) {
 }
 
 Agent::State Agent::restart_or_give_up() {
-  if (failure_ && failure_->membership) {
+  if (round_end_ && round_end_->admits_nodes()) {
     // torchrun's rule: letting nodes in is no failure and costs no restart.
-    say("restarting every worker to let nodes join (" + failure_->text + "); not counted against --max-restarts");
+    say("restarting every worker to let nodes join (" + round_end_->text + "); not counted against --max-restarts");
     ++round_;
     return State::Initial;
   }
-  bool restartable = failure_ && failure_->restartable;
+  bool restartable = round_end_ && round_end_->restartable;
   if (restartable && restarts_ < o_.max_restarts) {
-    say("worker group failed (" + failure_->text + "); restarting every worker, restart " +
+    say("worker group failed (" + round_end_->text + "); restarting every worker, restart " +
         std::to_string(restarts_ + 1) + " of " + std::to_string(o_.max_restarts));
     ++restarts_;
     ++round_;
@@ -314,7 +315,7 @@ Agent::State Agent::restart_or_give_up() {
   if (restartable && o_.max_restarts > 0)
     say("giving up after " + std::to_string(restarts_) + " restarts (--max-restarts " +
         std::to_string(o_.max_restarts) + ")");
-  exit_code_ = failure_ ? failure_->exit_code : 1;
+  exit_code_ = round_end_ ? round_end_->exit_code : 1;
   return State::Exited;
 }
 
@@ -323,7 +324,7 @@ Agent::State Agent::stopped() {
   // (--kill-on-bad-exit) or scancel stops after another node's worker failed
   // or stopped for preemption exits with that worker's code, so the job's
   // status is the rank's own and not 128+SIGTERM.
-  exit_code_ = failure_ ? failure_->exit_code : 128 + stop_signal_;
+  exit_code_ = round_end_ ? round_end_->exit_code : 128 + stop_signal_;
   return State::Exited;
 }
 
@@ -438,7 +439,7 @@ LaunchError Agent::cannot_start(int local_rank, const std::string& why) {
   const std::string text = "ddprun on host " + host_ + " could not start local rank " + std::to_string(local_rank) +
                            " of " + std::to_string(o_.nproc) + ": " + why;
   try {
-    rdzv_->report_failure(FailureRecord{kExitLaunch, false, text});
+    rdzv_->report_failure(RoundEnd::failure(kExitLaunch, false, text));
   } catch (const LaunchError&) {
     // The store is gone too; this node exits all the same.
   }
@@ -451,26 +452,26 @@ LaunchError Agent::cannot_start(int local_rank, const std::string& why) {
 
 void Agent::record_stop_signal(int signo) {
   stop_signal_ = signo;
-  FailureRecord r{128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo)};
+  RoundEnd r = RoundEnd::failure(128 + signo, false, "ddprun on host " + host_ + " received " + signal_name(signo));
   try {
-    failure_ = rdzv_->report_failure(r);
+    round_end_ = rdzv_->report_failure(r);
   } catch (const LaunchError&) {
-    failure_ = r;  // the store is gone: this node stops all the same
+    round_end_ = r;  // the store is gone: this node stops all the same
   }
 }
 
 bool Agent::failed_elsewhere(const Events& e, bool admit) {
   if (!e.poll_due) return false;
-  std::optional<FailureRecord> f;
+  std::optional<RoundEnd> f;
   try {
     f = rdzv_->poll(admit);
   } catch (const LaunchError& lost) {
     // The link to the store host, or that host, is down: the workers cannot
     // reach their peers either. Stop them (restartable: a restart rejoins
     // once the link is back) rather than wait out their own timeouts.
-    f = FailureRecord{1, true, lost.what()};
+    f = RoundEnd::failure(1, true, lost.what());
   }
-  if (f) failure_ = *f;
+  if (f) round_end_ = *f;
   return f.has_value();
 }
 

@@ -100,7 +100,7 @@ class Agent {
   // returns the error ddprun exits with.
   LaunchError cannot_start(int local_rank, const std::string& why);
   // From the monitor loop: another node failed, or (`admit`: this node's
-  // workers run healthy) nodes wait to join; sets failure_.
+  // workers run healthy) nodes wait to join; sets round_end_.
   bool failed_elsewhere(const Events& e, bool admit);
   bool all_exited() const;
   void signal_running(int signo);
@@ -136,7 +136,9 @@ class Agent {
   OutputRouter output_;
   std::vector<int> pending_signals_;
   int stop_signal_ = 0;
-  std::optional<FailureRecord> failure_;
+  // How this round ended, as every node follows it (the first node's
+  // report): a failure, or nodes waiting to be admitted.
+  std::optional<RoundEnd> round_end_;
   int exit_code_ = 0;
   std::vector<size_t> local_failures_;
   std::optional<size_t> stalled_;  // the stopped worker named as the root cause

@@ -38,13 +38,13 @@ void Agent::print_summary() const {
   std::string bar(60, '=');
   // Exit 75 (ddp::kPreemptedExitCode) first: the workers saved a checkpoint
   // on a warning (SIGUSR1, SIGTERM) and stopped so that the job is requeued.
-  const bool preempted = failure_ && !failure_->membership && !stalled_ &&
-                         failure_->exit_code == ddp::kPreemptedExitCode;
+  const bool preempted = round_end_ && !round_end_->admits_nodes() && !stalled_ &&
+                         round_end_->exit_code == ddp::kPreemptedExitCode;
   bool root_here = false, stalled_here = false;
   if (!local_failures_.empty()) {
     const Worker& first = workers_[local_failures_.front()];
-    root_here = failure_ && failure_->text == failure_text(first);
-    stalled_here = stalled_ && failure_ && failure_->text == stalled_text(first);
+    root_here = round_end_ && round_end_->text == failure_text(first);
+    stalled_here = stalled_ && round_end_ && round_end_->text == stalled_text(first);
   }
   // The other failures first: under a preemption, a worker that failed
   // otherwise (a crash, an error) makes the stop no longer "not a failure".
@@ -107,8 +107,8 @@ std::string Agent::preemption_section(bool root_here) const {
   if (root_here) {
     out += summary_block(workers_[local_failures_.front()], /*failure=*/false);
   } else {
-    out += "  " + failure_->text + "\n";
-    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+    out += "  " + round_end_->text + "\n";
+    if (!round_end_->message.empty()) out += "  message   : " + indented(round_end_->message) + "\n";
   }
   out += "  meaning   : the workers saved a checkpoint on the preemption warning (SIGUSR1, or SIGTERM) and exited " +
          code + " (ddp::kPreemptedExitCode);\n    ddprun exits " + code +
@@ -125,10 +125,10 @@ std::string Agent::root_cause_section(bool root_here, bool stalled_here) const {
     out += summary_block(w);
   } else if (root_here) {
     out += summary_block(workers_[local_failures_.front()]);
-  } else if (failure_) {
-    out += "  " + failure_->text + "\n";
-    out += "  exitcode  : " + std::to_string(failure_->exit_code) + "\n";
-    if (!failure_->message.empty()) out += "  message   : " + indented(failure_->message) + "\n";
+  } else if (round_end_) {
+    out += "  " + round_end_->text + "\n";
+    out += "  exitcode  : " + std::to_string(round_end_->exit_code) + "\n";
+    if (!round_end_->message.empty()) out += "  message   : " + indented(round_end_->message) + "\n";
   }
   return out;
 }

@@ -22,8 +22,8 @@ class LocalRendezvous : public Rendezvous {
     a.nodes = {this_hostname() + "[" + std::to_string(::getpid()) + "]"};
     return a;
   }
-  std::optional<FailureRecord> poll(bool) override { return std::nullopt; }
-  FailureRecord report_failure(const FailureRecord& r) override { return r; }
+  std::optional<RoundEnd> poll(bool) override { return std::nullopt; }
+  RoundEnd report_failure(const RoundEnd& r) override { return r; }
   void mark_done() override {}
   bool all_done() override { return true; }
   void acknowledge_end() override {}

@@ -2,7 +2,8 @@
 //
 // Three implementations:
 //   LocalRendezvous   one node (static --nnodes 1, --standalone): no store.
-//   StoreRendezvous   several nodes over a c10d::TCPStore, in two flavours:
+//   StoreRendezvous   several nodes over a c10d::TCPStore (store_rendezvous.h),
+//                     in two flavours, each a join of its own (store_join.h):
 //     static  node ranks from --node-rank, exactly --nnodes nodes, the store
 //             hosted by node 0 at --master-addr:--master-port;
 //     c10d    node ranks in join order, MIN..MAX nodes with a last-call
@@ -13,7 +14,7 @@
 // arrives while a round runs waits, counted in that round's waiting list;
 // the running nodes see the list at their next poll and restart to let it in
 // (up to MAX), as torchrun's agents do.
-// After the join the store carries the run's fate: a failure record (first
+// After the join the store carries the run's fate: the round's end (first
 // writer wins), keep-alive counters, and the exit barrier. docs/launcher.md
 // lists the keys.
 #pragma once
@@ -42,18 +43,29 @@ struct Assignment {
   std::vector<std::string> nodes;
 };
 
-// Why a round ended badly; the first one reported is the one every node uses.
-struct FailureRecord {
+// How a round ended, as the store carries it to every node: the first one
+// written is the one every node follows.
+struct RoundEnd {
+  enum class Kind {
+    Failure,    // a worker, a node or its ddprun failed: restart, or give up
+    Admission,  // not a failure: nodes wait to join a group below MAX (c10d);
+                // every node stops its workers and re-rendezvouses, and no
+                // restart is counted
+  };
+  Kind kind = Kind::Failure;
   int exit_code = 1;
   bool restartable = true;  // false when ddprun itself was told to stop
   std::string text;         // "rank 3 (local rank 1) on host h: exit code 7"
   std::string message;      // the worker's error file's message ("ddp::CommError: ..."), if any
-  // Not a failure: nodes wait to join a group below MAX (c10d). Every node
-  // stops its workers and re-rendezvouses; no restart is counted.
-  bool membership = false;
   static constexpr size_t kMaxMessage = 4096;  // what travels through the store
+
+  static RoundEnd failure(int exit_code, bool restartable, std::string text);
+  // `why`: which nodes wait ("1 node waits to join the 2 running (at most 3)").
+  static RoundEnd admission(std::string why);
+  bool admits_nodes() const { return kind == Kind::Admission; }
   std::string serialize() const;
-  static FailureRecord parse(const std::string& text);
+  // Never throws: whatever the store holds reads as some round end.
+  static RoundEnd parse(const std::string& text);
 };
 
 // Called while waiting; reads ddprun's signals and throws Interrupted.
@@ -66,13 +78,14 @@ class Rendezvous {
   // arrives during a restart). Every wait is bounded by join_timeout.
   virtual Assignment join(int round, int local_world_size, const Tick& tick) = 0;
   // From the monitor loop: sends keep-alives, checks the other nodes', and
-  // returns the round's failure record once any node has written one. With
-  // `admit` (the group runs healthy), nodes waiting to join below MAX write
-  // a membership record (FailureRecord::membership) that every node follows.
+  // returns the round's end once any node has written one. With `admit` (the
+  // group runs healthy), nodes waiting to join below MAX end the round with
+  // an admission (RoundEnd::Kind::Admission) that every node follows.
   // Throws LaunchError when the store is lost.
-  virtual std::optional<FailureRecord> poll(bool admit) = 0;
-  // Writes `record` unless another node's came first; returns the winner.
-  virtual FailureRecord report_failure(const FailureRecord& record) = 0;
+  virtual std::optional<RoundEnd> poll(bool admit) = 0;
+  // Writes `failure` unless another node's round end came first; returns the
+  // winner, which may be an admission.
+  virtual RoundEnd report_failure(const RoundEnd& failure) = 0;
   // Exit barrier: this node's workers all succeeded / did every node's?
   virtual void mark_done() = 0;
   virtual bool all_done() = 0;

@@ -465,17 +465,42 @@ TEST(ErrorFile, ReadingIsBoundedAndNeverBlocks) {
   fs::remove_all(dir);
 }
 
-TEST(FailureRecord, CarriesTheWorkersMessageBetweenNodes) {
-  FailureRecord r{7, true, "rank 3 (local rank 1) on host h: exit code 7", "ddp::CommError: rank 3: lost\npeer"};
-  FailureRecord back = FailureRecord::parse(r.serialize());
+TEST(RoundEnd, CarriesTheWorkersMessageBetweenNodes) {
+  RoundEnd r = RoundEnd::failure(7, true, "rank 3 (local rank 1) on host h: exit code 7");
+  r.message = "ddp::CommError: rank 3: lost\npeer";
+  RoundEnd back = RoundEnd::parse(r.serialize());
+  EXPECT_EQ(back.kind, RoundEnd::Kind::Failure);
   EXPECT_EQ(back.exit_code, 7);
   EXPECT_TRUE(back.restartable);
   EXPECT_EQ(back.text, r.text);
   EXPECT_EQ(back.message, r.message);
   // A record from a ddprun that sends no message.
-  FailureRecord old = FailureRecord::parse("4\n0\nnode 1 is gone");
+  RoundEnd old = RoundEnd::parse("4\n0\nnode 1 is gone");
+  EXPECT_EQ(old.kind, RoundEnd::Kind::Failure);
+  EXPECT_FALSE(old.restartable);
   EXPECT_EQ(old.text, "node 1 is gone");
   EXPECT_EQ(old.message, "");
+}
+
+TEST(RoundEnd, AnAdmissionIsNoFailure) {
+  RoundEnd back = RoundEnd::parse(RoundEnd::admission("1 node waits to join the 2 running (at most 3)").serialize());
+  EXPECT_TRUE(back.admits_nodes());
+  EXPECT_EQ(back.exit_code, 0);
+  EXPECT_TRUE(back.restartable);
+  EXPECT_EQ(back.text, "1 node waits to join the 2 running (at most 3)");
+}
+
+TEST(RoundEnd, GarbageReadsAsAFailure) {
+  // Fewer than two lines, or an unknown kind: never an admission.
+  for (const std::string s : {"", "\n", "x\ny\n", "\n\n\n\n", "0\nm", "99999999999999999999\nM\n"}) {
+    RoundEnd r = RoundEnd::parse(s);
+    EXPECT_EQ(r.kind, RoundEnd::Kind::Failure) << s;
+  }
+  RoundEnd r = RoundEnd::parse("abc\nq\ntext\nmessage");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_FALSE(r.restartable);
+  EXPECT_EQ(r.text, "text");
+  EXPECT_EQ(r.message, "message");
 }
 
 // ------------------------------------------------------ a Python with torch

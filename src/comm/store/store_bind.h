@@ -10,7 +10,7 @@
 //                  socket instead (store_bind.cpp, "the substitution";
 //                  bind_substitution.h).
 // Shared by the workers' store (process_group.cpp) and ddprun's rendezvous
-// store (launcher/rendezvous.cpp).
+// store (launcher/store_link.cpp).
 #pragma once
 
 #include <cstdint>
