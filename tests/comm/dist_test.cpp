@@ -23,17 +23,16 @@ using namespace ddp::testing;
 namespace dist = ddp::dist;
 
 // The C++ call that looks like Python's must do what it does, or not compile:
-// a bool where dist::async_op goes is refused at compile time.
+// async_op in PyTorch's place (after op and group), and nowhere else.
 template <typename... A>
 auto can_all_reduce(int, A&&... a) -> decltype(dist::all_reduce(std::forward<A>(a)...), std::true_type{});
 template <typename... A>
 std::false_type can_all_reduce(long, A&&...);
-static_assert(decltype(can_all_reduce(0, std::declval<at::Tensor>(), dist::async_op))::value);
 static_assert(decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::MAX))::value);
+static_assert(decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::SUM, dist::group::WORLD, true))::value);
 static_assert(!decltype(can_all_reduce(0, std::declval<at::Tensor>(), true))::value);
-static_assert(!decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::SUM, dist::Group{}, true))::value);
-static_assert(std::is_same_v<decltype(dist::all_reduce(std::declval<at::Tensor>())), void>);
-static_assert(std::is_same_v<decltype(dist::all_reduce(std::declval<at::Tensor>(), dist::async_op)), ddp::Work>);
+static_assert(!decltype(can_all_reduce(0, std::declval<at::Tensor>(), ddp::ReduceOp::SUM, true))::value);
+static_assert(std::is_same_v<decltype(dist::all_reduce(std::declval<at::Tensor>())), ddp::Work>);
 
 std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream f(path);

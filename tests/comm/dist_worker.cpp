@@ -174,7 +174,7 @@ void parity(const std::string& dir) {
     out.text("all_reduce_view", "unsupported");
   }
   auto a = val({4}, at::kFloat, 5, rank);
-  dist::all_reduce(a, ReduceOp::MAX, dist::async_op).wait();
+  dist::all_reduce(a, ReduceOp::MAX, {}, true).wait();
   out.add("all_reduce_async", a);
   if (dist::get_backend() == "nccl") {  // PREMUL_SUM: NCCL's only
     auto p = val({4}, at::kFloat, 56, rank);
@@ -201,7 +201,7 @@ void parity(const std::string& dir) {
   maybe(out, "all_gather_uneven", [&] {
     std::vector<at::Tensor> list;
     for (int r = 0; r < world; ++r) list.push_back(zeros({r + 1}));
-    dist::all_gather(list, val({rank + 1}, at::kFloat, 9, rank), dist::async_op).wait();
+    dist::all_gather(list, val({rank + 1}, at::kFloat, 9, rank), {}, true).wait();
     out.add("all_gather_uneven", torch::cat(list));
   });
   maybe(out, "all_gather_into_tensor", [&] {
@@ -262,7 +262,7 @@ void parity(const std::string& dir) {
   out.text("get", std::to_string(dist::get_rank()) + " " + std::to_string(dist::get_world_size()) + " " +
                       dist::get_backend());
   out.write(dir + "/cpp_r" + std::to_string(rank) + ".txt");
-  dist::barrier(dist::async_op).wait();
+  dist::barrier({}, true).wait();
 }
 
 // Subgroups: every rank but 0, and the first and last ranks.
@@ -284,7 +284,7 @@ void subgroups(Out& out, int rank, int world, int last) {
     out.add("g1_broadcast", t);
     std::vector<at::Tensor> list;
     for (int r = 0; r < world - 1; ++r) list.push_back(zeros({2}));
-    dist::all_gather(list, val({2}, at::kFloat, 42, rank), g1, dist::async_op).wait();
+    dist::all_gather(list, val({2}, at::kFloat, 42, rank), g1, true).wait();
     out.add("g1_all_gather", torch::cat(list));
     if (world > 2) {
       auto m = val({2}, at::kFloat, 43, rank);

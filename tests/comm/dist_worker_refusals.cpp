@@ -61,7 +61,7 @@ void work_api(int rank) {
   // work.get_future(): completed with the output tensors (Gloo, NCCL); the
   // mpi backend has none.
   auto summed = torch::ones({2}).to(g_device);
-  auto w = dist::all_reduce(summed, dist::async_op);
+  auto w = dist::all_reduce(summed, ReduceOp::SUM, {}, true);
   try {
     auto future = w.get_future();
     future->wait();

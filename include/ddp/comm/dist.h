@@ -2,7 +2,7 @@
 // from a torchrun script. The same names, arguments and rules:
 //
 //   dist.all_reduce(t, op=dist.ReduceOp.MAX)   ->  dist::all_reduce(t, dist::ReduceOp::MAX);
-//   w = dist.all_reduce(t, async_op=True)      ->  auto w = dist::all_reduce(t, dist::async_op);
+//   w = dist.all_reduce(t, async_op=True)      ->  auto w = dist::all_reduce(t, dist::ReduceOp::SUM, {}, true);
 //   w.wait()                                   ->  w.wait();
 //   g = dist.new_group([0, 2])                 ->  auto g = dist::new_group({0, 2});
 //   dist.broadcast(t, src=2, group=g)          ->  dist::broadcast(t, 2, g);
@@ -11,11 +11,11 @@
 //                                              ->  dist::batch_isend_irecv({dist::P2POp(dist::isend, t, 1)});
 //   g = dist.new_group(backend="gloo")         ->  auto g = dist::new_group({}, std::nullopt, "gloo");
 //
-// Blocking by default: a call returns when its collective has finished on
-// this rank. With dist::async_op it returns a [[nodiscard]] ddp::Work to
-// wait on (dropping it unwaited is a compiler warning, and the tensor's
-// contents are then undefined, as in PyTorch). There is no `bool async_op`:
-// `true` in its place does not compile.
+// One function per operation, with PyTorch's arguments in PyTorch's order
+// and with its defaults. Blocking by default: a call returns when its
+// collective has finished on this rank. With async_op true it returns the
+// started collective's ddp::Work to wait on (a tensor's contents are
+// undefined until then, as in PyTorch).
 //
 // The group: omitted (or dist::Group{}), the default group that
 // ddp::init_process_group made (group=None); src, dst and the ranks of
@@ -45,12 +45,6 @@ using ddp::Work;
 using ddp::destroy_process_group;
 using ddp::init_process_group;
 using ddp::is_initialized;
-
-// The tag that asks for the handle instead of waiting: async_op=True.
-struct AsyncOp {
-  explicit constexpr AsyncOp() = default;
-};
-inline constexpr AsyncOp async_op{};
 
 // A process group as torch.distributed's functions take it: the default
 // group, a group of one's own, or what new_group returned (which knows the
@@ -87,6 +81,19 @@ namespace group {
 inline const Group WORLD{};
 }  // namespace group
 
+// ---- what this build and launch have -----------------------------------------
+
+// torch.distributed.is_available(): true (libddp is its distributed part).
+bool is_available();
+// Whether this build of libddp has the backend (Gloo always; NCCL with a
+// CUDA LibTorch; mpi where CMake found MPI), as PyTorch's is_*_available().
+bool is_gloo_available();
+bool is_nccl_available();
+bool is_mpi_available();
+// Whether this process was started by ddprun or torchrun
+// (TORCHELASTIC_RUN_ID is set), as torch.distributed.is_torchelastic_launched().
+bool is_torchelastic_launched();
+
 // ---- the group ----------------------------------------------------------------
 
 // This process's rank in `group` (-1 where it is not a member).
@@ -98,6 +105,8 @@ std::string get_backend(const Group& group = {});
 // A global rank's rank in `group`, and back; a rank outside it is a UsageError.
 int get_group_rank(const Group& group, int global_rank);
 int get_global_rank(const Group& group, int group_rank);
+// The group's members' global ranks, ascending, as get_process_group_ranks.
+std::vector<int> get_process_group_ranks(const Group& group);
 
 // Collective over the default group: every rank calls it with the same
 // `ranks` (global; any order, duplicates refused; empty = every rank) in the
@@ -135,9 +144,8 @@ std::pair<Group, std::vector<Group>> new_subgroups(std::optional<int> group_size
                                                    std::optional<std::chrono::milliseconds> timeout = std::nullopt,
                                                    std::string backend = "");
 
-void barrier(const Group& group = {});
-[[nodiscard]] Work barrier(const Group& group, AsyncOp);
-[[nodiscard]] Work barrier(AsyncOp);
+// Waits for every rank of `group` (async_op: as the collectives below).
+Work barrier(const Group& group = {}, bool async_op = false);
 
 // Gloo only, as PyTorch's: a barrier that, when some rank does not arrive
 // within `timeout` (omitted: the group's), fails on rank 0 with a CommError
@@ -172,80 +180,58 @@ class Reduction {
 Reduction make_nccl_premul_sum(double factor);
 
 // ---- collectives (tensors are handles: results are written in place) ---------
+//
+// Each returns a ddp::Work: with async_op false (the default) the call has
+// waited for the collective on this rank, and the Work is an empty, finished
+// one (PyTorch's None); with async_op true the collective is started and the
+// Work is its handle to wait on. A rank outside `group` does nothing and
+// gets an empty Work.
 
-void all_reduce(const at::Tensor& tensor, Reduction op = ReduceOp::SUM, const Group& group = {});
-[[nodiscard]] Work all_reduce(const at::Tensor& tensor, Reduction op, const Group& group, AsyncOp);
-[[nodiscard]] Work all_reduce(const at::Tensor& tensor, Reduction op, AsyncOp);
-[[nodiscard]] Work all_reduce(const at::Tensor& tensor, AsyncOp);
+// output = the reduction over ranks of their `tensor`, in place.
+Work all_reduce(const at::Tensor& tensor, Reduction op = ReduceOp::SUM, const Group& group = {},
+                bool async_op = false);
 
 // The result on `dst` only; the others' tensors are scratch (as in PyTorch).
-void reduce(const at::Tensor& tensor, int dst, Reduction op = ReduceOp::SUM, const Group& group = {});
-[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, Reduction op, const Group& group, AsyncOp);
-[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, Reduction op, AsyncOp);
-[[nodiscard]] Work reduce(const at::Tensor& tensor, int dst, AsyncOp);
+Work reduce(const at::Tensor& tensor, int dst, Reduction op = ReduceOp::SUM, const Group& group = {},
+            bool async_op = false);
 
-void broadcast(const at::Tensor& tensor, int src, const Group& group = {});
-[[nodiscard]] Work broadcast(const at::Tensor& tensor, int src, const Group& group, AsyncOp);
-[[nodiscard]] Work broadcast(const at::Tensor& tensor, int src, AsyncOp);
+Work broadcast(const at::Tensor& tensor, int src, const Group& group = {}, bool async_op = false);
 
 // tensor_list: one tensor per rank of the group, written with each rank's `tensor`.
-void all_gather(const std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor, const Group& group = {});
-[[nodiscard]] Work all_gather(const std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor,
-                              const Group& group, AsyncOp);
-[[nodiscard]] Work all_gather(const std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor, AsyncOp);
+Work all_gather(const std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor, const Group& group = {},
+                bool async_op = false);
 
 // output: the ranks' inputs one after another along dim 0 (world size x input).
-void all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const Group& group = {});
-[[nodiscard]] Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const Group& group,
-                                          AsyncOp);
-[[nodiscard]] Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, AsyncOp);
+Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const Group& group = {},
+                            bool async_op = false);
 
 // gather_list: on `dst` one tensor per rank; empty on every other rank.
-void gather(const at::Tensor& tensor, const std::vector<at::Tensor>& gather_list = {}, int dst = 0,
-            const Group& group = {});
-[[nodiscard]] Work gather(const at::Tensor& tensor, const std::vector<at::Tensor>& gather_list, int dst,
-                          const Group& group, AsyncOp);
-[[nodiscard]] Work gather(const at::Tensor& tensor, const std::vector<at::Tensor>& gather_list, int dst, AsyncOp);
+Work gather(const at::Tensor& tensor, const std::vector<at::Tensor>& gather_list = {}, int dst = 0,
+            const Group& group = {}, bool async_op = false);
 
 // scatter_list: on `src` one tensor per rank; empty on every other rank.
-void scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list = {}, int src = 0,
-             const Group& group = {});
-[[nodiscard]] Work scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src,
-                           const Group& group, AsyncOp);
-[[nodiscard]] Work scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src, AsyncOp);
+Work scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list = {}, int src = 0,
+             const Group& group = {}, bool async_op = false);
 
 // output = the reduction over ranks of their input_list[this rank].
-void reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, Reduction op = ReduceOp::SUM,
-                    const Group& group = {});
-[[nodiscard]] Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, Reduction op,
-                                  const Group& group, AsyncOp);
-[[nodiscard]] Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, AsyncOp);
+Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list,
+                    Reduction op = ReduceOp::SUM, const Group& group = {}, bool async_op = false);
 
 // input: world size x output along dim 0; output = the reduction of this rank's chunk.
-void reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op = ReduceOp::SUM,
-                           const Group& group = {});
-[[nodiscard]] Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op,
-                                         const Group& group, AsyncOp);
-[[nodiscard]] Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, AsyncOp);
+Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op = ReduceOp::SUM,
+                           const Group& group = {}, bool async_op = false);
 
 // input_list[r] goes to rank r, whose output_list[this rank] receives it.
-void all_to_all(const std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
-                const Group& group = {});
-[[nodiscard]] Work all_to_all(const std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
-                              const Group& group, AsyncOp);
-[[nodiscard]] Work all_to_all(const std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
-                              AsyncOp);
+Work all_to_all(const std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
+                const Group& group = {}, bool async_op = false);
 
 // input split along dim 0 by input_split_sizes (empty: evenly), rank r's
 // part to rank r; output receives the parts in rank order, split by
 // output_split_sizes (empty: evenly).
-void all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+Work all_to_all_single(const at::Tensor& output, const at::Tensor& input,
                        const std::vector<int64_t>& output_split_sizes = {},
-                       const std::vector<int64_t>& input_split_sizes = {}, const Group& group = {});
-[[nodiscard]] Work all_to_all_single(const at::Tensor& output, const at::Tensor& input,
-                                     const std::vector<int64_t>& output_split_sizes,
-                                     const std::vector<int64_t>& input_split_sizes, const Group& group, AsyncOp);
-[[nodiscard]] Work all_to_all_single(const at::Tensor& output, const at::Tensor& input, AsyncOp);
+                       const std::vector<int64_t>& input_split_sizes = {}, const Group& group = {},
+                       bool async_op = false);
 
 // ---- point to point ---------------------------------------------------------------
 

@@ -22,10 +22,11 @@ struct WorkHandle;  // the backend's handle (src/comm/work_handle.h)
 
 // Handle to an asynchronous collective, as c10d's Work. wait() honours the
 // process group's timeout and throws CommError naming rank and operation.
-// [[nodiscard]]: a collective whose handle is dropped unwaited has not
-// finished (its tensor holds whatever the backend has written so far).
-// Copies share the collective. Default-constructed: nothing to wait for.
-class [[nodiscard]] Work {
+// The calls that start a collective and return its Work unwaited are
+// [[nodiscard]]: a collective whose handle is dropped has not finished (its
+// tensor holds whatever the backend has written so far). Copies share the
+// collective. Default-constructed: nothing to wait for.
+class Work {
  public:
   Work() = default;
   // Made by the backends (src/comm/work_handle.h).
@@ -121,8 +122,8 @@ class ProcessGroup {
   virtual std::chrono::milliseconds timeout() const = 0;
 
   // In place, summed over ranks.
-  virtual Work allreduce(at::Tensor& tensor) = 0;
-  virtual Work broadcast(at::Tensor& tensor, int root) = 0;
+  [[nodiscard]] virtual Work allreduce(at::Tensor& tensor) = 0;
+  [[nodiscard]] virtual Work broadcast(at::Tensor& tensor, int root) = 0;
   // Blocking: every rank's tensor (same shape on all ranks), in rank order.
   virtual std::vector<at::Tensor> allgather(const at::Tensor& tensor) = 0;
   virtual void barrier() = 0;
@@ -133,10 +134,10 @@ class ProcessGroup {
   // Any collective of ddp::dist, started; what the backend lacks is a
   // UsageError naming the rank. The default refuses every one (a group of
   // one's own, e.g. a test's decorator, need not have them).
-  virtual Work collective(const CollectiveCall& call);
+  [[nodiscard]] virtual Work collective(const CollectiveCall& call);
   // batch_isend_irecv's sends and receives, started together: NCCL's as one
   // group (ncclGroupStart/End); the default starts each with collective().
-  virtual std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls);
+  [[nodiscard]] virtual std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls);
   // ddp::dist::new_group: every rank of this group calls it, in the same
   // order; `ranks` (of this group, ascending, distinct) form the new group,
   // which this rank gets if it is one of them, else null. The default

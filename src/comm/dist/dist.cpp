@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
@@ -47,16 +48,17 @@ namespace ddp::dist {
 namespace {
 
 using Kind = CollectiveCall::Kind;
-std::string who(const char* op) { return ddp::detail::dist_who(op); }
-void warn_not_in_group(const char* op) { ddp::detail::dist_warn_not_in_group(op); }
+using ddp::detail::dist_root_of;
+using ddp::detail::dist_warn_not_in_group;
+using ddp::detail::dist_who;
 
 void check_tensor(const at::Tensor& t, const char* op, const char* what = "tensor") {
-  if (!t.defined()) throw UsageError(who(op) + "the " + what + " is undefined");
+  if (!t.defined()) throw UsageError(dist_who(op) + "the " + what + " is undefined");
 }
 
 void check_list(const std::vector<at::Tensor>& list, const char* op, const char* what) {
   for (const auto& t : list)
-    if (!t.defined()) throw UsageError(who(op) + "a tensor of " + what + " is undefined");
+    if (!t.defined()) throw UsageError(dist_who(op) + "a tensor of " + what + " is undefined");
 }
 
 // Starts `call` on `group`'s process group; waits unless `async`. A rank
@@ -64,7 +66,7 @@ void check_list(const std::vector<at::Tensor>& list, const char* op, const char*
 Work run(CollectiveCall call, const Group& group, bool async) {
   const auto pg = group.process_group();
   if (!pg) {
-    warn_not_in_group(collective_name(call.kind));
+    dist_warn_not_in_group(collective_name(call.kind));
     return Work();
   }
   Work work = pg->collective(call);
@@ -76,7 +78,7 @@ Work run(CollectiveCall call, const Group& group, bool async) {
 CollectiveCall make(Kind kind, std::vector<at::Tensor> inputs, std::vector<at::Tensor> outputs = {},
                     Reduction op = ReduceOp::SUM, int root = 0) {
   if (op.op() == ReduceOp::PREMUL_SUM && !op.has_factor())
-    throw UsageError(who(collective_name(kind)) +
+    throw UsageError(dist_who(collective_name(kind)) +
                      "ReduceOp::PREMUL_SUM needs its factor: use dist::make_nccl_premul_sum(factor), as PyTorch's "
                      "torch.distributed._make_nccl_premul_sum");
   CollectiveCall call;
@@ -89,92 +91,13 @@ CollectiveCall make(Kind kind, std::vector<at::Tensor> inputs, std::vector<at::T
   return call;
 }
 
-int root_of(const Group& group, int global, const char* op, const char* what) {
-  return ddp::detail::dist_root_of(group, global, op, what);
-}
-
 // PyTorch's rule for gather's and scatter's lists: given on the root only.
 void check_root_list(const std::vector<at::Tensor>& list, bool is_root, const char* op, const char* name,
                      const char* root) {
   if (is_root && list.empty())
-    throw UsageError(who(op) + "Argument `" + name + "` must be specified on " + root + " rank.");
+    throw UsageError(dist_who(op) + "Argument `" + name + "` must be specified on " + root + " rank.");
   if (!is_root && !list.empty())
-    throw UsageError(who(op) + "Argument `" + name + "` must NOT be specified on non-" + root + " ranks.");
-}
-
-Work do_all_reduce(const at::Tensor& t, Reduction op, const Group& g, bool async) {
-  check_tensor(t, "all_reduce");
-  return run(make(Kind::AllReduce, {t}, {}, op), g, async);
-}
-
-Work do_reduce(const at::Tensor& t, int dst, Reduction op, const Group& g, bool async) {
-  check_tensor(t, "reduce");
-  const int root = root_of(g, dst, "reduce", "dst");
-  return run(make(Kind::Reduce, {t}, {}, op, root), g, async);
-}
-
-Work do_broadcast(const at::Tensor& t, int src, const Group& g, bool async) {
-  check_tensor(t, "broadcast");
-  const int root = root_of(g, src, "broadcast", "src");
-  return run(make(Kind::Broadcast, {t}, {}, ReduceOp::SUM, root), g, async);
-}
-
-Work do_all_gather(const std::vector<at::Tensor>& list, const at::Tensor& t, const Group& g, bool async) {
-  check_tensor(t, "all_gather");
-  check_list(list, "all_gather", "tensor_list");
-  return run(make(Kind::AllGather, {t}, list), g, async);
-}
-
-Work do_all_gather_into_tensor(const at::Tensor& out, const at::Tensor& in, const Group& g, bool async) {
-  check_tensor(out, "all_gather_into_tensor", "output tensor");
-  check_tensor(in, "all_gather_into_tensor", "input tensor");
-  return run(make(Kind::AllGatherIntoTensor, {in}, {out}), g, async);
-}
-
-Work do_gather(const at::Tensor& t, const std::vector<at::Tensor>& list, int dst, const Group& g, bool async) {
-  check_tensor(t, "gather");
-  check_list(list, "gather", "gather_list");
-  const int root = root_of(g, dst, "gather", "dst");
-  if (root >= 0) check_root_list(list, get_rank(g) == root, "gather", "gather_list", "destination");
-  return run(make(Kind::Gather, {t}, list, ReduceOp::SUM, root), g, async);
-}
-
-Work do_scatter(const at::Tensor& t, const std::vector<at::Tensor>& list, int src, const Group& g, bool async) {
-  check_tensor(t, "scatter");
-  check_list(list, "scatter", "scatter_list");
-  const int root = root_of(g, src, "scatter", "src");
-  if (root >= 0) check_root_list(list, get_rank(g) == root, "scatter", "scatter_list", "source");
-  return run(make(Kind::Scatter, list, {t}, ReduceOp::SUM, root), g, async);
-}
-
-Work do_reduce_scatter(const at::Tensor& out, const std::vector<at::Tensor>& list, Reduction op, const Group& g,
-                       bool async) {
-  check_tensor(out, "reduce_scatter", "output tensor");
-  check_list(list, "reduce_scatter", "input_list");
-  return run(make(Kind::ReduceScatter, list, {out}, op), g, async);
-}
-
-Work do_reduce_scatter_tensor(const at::Tensor& out, const at::Tensor& in, Reduction op, const Group& g, bool async) {
-  check_tensor(out, "reduce_scatter_tensor", "output tensor");
-  check_tensor(in, "reduce_scatter_tensor", "input tensor");
-  return run(make(Kind::ReduceScatterTensor, {in}, {out}, op), g, async);
-}
-
-Work do_all_to_all(const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& ins, const Group& g,
-                   bool async) {
-  check_list(outs, "all_to_all", "output_tensor_list");
-  check_list(ins, "all_to_all", "input_tensor_list");
-  return run(make(Kind::AllToAll, ins, outs), g, async);
-}
-
-Work do_all_to_all_single(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
-                          const std::vector<int64_t>& in_splits, const Group& g, bool async) {
-  check_tensor(out, "all_to_all_single", "output tensor");
-  check_tensor(in, "all_to_all_single", "input tensor");
-  auto call = make(Kind::AllToAllSingle, {in}, {out});
-  call.output_split_sizes = out_splits;
-  call.input_split_sizes = in_splits;
-  return run(std::move(call), g, async);
+    throw UsageError(dist_who(op) + "Argument `" + name + "` must NOT be specified on non-" + root + " ranks.");
 }
 
 // The global ranks of every group new_group made in this process, so that
@@ -224,6 +147,29 @@ std::vector<int> Group::ranks() const {
   return all;
 }
 
+// ---- what this build and launch have -------------------------------------------
+
+bool is_available() { return true; }
+bool is_gloo_available() { return true; }
+
+bool is_nccl_available() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool is_mpi_available() {
+#ifdef DDP_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool is_torchelastic_launched() { return std::getenv("TORCHELASTIC_RUN_ID") != nullptr; }
+
 // ---- the group -------------------------------------------------------------------
 
 int get_rank(const Group& group) {
@@ -238,7 +184,7 @@ int get_world_size(const Group& group) {
 
 std::string get_backend(const Group& group) {
   const auto pg = group.process_group();
-  if (!pg) throw UsageError(who("get_backend") + "Invalid process group specified: this rank is not in the group");
+  if (!pg) throw UsageError(dist_who("get_backend") + "Invalid process group specified: this rank is not in the group");
   return pg->backend_name();
 }
 
@@ -246,23 +192,25 @@ int get_group_rank(const Group& group, int global_rank) {
   const auto ranks = group.ranks();
   const auto it = std::find(ranks.begin(), ranks.end(), global_rank);
   if (it == ranks.end())
-    throw UsageError(who("get_group_rank") + "global rank " + std::to_string(global_rank) + " is not in the group");
+    throw UsageError(dist_who("get_group_rank") + "global rank " + std::to_string(global_rank) + " is not in the group");
   return static_cast<int>(it - ranks.begin());
 }
 
 int get_global_rank(const Group& group, int group_rank) {
   const auto ranks = group.ranks();
   if (group_rank < 0 || group_rank >= static_cast<int>(ranks.size()))
-    throw UsageError(who("get_global_rank") + "group rank " + std::to_string(group_rank) + " is not in the group (" +
+    throw UsageError(dist_who("get_global_rank") + "group rank " + std::to_string(group_rank) + " is not in the group (" +
                      std::to_string(ranks.size()) + " ranks)");
   return ranks[static_cast<size_t>(group_rank)];
 }
+
+std::vector<int> get_process_group_ranks(const Group& group) { return group.ranks(); }
 
 // new_group's backend: "" for the default group's, else gloo, nccl or mpi
 // (in any case, as PyTorch's Backend()).
 std::string backend_asked(const std::string& backend, const ProcessGroup& world) {
   if (backend.empty()) return "";
-  const std::string parsed = detail::parse_backend_name(backend, false, who("new_group"));
+  const std::string parsed = detail::parse_backend_name(backend, false, dist_who("new_group"));
   return parsed == world.backend_name() ? "" : parsed;
 }
 
@@ -273,13 +221,13 @@ Group new_group(std::vector<int> ranks, std::optional<std::chrono::milliseconds>
   std::sort(ranks.begin(), ranks.end());
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] < 0 || ranks[i] >= world->size())
-      throw UsageError(who("new_group") + "rank " + std::to_string(ranks[i]) + " is not a rank of the job (world size " +
+      throw UsageError(dist_who("new_group") + "rank " + std::to_string(ranks[i]) + " is not a rank of the job (world size " +
                        std::to_string(world->size()) + ")");
     if (i > 0 && ranks[i] == ranks[i - 1])
-      throw UsageError(who("new_group") + "rank " + std::to_string(ranks[i]) + " is listed twice");
+      throw UsageError(dist_who("new_group") + "rank " + std::to_string(ranks[i]) + " is listed twice");
   }
   if (timeout && timeout->count() <= 0)
-    throw UsageError(who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
+    throw UsageError(dist_who("new_group") + "the timeout must be positive, got " + std::to_string(timeout->count()) +
                      " ms");
   const auto wait = timeout.value_or(world->timeout());
   const std::string other = backend_asked(backend, *world);
@@ -302,7 +250,7 @@ namespace {
 int ranks_on_this_node(const ProcessGroup& world) {
   const LaunchEnv env = LaunchEnv::from_environment();
   if (env.rank != world.rank() || env.world_size != world.size())
-    throw UsageError(who("new_subgroups") + "the ranks on this node are unknown: the launch environment (rank " +
+    throw UsageError(dist_who("new_subgroups") + "the ranks on this node are unknown: the launch environment (rank " +
                      std::to_string(env.rank) + " of " + std::to_string(env.world_size) +
                      ") is not the default group's; pass group_size");
   return env.local_world_size;
@@ -317,9 +265,9 @@ std::pair<Group, std::vector<Group>> new_subgroups(std::optional<int> group_size
   const std::vector<int> ranks = group.ranks();
   const int world = static_cast<int>(ranks.size());
   const std::string what = group_size ? "group_size " : "group_size (LOCAL_WORLD_SIZE, the ranks on this node) ";
-  if (size <= 0) throw UsageError(who("new_subgroups") + what + std::to_string(size) + " must be positive");
+  if (size <= 0) throw UsageError(dist_who("new_subgroups") + what + std::to_string(size) + " must be positive");
   if (size > world || world % size != 0)
-    throw UsageError(who("new_subgroups") + what + std::to_string(size) + " must divide the group's size " +
+    throw UsageError(dist_who("new_subgroups") + what + std::to_string(size) + " must divide the group's size " +
                      std::to_string(world) + (size > world ? " (it exceeds it)" : ""));
   const int me = default_process_group()->rank();
   std::pair<Group, std::vector<Group>> out{Group::of_ranks(nullptr, {}), {}};
@@ -332,13 +280,11 @@ std::pair<Group, std::vector<Group>> new_subgroups(std::optional<int> group_size
   return out;
 }
 
-void barrier(const Group& group) { (void)run(make(Kind::Barrier, {}), group, false); }
-Work barrier(const Group& group, AsyncOp) { return run(make(Kind::Barrier, {}), group, true); }
-Work barrier(AsyncOp) { return barrier(Group{}, async_op); }
+Work barrier(const Group& group, bool async_op) { return run(make(Kind::Barrier, {}), group, async_op); }
 
 void monitored_barrier(const Group& group, std::optional<std::chrono::milliseconds> timeout, bool wait_all_ranks) {
   if (timeout && timeout->count() <= 0)
-    throw UsageError(who("monitored_barrier") + "the timeout must be positive, got " +
+    throw UsageError(dist_who("monitored_barrier") + "the timeout must be positive, got " +
                      std::to_string(timeout->count()) + " ms");
   auto call = make(Kind::MonitoredBarrier, {});
   call.timeout = timeout.value_or(std::chrono::milliseconds(0));
@@ -355,96 +301,84 @@ Reduction make_nccl_premul_sum(double factor) {
 
 // ---- collectives -------------------------------------------------------------------
 
-void all_reduce(const at::Tensor& t, Reduction op, const Group& g) { (void)do_all_reduce(t, op, g, false); }
-Work all_reduce(const at::Tensor& t, Reduction op, const Group& g, AsyncOp) { return do_all_reduce(t, op, g, true); }
-Work all_reduce(const at::Tensor& t, Reduction op, AsyncOp) { return do_all_reduce(t, op, {}, true); }
-Work all_reduce(const at::Tensor& t, AsyncOp) { return do_all_reduce(t, ReduceOp::SUM, {}, true); }
-
-void reduce(const at::Tensor& t, int dst, Reduction op, const Group& g) { (void)do_reduce(t, dst, op, g, false); }
-Work reduce(const at::Tensor& t, int dst, Reduction op, const Group& g, AsyncOp) { return do_reduce(t, dst, op, g, true); }
-Work reduce(const at::Tensor& t, int dst, Reduction op, AsyncOp) { return do_reduce(t, dst, op, {}, true); }
-Work reduce(const at::Tensor& t, int dst, AsyncOp) { return do_reduce(t, dst, ReduceOp::SUM, {}, true); }
-
-void broadcast(const at::Tensor& t, int src, const Group& g) { (void)do_broadcast(t, src, g, false); }
-Work broadcast(const at::Tensor& t, int src, const Group& g, AsyncOp) { return do_broadcast(t, src, g, true); }
-Work broadcast(const at::Tensor& t, int src, AsyncOp) { return do_broadcast(t, src, {}, true); }
-
-void all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g) { (void)do_all_gather(l, t, g, false); }
-Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, const Group& g, AsyncOp) {
-  return do_all_gather(l, t, g, true);
-}
-Work all_gather(const std::vector<at::Tensor>& l, const at::Tensor& t, AsyncOp) { return do_all_gather(l, t, {}, true); }
-
-void all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g) {
-  (void)do_all_gather_into_tensor(o, i, g, false);
-}
-Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, const Group& g, AsyncOp) {
-  return do_all_gather_into_tensor(o, i, g, true);
-}
-Work all_gather_into_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
-  return do_all_gather_into_tensor(o, i, {}, true);
+Work all_reduce(const at::Tensor& tensor, Reduction op, const Group& group, bool async_op) {
+  check_tensor(tensor, "all_reduce");
+  return run(make(Kind::AllReduce, {tensor}, {}, op), group, async_op);
 }
 
-void gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g) {
-  (void)do_gather(t, l, dst, g, false);
-}
-Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, const Group& g, AsyncOp) {
-  return do_gather(t, l, dst, g, true);
-}
-Work gather(const at::Tensor& t, const std::vector<at::Tensor>& l, int dst, AsyncOp) {
-  return do_gather(t, l, dst, {}, true);
+Work reduce(const at::Tensor& tensor, int dst, Reduction op, const Group& group, bool async_op) {
+  check_tensor(tensor, "reduce");
+  const int root = dist_root_of(group, dst, "reduce", "dst");
+  return run(make(Kind::Reduce, {tensor}, {}, op, root), group, async_op);
 }
 
-void scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g) {
-  (void)do_scatter(t, l, src, g, false);
-}
-Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, const Group& g, AsyncOp) {
-  return do_scatter(t, l, src, g, true);
-}
-Work scatter(const at::Tensor& t, const std::vector<at::Tensor>& l, int src, AsyncOp) {
-  return do_scatter(t, l, src, {}, true);
+Work broadcast(const at::Tensor& tensor, int src, const Group& group, bool async_op) {
+  check_tensor(tensor, "broadcast");
+  const int root = dist_root_of(group, src, "broadcast", "src");
+  return run(make(Kind::Broadcast, {tensor}, {}, ReduceOp::SUM, root), group, async_op);
 }
 
-void reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, Reduction op, const Group& g) {
-  (void)do_reduce_scatter(o, l, op, g, false);
-}
-Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, Reduction op, const Group& g, AsyncOp) {
-  return do_reduce_scatter(o, l, op, g, true);
-}
-Work reduce_scatter(const at::Tensor& o, const std::vector<at::Tensor>& l, AsyncOp) {
-  return do_reduce_scatter(o, l, ReduceOp::SUM, {}, true);
+Work all_gather(const std::vector<at::Tensor>& tensor_list, const at::Tensor& tensor, const Group& group,
+                bool async_op) {
+  check_tensor(tensor, "all_gather");
+  check_list(tensor_list, "all_gather", "tensor_list");
+  return run(make(Kind::AllGather, {tensor}, tensor_list), group, async_op);
 }
 
-void reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, Reduction op, const Group& g) {
-  (void)do_reduce_scatter_tensor(o, i, op, g, false);
-}
-Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, Reduction op, const Group& g, AsyncOp) {
-  return do_reduce_scatter_tensor(o, i, op, g, true);
-}
-Work reduce_scatter_tensor(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
-  return do_reduce_scatter_tensor(o, i, ReduceOp::SUM, {}, true);
+Work all_gather_into_tensor(const at::Tensor& output, const at::Tensor& input, const Group& group, bool async_op) {
+  check_tensor(output, "all_gather_into_tensor", "output tensor");
+  check_tensor(input, "all_gather_into_tensor", "input tensor");
+  return run(make(Kind::AllGatherIntoTensor, {input}, {output}), group, async_op);
 }
 
-void all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g) {
-  (void)do_all_to_all(o, i, g, false);
-}
-Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, const Group& g, AsyncOp) {
-  return do_all_to_all(o, i, g, true);
-}
-Work all_to_all(const std::vector<at::Tensor>& o, const std::vector<at::Tensor>& i, AsyncOp) {
-  return do_all_to_all(o, i, {}, true);
+Work gather(const at::Tensor& tensor, const std::vector<at::Tensor>& gather_list, int dst, const Group& group,
+            bool async_op) {
+  check_tensor(tensor, "gather");
+  check_list(gather_list, "gather", "gather_list");
+  const int root = dist_root_of(group, dst, "gather", "dst");
+  if (root >= 0) check_root_list(gather_list, get_rank(group) == root, "gather", "gather_list", "destination");
+  return run(make(Kind::Gather, {tensor}, gather_list, ReduceOp::SUM, root), group, async_op);
 }
 
-void all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
-                       const std::vector<int64_t>& is, const Group& g) {
-  (void)do_all_to_all_single(o, i, os, is, g, false);
+Work scatter(const at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src, const Group& group,
+             bool async_op) {
+  check_tensor(tensor, "scatter");
+  check_list(scatter_list, "scatter", "scatter_list");
+  const int root = dist_root_of(group, src, "scatter", "src");
+  if (root >= 0) check_root_list(scatter_list, get_rank(group) == root, "scatter", "scatter_list", "source");
+  return run(make(Kind::Scatter, scatter_list, {tensor}, ReduceOp::SUM, root), group, async_op);
 }
-Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, const std::vector<int64_t>& os,
-                       const std::vector<int64_t>& is, const Group& g, AsyncOp) {
-  return do_all_to_all_single(o, i, os, is, g, true);
+
+Work reduce_scatter(const at::Tensor& output, const std::vector<at::Tensor>& input_list, Reduction op,
+                    const Group& group, bool async_op) {
+  check_tensor(output, "reduce_scatter", "output tensor");
+  check_list(input_list, "reduce_scatter", "input_list");
+  return run(make(Kind::ReduceScatter, input_list, {output}, op), group, async_op);
 }
-Work all_to_all_single(const at::Tensor& o, const at::Tensor& i, AsyncOp) {
-  return do_all_to_all_single(o, i, {}, {}, {}, true);
+
+Work reduce_scatter_tensor(const at::Tensor& output, const at::Tensor& input, Reduction op, const Group& group,
+                           bool async_op) {
+  check_tensor(output, "reduce_scatter_tensor", "output tensor");
+  check_tensor(input, "reduce_scatter_tensor", "input tensor");
+  return run(make(Kind::ReduceScatterTensor, {input}, {output}, op), group, async_op);
+}
+
+Work all_to_all(const std::vector<at::Tensor>& output_list, const std::vector<at::Tensor>& input_list,
+                const Group& group, bool async_op) {
+  check_list(output_list, "all_to_all", "output_tensor_list");
+  check_list(input_list, "all_to_all", "input_tensor_list");
+  return run(make(Kind::AllToAll, input_list, output_list), group, async_op);
+}
+
+Work all_to_all_single(const at::Tensor& output, const at::Tensor& input,
+                       const std::vector<int64_t>& output_split_sizes, const std::vector<int64_t>& input_split_sizes,
+                       const Group& group, bool async_op) {
+  check_tensor(output, "all_to_all_single", "output tensor");
+  check_tensor(input, "all_to_all_single", "input tensor");
+  auto call = make(Kind::AllToAllSingle, {input}, {output});
+  call.output_split_sizes = output_split_sizes;
+  call.input_split_sizes = input_split_sizes;
+  return run(std::move(call), group, async_op);
 }
 
 // ---- point to point -----------------------------------------------------------------
@@ -457,10 +391,10 @@ std::optional<CollectiveCall> p2p_call(Kind kind, const at::Tensor& t, int peer,
                                        const char* op) {
   check_tensor(t, op);
   if (!g.is_member()) {
-    warn_not_in_group(op);
+    dist_warn_not_in_group(op);
     return std::nullopt;
   }
-  const int root = peer < 0 ? -1 : root_of(g, peer, op, kind == Kind::Send ? "dst" : "src");
+  const int root = peer < 0 ? -1 : dist_root_of(g, peer, op, kind == Kind::Send ? "dst" : "src");
   const at::Tensor flat = t.is_complex() ? at::view_as_real(t) : t;  // as PyTorch 2.x
   auto call = kind == Kind::Send ? make(kind, {flat}) : make(kind, {}, {flat});
   call.root = root;
@@ -478,7 +412,7 @@ Work start_p2p(Kind kind, const at::Tensor& t, int peer, const Group& g, int tag
 
 void send(const at::Tensor& tensor, int dst, const Group& group, int tag) {
   if (group.is_member() && dst == get_global_rank(group, get_rank(group)))
-    throw UsageError(who("send") + "Invalid destination rank: destination rank should not be the same as the rank "
+    throw UsageError(dist_who("send") + "Invalid destination rank: destination rank should not be the same as the rank "
                      "of the current process (a blocking send to itself could never be received; isend can)");
   start_p2p(Kind::Send, tensor, dst, group, tag, "send").wait();
 }
@@ -501,25 +435,25 @@ Work irecv(const at::Tensor& tensor, std::optional<int> src, const Group& group,
 P2POp::P2POp(Isend op, at::Tensor tensor, int peer, Group group, int tag)
     : send_(true), tensor_(std::move(tensor)), peer_(peer), group_(std::move(group)), tag_(tag) {
   if (op != &isend)
-    throw UsageError(who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
+    throw UsageError(dist_who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
   check_tensor(tensor_, "P2POp");
 }
 
 P2POp::P2POp(Irecv op, at::Tensor tensor, int peer, Group group, int tag)
     : send_(false), tensor_(std::move(tensor)), peer_(peer), group_(std::move(group)), tag_(tag) {
   if (op != &irecv)
-    throw UsageError(who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
+    throw UsageError(dist_who("P2POp") + "Invalid ``op``. Expected ``op`` to be of type ``dist::isend`` or ``dist::irecv``.");
   check_tensor(tensor_, "P2POp");
 }
 
 std::vector<Work> batch_isend_irecv(const std::vector<P2POp>& p2p_op_list) {
-  if (p2p_op_list.empty()) throw UsageError(who("batch_isend_irecv") + "the list of P2POp is empty");
+  if (p2p_op_list.empty()) throw UsageError(dist_who("batch_isend_irecv") + "the list of P2POp is empty");
   const auto& group = p2p_op_list.front().group();
   const auto pg = group.process_group();
   std::vector<CollectiveCall> calls;
   for (const auto& p : p2p_op_list) {
     if (p.group().process_group() != pg)
-      throw UsageError(who("batch_isend_irecv") + "All ops need to use the same group.");
+      throw UsageError(dist_who("batch_isend_irecv") + "All ops need to use the same group.");
     auto call = p2p_call(p.is_send() ? Kind::Send : Kind::Recv, p.tensor(), p.peer(), group, p.tag(),
                          p.is_send() ? "isend" : "irecv");
     if (call) calls.push_back(std::move(*call));
