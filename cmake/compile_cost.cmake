@@ -62,13 +62,12 @@ else()
   set(DDP_PCH_SHARED OFF)
 endif()
 
-# ddp_precompile(<target> OWN|CORE|TEST): <target>'s files start from
-# precompiled headers: OWN, its own PCH of the core's headers (the ddp library:
-# its private macros, such as DDP_WITH_MPI, would make a PCH no other target
-# can use); CORE, the one ddp_core_pch makes (src/CMakeLists.txt) with the
-# usage requirements of ddp::ddp alone; TEST, the one ddp_test_pch makes
-# (tests/CMakeLists.txt). GCC takes a shared PCH only where every macro it
-# was made with is defined alike, so an anchor carries no macro of its own.
+# ddp_precompile(<target> CORE|TEST): <target>'s files start from
+# precompiled headers: CORE, the one ddp_core_pch makes (src/CMakeLists.txt)
+# with the usage requirements of ddp::ddp alone; TEST, the one ddp_test_pch
+# makes (tests/CMakeLists.txt). GCC takes a shared PCH only where every macro
+# it was made with is defined alike (a file may define more, if the headers
+# never name them), so an anchor carries no macro of its own.
 function(ddp_precompile target kind)
   if(NOT DDP_PCH)
     return()
@@ -93,7 +92,7 @@ function(ddp_precompile target kind)
     set(headers ${DDP_PCH_CORE_HEADERS})
   endif()
   target_compile_options(${target} PRIVATE -fPIC -Winvalid-pch)
-  if(kind STREQUAL "OWN" OR target STREQUAL anchor)
+  if(target STREQUAL anchor)
     target_precompile_headers(${target} PRIVATE ${headers})
   else()
     target_precompile_headers(${target} REUSE_FROM ${anchor})

@@ -17,7 +17,20 @@ step() {
   echo "run-tests: $what took $((SECONDS - started)) s"
 }
 step "installing what is missing" deploy/install-deps.sh
-step "the LibTorch 1.13 build" deploy/build.sh
+# The torch 2.x environment (about 600 MB to download on a new machine; a
+# second's check when present) is installed while the 1.13 build compiles:
+# it waits on the network, the build on the CPU.
+torch2_log=$(mktemp)
+torch2_pid=
+if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
+  deploy/install-torch2.sh >"$torch2_log" 2>&1 &
+  torch2_pid=$!
+fi
+trap '[[ -n "$torch2_pid" ]] && kill "$torch2_pid" 2>/dev/null; rm -f "$torch2_log"' EXIT
+# LibTorch 1.13: the test programs and what their tests start; the other
+# examples and the benchmarks compile in the 2.x build below (and here when
+# the main command builds everything).
+DDP_BUILD_TARGETS=ddp_test_programs step "the LibTorch 1.13 build" deploy/build.sh
 # Four tests at a time, longest first: a 2-core machine stays busy (at -j 2
 # the suite kept 1.6 cores busy; its tests wait on one another's ranks,
 # sockets and timeouts), and no long test starts last to run alone at the end.
@@ -67,6 +80,11 @@ step "its tests" suite "${DDP_BUILD_DIR:-build}" -LE end_to_end
 #   Slurm, which check the templates and Slurm's environment, not LibTorch.
 # DDP_SKIP_TORCH2=1 skips this part, for a quick local run only.
 if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
+  started=$SECONDS
+  wait "$torch2_pid" || { cat "$torch2_log"; echo "run-tests: installing torch 2.x failed (above)"; exit 1; }
+  torch2_pid=
+  cat "$torch2_log"
+  echo "run-tests: the torch 2.x environment was ready $((SECONDS - started)) s after the 1.13 suite"
   step "the LibTorch 2.x build" deploy/build-torch2.sh
   step "its tests" suite "${DDP_TORCH2_BUILD_DIR:-build-torch2}" -LE 'cluster|torch_free'
 else

@@ -119,4 +119,8 @@ int scenario_amp_parity(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kAmpScenarios{
+    {"amp_parity", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_amp_parity(pg, flags); }}};
+
 }  // namespace ddp::testing

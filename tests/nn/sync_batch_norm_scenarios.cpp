@@ -319,4 +319,10 @@ int scenario_sync_bn_errors(std::shared_ptr<ProcessGroup> pg) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kSyncBatchNormScenarios{
+    {"sync_bn_definition", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_sync_bn_definition(pg, flags); }},
+    {"sync_bn_ddp", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_sync_bn_ddp(pg, flags); }},
+    {"sync_bn_errors", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_sync_bn_errors(pg); }}};
+
 }  // namespace ddp::testing

@@ -144,4 +144,9 @@ int scenario_logging_data(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kObservabilityScenarios{
+    {"auto_bucket", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_auto_bucket(pg, flags); }},
+    {"logging_data", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_logging_data(pg, flags); }}};
+
 }  // namespace ddp::testing

@@ -39,4 +39,8 @@ int scenario_stall(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kStallScenario{
+    {"stall", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_stall(pg, flags); }}};
+
 }  // namespace ddp::testing

@@ -23,4 +23,8 @@ int scenario_timeline(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kTimelineScenario{
+    {"timeline", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_timeline(pg, flags); }}};
+
 }  // namespace ddp::testing

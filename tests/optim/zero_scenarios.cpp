@@ -297,4 +297,11 @@ int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   throw Fail(c + ": no UsageError");
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kZeroScenarios{
+    {"zero_parity", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_zero_parity(pg, flags); }},
+    {"zero_resume", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_zero_resume(pg, flags); }},
+    {"zero_reload", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_zero_reload(pg, flags); }},
+    {"zero_usage", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_zero_usage(pg, flags); }}};
+
 }  // namespace ddp::testing

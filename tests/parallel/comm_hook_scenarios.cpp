@@ -165,4 +165,10 @@ int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kCommHookScenarios{
+    {"comm_hook_usage", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_comm_hook_usage(pg); }},
+    {"comm_hook_semantics", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_comm_hook_semantics(pg); }},
+    {"comm_hook_bf16", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_comm_hook_bf16(pg, flags); }}};
+
 }  // namespace ddp::testing

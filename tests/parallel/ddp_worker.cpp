@@ -24,8 +24,6 @@ using namespace ddp::testing;
 
 namespace {
 
-using Flags = std::map<std::string, std::string>;
-
 // argv[1..] as (scenario, flags) runs, split at "--then".
 std::vector<std::pair<std::string, Flags>> parse_runs(int argc, char** argv) {
   std::vector<std::pair<std::string, Flags>> runs;
@@ -355,56 +353,26 @@ int scenario_exit_handlers(ddp::ProcessGroup& pg, std::map<std::string, std::str
   return 0;
 }
 
+// This file's scenarios; the other files add theirs (worker_common.h).
+const AddScenarios kDdpWorkerScenarios{
+    {"grads", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_grads(*pg, pg, flags); }},
+    {"batchnorm", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags&) { return scenario_batchnorm(*pg, pg); }},
+    {"unused", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_unused(*pg, pg, flags); }},
+    {"no_sync", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_no_sync(*pg, pg, flags); }},
+    {"mismatch",
+     [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_mismatch(*pg, pg, flags); }},
+    {"malloc", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_malloc(pg, flags); }},
+    {"step_memory",
+     [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_step_memory(pg, flags); }},
+    {"straggler", [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags&) { return scenario_straggler(*pg); }},
+    {"exit_handlers",
+     [](std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) { return scenario_exit_handlers(*pg, flags); }}};
+
 // One scenario on the group: its exit code.
-int run_scenario(const std::string& scenario, std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
-  int rc = 1;
-  if (scenario == "grads") rc = scenario_grads(*pg, pg, flags);
-  else if (scenario == "batchnorm") rc = scenario_batchnorm(*pg, pg);
-  else if (scenario == "unused") rc = scenario_unused(*pg, pg, flags);
-  else if (scenario == "no_sync") rc = scenario_no_sync(*pg, pg, flags);
-  else if (scenario == "mismatch") rc = scenario_mismatch(*pg, pg, flags);
-  else if (scenario == "tied") rc = scenario_tied(*pg, pg, flags);
-  else if (scenario == "tied_reassigned") rc = scenario_tied_reassigned(pg, flags);
-  else if (scenario == "tied_step") rc = scenario_tied_step(pg);
-  else if (scenario == "undefined_grad") rc = scenario_undefined_grad(*pg, pg);
-  else if (scenario == "reentrant") rc = scenario_reentrant(*pg, pg);
-  else if (scenario == "failed_backward") rc = scenario_failed_backward(*pg, pg);
-  else if (scenario == "buffers_once") rc = scenario_buffers_once(*pg, pg);
-  else if (scenario == "channels_last") rc = scenario_channels_last(*pg, pg);
-  else if (scenario == "sparse") rc = scenario_sparse(pg);
-  else if (scenario == "comm_hook_usage") rc = scenario_comm_hook_usage(pg);
-  else if (scenario == "comm_hook_semantics") rc = scenario_comm_hook_semantics(pg);
-  else if (scenario == "comm_hook_bf16") rc = scenario_comm_hook_bf16(pg, flags);
-  else if (scenario == "parity") rc = scenario_parity(pg, flags);
-  else if (scenario == "pytorch_tests") rc = scenario_pytorch_tests(pg, flags);
-  else if (scenario == "static_graph") rc = scenario_static_graph(pg, flags);
-  else if (scenario == "timeline") rc = scenario_timeline(pg, flags);
-  else if (scenario == "stall") rc = scenario_stall(pg, flags);
-  else if (scenario == "auto_bucket") rc = scenario_auto_bucket(pg, flags);
-  else if (scenario == "logging_data") rc = scenario_logging_data(pg, flags);
-  else if (scenario == "powersgd_parity") rc = scenario_powersgd_parity(pg, flags);
-  else if (scenario == "powersgd_gradients") rc = scenario_powersgd_gradients(pg);
-  else if (scenario == "powersgd_usage") rc = scenario_powersgd_usage(pg);
-  else if (scenario == "powersgd_global_rng") rc = scenario_powersgd_global_rng(pg);
-  else if (scenario == "join_parity") rc = scenario_join_parity(pg, flags);
-  else if (scenario == "amp_parity") rc = scenario_amp_parity(pg, flags);
-  else if (scenario == "join_throw") rc = scenario_join_throw(pg, flags);
-  else if (scenario == "join_missing") rc = scenario_join_missing(pg, flags);
-  else if (scenario == "join_disabled") rc = scenario_join_disabled(pg);
-  else if (scenario == "join_custom") rc = scenario_join_custom(pg, flags);
-  else if (scenario == "sync_bn_definition") rc = scenario_sync_bn_definition(pg, flags);
-  else if (scenario == "sync_bn_ddp") rc = scenario_sync_bn_ddp(pg, flags);
-  else if (scenario == "sync_bn_errors") rc = scenario_sync_bn_errors(pg);
-  else if (scenario == "zero_parity") rc = scenario_zero_parity(pg, flags);
-  else if (scenario == "zero_resume") rc = scenario_zero_resume(pg, flags);
-  else if (scenario == "zero_reload") rc = scenario_zero_reload(pg, flags);
-  else if (scenario == "zero_usage") rc = scenario_zero_usage(pg, flags);
-  else if (scenario == "malloc") rc = scenario_malloc(pg, flags);
-  else if (scenario == "step_memory") rc = scenario_step_memory(pg, flags);
-  else if (scenario == "straggler") rc = scenario_straggler(*pg);
-  else if (scenario == "exit_handlers") rc = scenario_exit_handlers(*pg, flags);
-  else throw Fail("unknown scenario " + scenario);
-  return rc;
+int run_scenario(const std::string& scenario, std::shared_ptr<ddp::ProcessGroup> pg, const Flags& flags) {
+  const auto it = scenario_table().find(scenario);
+  if (it == scenario_table().end()) throw Fail("unknown scenario " + scenario + " (not in this build of ddp_worker)");
+  return it->second(std::move(pg), flags);
 }
 
 }  // namespace

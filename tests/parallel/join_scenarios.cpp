@@ -373,4 +373,12 @@ int scenario_join_missing(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kJoinScenarios{
+    {"join_parity", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_join_parity(pg, flags); }},
+    {"join_throw", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_join_throw(pg, flags); }},
+    {"join_disabled", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_join_disabled(pg); }},
+    {"join_custom", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_join_custom(pg, flags); }},
+    {"join_missing", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_join_missing(pg, flags); }}};
+
 }  // namespace ddp::testing

@@ -181,4 +181,8 @@ int scenario_parity(std::shared_ptr<ddp::ProcessGroup> pg, std::map<std::string,
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kParityScenario{
+    {"parity", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_parity(pg, flags); }}};
+
 }  // namespace ddp::testing

@@ -257,4 +257,11 @@ int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kPowersgdScenarios{
+    {"powersgd_parity", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_powersgd_parity(pg, flags); }},
+    {"powersgd_gradients", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_powersgd_gradients(pg); }},
+    {"powersgd_usage", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_powersgd_usage(pg); }},
+    {"powersgd_global_rng", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_powersgd_global_rng(pg); }}};
+
 }  // namespace ddp::testing

@@ -370,4 +370,14 @@ int scenario_sparse(std::shared_ptr<ddp::ProcessGroup> pg) {
   throw Fail("a model with a sparse embedding was accepted");
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kReducerScenarios{
+    {"tied", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_tied(*pg, pg, flags); }},
+    {"undefined_grad", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_undefined_grad(*pg, pg); }},
+    {"reentrant", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_reentrant(*pg, pg); }},
+    {"failed_backward", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_failed_backward(*pg, pg); }},
+    {"buffers_once", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_buffers_once(*pg, pg); }},
+    {"channels_last", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_channels_last(*pg, pg); }},
+    {"sparse", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_sparse(pg); }}};
+
 }  // namespace ddp::testing

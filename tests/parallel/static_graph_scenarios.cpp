@@ -142,4 +142,8 @@ int scenario_static_graph(std::shared_ptr<ddp::ProcessGroup> pg, Flags flags) {
   throw Fail("static_graph: unknown --mode '" + mode + "'");
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kStaticGraphScenarios{
+    {"static_graph", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_static_graph(pg, flags); }}};
+
 }  // namespace ddp::testing

@@ -131,4 +131,9 @@ int scenario_tied_step(std::shared_ptr<ProcessGroup> pg) {
   return 0;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kTiedWeightsScenarios{
+    {"tied_reassigned", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_tied_reassigned(pg, flags); }},
+    {"tied_step", [](std::shared_ptr<ProcessGroup> pg, const Flags&) { return scenario_tied_step(pg); }}};
+
 }  // namespace ddp::testing

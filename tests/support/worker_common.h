@@ -193,67 +193,26 @@ inline std::vector<std::string> split_commas(const std::string& list) {
 
 using Flags = std::map<std::string, std::string>;
 
-// reducer_scenarios.cpp: one scenario per reducer rule.
-int scenario_tied(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_undefined_grad(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
-int scenario_reentrant(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
-int scenario_failed_backward(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
-int scenario_buffers_once(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
-int scenario_channels_last(ProcessGroup& raw, std::shared_ptr<ProcessGroup> pg);
-int scenario_sparse(std::shared_ptr<ProcessGroup> pg);
+// ddp_worker's scenarios by name: each scenario file adds its own as the
+// program starts (a namespace-scope `const AddScenarios`), and ddp_worker
+// runs the one argv names. A build compiles the files it needs (the
+// sanitized build: ddp_worker.cpp's own scenarios only).
+using Scenario = std::function<int(std::shared_ptr<ProcessGroup>, const Flags&)>;
 
-// comm_hook_scenarios.cpp: register_comm_hook and the built-in hooks.
-int scenario_comm_hook_usage(std::shared_ptr<ProcessGroup> pg);
-int scenario_comm_hook_semantics(std::shared_ptr<ProcessGroup> pg);
-int scenario_comm_hook_bf16(std::shared_ptr<ProcessGroup> pg, Flags flags);
+inline std::map<std::string, Scenario>& scenario_table() {
+  static std::map<std::string, Scenario> table;
+  return table;
+}
 
-// parity_scenario.cpp: the models of pytorch_ddp_parity.py.
-int scenario_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
+struct AddScenarios {
+  AddScenarios(std::initializer_list<std::pair<const char*, Scenario>> scenarios) {
+    for (const auto& [name, run] : scenarios)
+      if (!scenario_table().emplace(name, run).second) throw std::logic_error(std::string("scenario ") + name + " twice");
+  }
+};
 
-// static_graph_scenarios.cpp: static_graph's collectives, no_sync and errors.
-int scenario_static_graph(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// timeline_scenario.cpp: steps under DDP_TIMELINE.
-int scenario_timeline(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// stall_scenario.cpp: rank 1 stops (SIGSTOP) for a while in step 2.
-int scenario_stall(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_auto_bucket(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_logging_data(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// powersgd_scenarios.cpp: the models of pytorch_powersgd_parity.py, and the hook's contract.
-int scenario_powersgd_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_powersgd_gradients(std::shared_ptr<ProcessGroup> pg);
-int scenario_powersgd_usage(std::shared_ptr<ProcessGroup> pg);
-int scenario_powersgd_global_rng(std::shared_ptr<ProcessGroup> pg);
-
-// join_scenarios.cpp: ddp::Join on uneven inputs (pytorch_join_parity.py's models).
-int scenario_join_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
 // parity_scenario.cpp's data, shared with the other PyTorch-parity scenarios:
 // step `step`'s global batch of `rows` (x: 6 features, y: 3 targets, float).
 std::pair<torch::Tensor, torch::Tensor> parity_batch(int step, int rows);
-// amp_scenarios.cpp: ddp::Autocast and ddp::GradScaler under DDP, against pytorch_amp_parity.py.
-int scenario_amp_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_join_throw(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_join_missing(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_join_disabled(std::shared_ptr<ProcessGroup> pg);
-int scenario_join_custom(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// sync_batch_norm_scenarios.cpp: SyncBatchNorm against BatchNorm on the whole batch, under DDP, errors.
-int scenario_sync_bn_definition(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_sync_bn_ddp(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_sync_bn_errors(std::shared_ptr<ProcessGroup> pg);
-// zero_scenarios.cpp: ZeroRedundancyOptimizer (pytorch_zero_parity.py's models), resuming, usage errors.
-int scenario_zero_parity(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_zero_resume(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_zero_reload(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_zero_usage(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// tied_weights_scenarios.cpp
-int scenario_tied_reassigned(std::shared_ptr<ProcessGroup> pg, Flags flags);
-
-// ported/cases.cpp: PyTorch's own DDP tests, ported (ported/*.cpp).
-int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags);
-int scenario_tied_step(std::shared_ptr<ProcessGroup> pg);
 
 }  // namespace ddp::testing

@@ -39,4 +39,8 @@ int scenario_pytorch_tests(std::shared_ptr<ProcessGroup> pg, Flags flags) {
   return f.good() ? 0 : 1;
 }
 
+// ddp_worker runs these by name (worker_common.h).
+const AddScenarios kPortedPytorchTests{
+    {"pytorch_tests", [](std::shared_ptr<ProcessGroup> pg, const Flags& flags) { return scenario_pytorch_tests(pg, flags); }}};
+
 }  // namespace ddp::testing
