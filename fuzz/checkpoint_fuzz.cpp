@@ -9,8 +9,11 @@
 #include "ddp/train/checkpoint.h"
 #include "fuzz_input.h"
 #include "../tests/support/fake_process_group.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_checkpoint(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
   ddp::testing::FakeGroup pg;
   torch::nn::Linear model(2, 3);
@@ -22,3 +25,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ddp::fuzz::abort_if_code_ran();
   return 0;
 }
+
+const ddp::fuzz::AddHarness kCheckpointHarness{"checkpoint_fuzz", fuzz_checkpoint};
+
+}  // namespace

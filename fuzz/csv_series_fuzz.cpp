@@ -4,8 +4,11 @@
 // Informer example does. Run: fuzz/README.md.
 #include "ddp/data/csv_series.h"
 #include "fuzz_input.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_csv_series(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
   try {
     ddp::CsvSeries csv = ddp::read_csv_series(file.path());
@@ -18,3 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   return 0;
 }
+
+const ddp::fuzz::AddHarness kCsvSeriesHarness{"csv_series_fuzz", fuzz_csv_series};
+
+}  // namespace

@@ -4,8 +4,11 @@
 // another exception) is a finding. Run: fuzz/README.md.
 #include "ddp/data/fashion_mnist.h"
 #include "fuzz_input.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_idx(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
   try {
     (void)ddp::read_idx_images(file.path());
@@ -17,3 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   return 0;
 }
+
+const ddp::fuzz::AddHarness kIdxHarness{"idx_fuzz", fuzz_idx};
+
+}  // namespace

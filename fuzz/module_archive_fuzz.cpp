@@ -9,8 +9,11 @@
 #include "code_sentinel.h"
 #include "ddp/train/state_dict.h"
 #include "fuzz_input.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_module_archive(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
   try {
     auto archive = ddp::read_archive(file.path());
@@ -25,3 +28,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ddp::fuzz::abort_if_code_ran();
   return 0;
 }
+
+const ddp::fuzz::AddHarness kModuleArchiveHarness{"module_archive_fuzz", fuzz_module_archive};
+
+}  // namespace

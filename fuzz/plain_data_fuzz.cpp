@@ -7,8 +7,11 @@
 
 #include "comm/objects/plain_data.h"
 #include "ddp/errors.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_plain_data(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   c10::IValue value;
   try {
@@ -19,3 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)ddp::detail::encode_plain_data(value, "fuzz: ");
   return 0;
 }
+
+const ddp::fuzz::AddHarness kPlainDataHarness{"plain_data_fuzz", fuzz_plain_data};
+
+}  // namespace

@@ -8,8 +8,11 @@
 #include "code_sentinel.h"
 #include "ddp/train/state_dict.h"
 #include "fuzz_input.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_state_dict(const uint8_t* data, size_t size) {
   ddp::fuzz::MemFile file(data, size);
   try {
     ddp::StateDict state = ddp::read_state_dict(file.path());
@@ -20,3 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ddp::fuzz::abort_if_code_ran();
   return 0;
 }
+
+const ddp::fuzz::AddHarness kStateDictHarness{"state_dict_fuzz", fuzz_state_dict};
+
+}  // namespace

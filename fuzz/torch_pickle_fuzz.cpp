@@ -4,8 +4,11 @@
 // be a ddp::CheckpointError; anything else is a finding. Run: fuzz/README.md.
 #include "fuzz_input.h"
 #include "torch_pickle.h"
+#include "harnesses.h"
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+namespace {
+
+int fuzz_torch_pickle(const uint8_t* data, size_t size) {
   const std::vector<char> bytes(data, data + size);
   try {
     (void)ddp::pickle::load(bytes, "fuzz input");
@@ -13,3 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   return 0;
 }
+
+const ddp::fuzz::AddHarness kTorchPickleHarness{"torch_pickle_fuzz", fuzz_torch_pickle};
+
+}  // namespace
