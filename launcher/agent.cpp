@@ -230,10 +230,15 @@ Agent::State Agent::forward_signal(int signo) {
 Agent::State Agent::stop_for_local_failure() {
   const Worker& first = workers_[local_failures_.front()];
   const int code = exit_code_of(*first.process->exit_status());
-  // 75: the worker stopped for preemption with its state saved; the job
-  // script requeues on it, and a restart here would only be killed.
-  RoundEnd r = RoundEnd::failure(code, code != ddp::kPreemptedExitCode, failure_text(first));
-  if (auto error = read_error_file(first.error_file)) r.message = error->message;
+  const auto error = read_error_file(first.error_file);
+  // Not restarted: 75, the worker stopped for preemption with its state
+  // saved (the job script requeues on it, and a restart here would only be
+  // killed); a libddp program's refusal of its settings (exit 2 with a
+  // ddp::UsageError, which guarded_main records), which a restart with the
+  // same settings would only repeat.
+  const bool refused_settings = code == 2 && error && error->message.rfind("ddp::UsageError: ", 0) == 0;
+  RoundEnd r = RoundEnd::failure(code, code != ddp::kPreemptedExitCode && !refused_settings, failure_text(first));
+  if (error) r.message = error->message;
   // A worker stopped meanwhile is why the others timed out: it is the cause.
   if ((stalled_ = first_stopped())) r.text = stalled_text(first);
   try {
@@ -253,6 +258,9 @@ Agent::State Agent::stop_for_local_failure() {
     return State::Unhealthy;
   }
   if (code == ddp::kPreemptedExitCode) say("worker stopped for preemption (exit code 75); not restarting");
+  if (refused_settings)
+    say("worker refused its settings (exit code 2, ddp::UsageError); not restarting: a restart would refuse them "
+        "again");
   say("worker " + r.text + "; stopping the other workers (SIGTERM, SIGKILL after " +
       std::to_string(static_cast<int>(o_.term_timeout)) + " s)");
   begin_stop(SIGTERM);

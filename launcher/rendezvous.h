@@ -54,7 +54,7 @@ struct RoundEnd {
   };
   Kind kind = Kind::Failure;
   int exit_code = 1;
-  bool restartable = true;  // false when ddprun itself was told to stop
+  bool restartable = true;  // false when ddprun was told to stop, or a restart would fail alike
   std::string text;         // "rank 3 (local rank 1) on host h: exit code 7"
   std::string message;      // the worker's error file's message ("ddp::CommError: ..."), if any
   static constexpr size_t kMaxMessage = 4096;  // what travels through the store

@@ -11,7 +11,6 @@ namespace {
 
 using Launcher = LauncherTest;
 
-
 // The fields of an error file as Python's json module (torchrun's reader)
 // reads them; empty without /usr/bin/python3.
 std::string json_fields(const std::string& file, const std::string& dir) {
@@ -72,6 +71,35 @@ TEST_F(Launcher, SummaryShowsTheErrorAGuardedWorkerRecorded) {
   std::string fields = json_fields(file, dir_);
   if (fields.empty()) GTEST_SKIP() << "no /usr/bin/python3 to read the error file with json.load";
   EXPECT_EQ(fields, message + "\n['py_callstack', 'timestamp'] True\n");
+}
+
+// A libddp program that refuses its settings (exit 2 with a ddp::UsageError,
+// as guarded_main records it) is not restarted: a restart with the same
+// settings would refuse them again. Exit 2 for anything else is a failure
+// like another, restarted as torchrun restarts any.
+TEST_F(Launcher, RefusedSettingsAreNotRestarted) {
+  struct Case {
+    std::string error;
+    bool restarted;
+  };
+  const std::vector<Case> cases{
+      {"ddp::UsageError: rank 0: --global-batch-size 256 does not divide by the 3 processes", false},
+      {"ddp::CommError: rank 0: allreduce of bucket 0 timed out after 30 s", true},
+      {"", true}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.error);
+    const std::string envs = sub("env" + std::to_string(c.restarted) + std::to_string(c.error.size()));
+    std::vector<std::string> worker{"--env-dir", envs, "--fail-rank", "0", "--exit", "2"};
+    if (!c.error.empty())
+      worker.insert(worker.end(), {"--error-json", R"({"message": {"message": ")" + c.error + R"("}})"});
+    Result r = run({"--master-port", std::to_string(free_port()), "--max-restarts", "1"}, worker);
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_EQ(fs::exists(env_path(envs, 0, 1)), c.restarted) << r.err;
+    EXPECT_EQ(r.err.find("worker refused its settings (exit code 2, ddp::UsageError); not restarting") !=
+                  std::string::npos,
+              !c.restarted)
+        << r.err;
+  }
 }
 
 TEST_F(Launcher, GarbageOrHostileErrorFilesLeaveTheSummaryAsItWas) {
