@@ -115,23 +115,32 @@ function(ddp_test_program target)
   endif()
 endfunction()
 
+# ddp_targets_under(<source dir> <out var>): every target defined in <source
+# dir> and the folders below it.
+function(ddp_targets_under dir out)
+  get_property(found DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    ddp_targets_under(${sub} more)
+    list(APPEND found ${more})
+  endforeach()
+  set(${out} ${found} PARENT_SCOPE)
+endfunction()
+
 # ddp_unity_batches(<source dir>): after every target is defined (the root
 # CMakeLists.txt calls it last), replaces the files of each target under
 # <source dir> that has UNITY_BUILD on by batch files of its own,
 # CMAKE_UNITY_BUILD_BATCH_SIZE files each, that include them by paths
 # relative to the batch file (CMake's own would name absolute paths).
 function(ddp_unity_batches dir)
-  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
-  foreach(sub IN LISTS subdirs)
-    ddp_unity_batches(${sub})
-  endforeach()
-  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  ddp_targets_under(${dir} targets)
   foreach(target IN LISTS targets)
     get_target_property(type ${target} TYPE)
     if(type MATCHES "^(EXECUTABLE|STATIC_LIBRARY|SHARED_LIBRARY|MODULE_LIBRARY|OBJECT_LIBRARY)$")
       get_target_property(unity ${target} UNITY_BUILD)
       if(unity)
-        _ddp_unity_target(${target} ${dir})
+        get_target_property(target_dir ${target} SOURCE_DIR)
+        _ddp_unity_target(${target} ${target_dir})
       endif()
     endif()
   endforeach()
