@@ -61,6 +61,11 @@ inline c10d::TCPStoreOptions tcp_store_options(uint16_t port, bool is_server, in
 inline void set_master_listen_fd(c10d::TCPStoreOptions& opts, int fd) { opts.masterListenFd = fd; }
 #endif
 
+// 1.13's TCPStore client starts a thread for watchKey() callbacks on a second
+// connection (2.x's has none). Once its server is gone that thread spins on
+// the closed socket, and on a reset one it throws out of its thread
+// (std::terminate): store_client.cpp stops it after connecting.
+inline constexpr bool kStoreClientHasCallbackThread = TORCH_VERSION_MAJOR < 2;
 
 // Autocast's thread-local switches, per device type. 2.4 replaced the
 // per-device functions (set_cpu_enabled, set_autocast_gpu_dtype, ...) with

@@ -7,11 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/version.h>
 
 #include <csignal>
 #include <cstdlib>
@@ -24,8 +20,6 @@
 #include "../support/located.h"
 #include "../support/reserved_port.h"
 #include "cli.h"
-#include "comm/store/store_client.h"
-#include "comm/store/store_deadline.h"
 #include "error_file.h"
 #include "errors.h"
 #include "gpus.h"
@@ -234,64 +228,6 @@ TEST(StoreRendezvous, AValueDdprunDidNotWriteIsALaunchError) {
     EXPECT_NE(what.find("holds 'three' under ddprun/job/round"), std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
-}
-
-
-// A store that accepts and never answers (a hung or SIGSTOPped host): the
-// Deadline ends the call blocked in c10d's recv, at the deadline or on `stop`.
-class SilentListener {
- public:
-  SilentListener() {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a);
-    ::listen(fd_, 16);  // never accepts: the kernel completes connections into the backlog
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-  }
-  ~SilentListener() { ::close(fd_); }
-  uint16_t port() const { return port_; }
-
- private:
-  int fd_ = -1;
-  uint16_t port_ = 0;
-};
-
-ddp::store_deadline::Ended call_on_silent_store(std::chrono::milliseconds after, const std::function<bool()>& stop) {
-  SilentListener silent;
-  c10d::TCPStoreOptions o;
-  o.port = silent.port();
-  o.isServer = false;
-  o.waitWorkers = false;
-  o.timeout = std::chrono::seconds(600);
-  using ddp::store_deadline::Clock;
-  try {
-    // 2.x's constructor pings: connect() itself must give up (after 1 s).
-    auto c = ddp::store_client::connect("127.0.0.1", o, std::chrono::seconds(1), stop);
-    ddp::store_deadline::Deadline bound(Clock::now() + after, c.sockets, stop);
-    try {
-      c.store->compareSet("k", {}, {1});
-      ADD_FAILURE() << "a silent store answered";
-    } catch (const std::exception&) {
-    }
-    return bound.ended();
-  } catch (const std::exception& e) {
-    EXPECT_GE(TORCH_VERSION_MAJOR, 2) << "1.13's constructor does not wait for an answer: " << e.what();
-    return stop && stop() ? ddp::store_deadline::Ended::Stop : ddp::store_deadline::Ended::Deadline;
-  }
-}
-
-TEST(StoreDeadline, EndsACallOnASilentStoreAtTheDeadline) {
-  EXPECT_EQ(call_on_silent_store(std::chrono::milliseconds(500), {}), ddp::store_deadline::Ended::Deadline);
-}
-
-TEST(StoreDeadline, EndsACallOnASilentStoreWhenToldToStop) {
-  auto start = std::chrono::steady_clock::now();
-  auto stop = [start] { return std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300); };
-  EXPECT_EQ(call_on_silent_store(std::chrono::seconds(600), stop), ddp::store_deadline::Ended::Stop);
 }
 
 // ------------------------------------------------ one ddprun per Slurm node

@@ -1,15 +1,46 @@
 #include "comm/store/store_client.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
+#include <cerrno>
+
+#include "comm/c10d_compat.h"
 #include "comm/store/store_deadline.h"
 
 namespace ddp::store_client {
+namespace {
+
+// Ends 1.13's watchKey() thread (c10d_compat.h) as its destructor would: one
+// byte on its control pipe, the only pipe the construction opened, and the
+// thread leaves its loop; the destructor's own byte and join still work.
+// Nothing of libddp's or ddprun's calls watchKey(). Another thread's pipe
+// made meanwhile would make two: then nothing is written.
+void stop_callback_thread(const store_deadline::Sockets& pipes_before) {
+  const auto made = store_deadline::opened_since(pipes_before, "pipe:");
+  int write_end = -1;
+  int writes = 0;
+  for (int fd : made) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags != -1 && (flags & O_ACCMODE) == O_WRONLY) {
+      write_end = fd;
+      ++writes;
+    }
+  }
+  if (writes != 1 || made.size() != 2) return;
+  const char byte = 0;
+  while (::write(write_end, &byte, 1) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
 
 Connection connect(const std::string& host, const c10d::TCPStoreOptions& opts, std::chrono::milliseconds within,
                    const std::function<bool()>& stop) {
   const auto before = store_deadline::sockets_now();
+  const auto pipes_before = store_deadline::fds_now("pipe:");
   auto construct = opts;
   // c10d's own connect-and-retry loop ends here too; the Deadline ends a
   // ping (2.x) that a silent server never answers.
@@ -24,6 +55,7 @@ Connection connect(const std::string& host, const c10d::TCPStoreOptions& opts, s
                                " while connecting");
     }
   }
+  if (compat::kStoreClientHasCallbackThread) stop_callback_thread(pipes_before);
   out.store->setTimeout(opts.timeout);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count();
   timeval tv{};

@@ -15,7 +15,9 @@ constexpr auto kLook = std::chrono::milliseconds(50);
 
 }  // namespace
 
-Sockets sockets_now() {
+Sockets sockets_now() { return fds_now("socket:"); }
+
+Sockets fds_now(const std::string& kind) {
   Sockets out;
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return out;
@@ -28,15 +30,15 @@ Sockets sockets_now() {
     const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
     if (n <= 0) continue;
     target[n] = '\0';
-    if (std::string(target).rfind("socket:", 0) == 0) out[static_cast<int>(fd)] = target;
+    if (std::string(target).rfind(kind, 0) == 0) out[static_cast<int>(fd)] = target;
   }
   ::closedir(dir);
   return out;
 }
 
-std::vector<int> opened_since(const Sockets& before) {
+std::vector<int> opened_since(const Sockets& before, const std::string& kind) {
   std::vector<int> out;
-  for (const auto& [fd, id] : sockets_now()) {
+  for (const auto& [fd, id] : fds_now(kind)) {
     auto it = before.find(fd);
     if (it == before.end() || it->second != id) out.push_back(fd);
   }

@@ -32,8 +32,10 @@ using Clock = std::chrono::steady_clock;
 // another socket counts as new).
 using Sockets = std::map<int, std::string>;
 Sockets sockets_now();
-// The fds in sockets_now() that `before` does not hold.
-std::vector<int> opened_since(const Sockets& before);
+// The same for the fds whose link begins with `kind` ("pipe:", "socket:").
+Sockets fds_now(const std::string& kind);
+// The fds in fds_now(kind) that `before` does not hold.
+std::vector<int> opened_since(const Sockets& before, const std::string& kind = "socket:");
 
 enum class Ended { No, Deadline, Stop };
 
