@@ -49,7 +49,7 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
       "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND"};
+      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND", "DDPRUN_RECOVER_IN_PROCESS"};
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
@@ -193,9 +193,17 @@ Agent::State Agent::monitor_workers(const Events& e) {
   for (size_t i = 0; i < workers_.size(); ++i)
     if (failed(*workers_[i].process) && !workers_[i].reported) {
       workers_[i].reported = true;
-      local_failures_.push_back(i);
+      if (!lose_worker(workers_[i])) local_failures_.push_back(i);
     }
   if (!local_failures_.empty()) return stop_for_local_failure();
+  if (o_.recover_in_process) leave_stopped_behind();
+  if (all_exited() && every_lost()) {
+    // No worker here finished: the last one lost fails the node after all.
+    local_failures_.push_back(workers_.size() - 1);
+    for (size_t i = 0; i < workers_.size(); ++i)
+      if (workers_[i].lost) local_failures_.back() = i;
+    return stop_for_local_failure();
+  }
   if (all_exited()) {
     end_group();
     rdzv_->mark_done();
@@ -483,6 +491,58 @@ bool Agent::failed_elsewhere(const Events& e, bool admit) {
   return f.has_value();
 }
 
+// --recover-in-process: a failed worker whose peers go on is reported to
+// them through the store, and the node goes on; not a configuration error
+// (exit 2 with a ddp::UsageError) nor a preemption (75), which every rank
+// meets alike, and not the last worker of a one-node run.
+bool Agent::lose_worker(Worker& w) {
+  if (!o_.recover_in_process) return false;
+  const int code = exit_code_of(*w.process->exit_status());
+  if (code == 2 || code == ddp::kPreemptedExitCode) return false;
+  bool others = assignment_.num_nodes > 1;
+  for (const auto& other : workers_) others = others || !other.process->exited();
+  if (!others) return false;
+  try {
+    rdzv_->report_lost_worker(round_, w.rank, failure_text(w));
+  } catch (const LaunchError& e) {
+    say(std::string(e.what()) + "; the workers cannot be told that rank " + std::to_string(w.rank) + " is gone");
+    return false;
+  }
+  w.lost = true;
+  say("worker " + failure_text(w) + "; the others go on without it (--recover-in-process)");
+  return true;
+}
+
+// --recover-in-process: a worker stopped (SIGSTOP) while the others finished
+// without it was left out of their group: it is lost, and ended.
+void Agent::leave_stopped_behind() {
+  look_for_stopped();
+  bool finished = false, stopped = false;
+  for (const auto& w : workers_) {
+    if (w.process->exited()) {
+      finished = finished || *w.process->exit_status() == 0;
+    } else if (w.stop.stopped()) {
+      stopped = true;
+    } else {
+      return;  // one still runs
+    }
+  }
+  if (!finished || !stopped) return;
+  for (auto& w : workers_) {
+    if (w.process->exited() || w.killed_stopped) continue;
+    say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.process->pid()) + ") " +
+        "stayed stopped while the others finished without it; sending SIGKILL (--recover-in-process)");
+    w.reported = w.lost = w.killed_stopped = true;
+    w.process->signal_group(SIGKILL);
+  }
+}
+
+bool Agent::every_lost() const {
+  for (const auto& w : workers_)
+    if (!w.lost) return false;
+  return true;
+}
+
 bool Agent::all_exited() const {
   for (const auto& w : workers_)
     if (!w.process->exited()) return false;
@@ -535,17 +595,25 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   put("WORLD_SIZE", std::to_string(a.world_size));
   put("GROUP_WORLD_SIZE", std::to_string(a.num_nodes));
   put("ROLE_WORLD_SIZE", std::to_string(a.world_size));
-  put("MASTER_ADDR", a.master_addr);
-  put("MASTER_PORT", std::to_string(a.master_port));
+  // --recover-in-process: the workers meet on ddprun's store, which outlives
+  // any of them (torchrun's agent store), each round's keys under a prefix.
+  const bool agent_store = o_.recover_in_process;
+  put("MASTER_ADDR", agent_store ? a.store_host : a.master_addr);
+  put("MASTER_PORT", std::to_string(agent_store ? a.store_port : a.master_port));
   put("TORCHELASTIC_RESTART_COUNT", std::to_string(restarts_));
   // Every re-rendezvous, membership changes included (torchrun's restart
   // count leaves those out): what tells a restarted program to resume.
   put("DDPRUN_RDZV_ROUND", std::to_string(round_));
   put("TORCHELASTIC_MAX_RESTARTS", std::to_string(o_.max_restarts));
   put("TORCHELASTIC_RUN_ID", o_.run_id);
-  // The workers' rank 0 serves its own store at MASTER_PORT; ddprun's store
-  // (several nodes) lives elsewhere.
-  put("TORCHELASTIC_USE_AGENT_STORE", "False");
+  if (agent_store) {
+    put("TORCHELASTIC_USE_AGENT_STORE", "True");
+    put("DDPRUN_RECOVER_IN_PROCESS", "1");
+  } else {
+    // The workers' rank 0 serves its own store at MASTER_PORT; ddprun's store
+    // (several nodes) lives elsewhere.
+    put("TORCHELASTIC_USE_AGENT_STORE", "False");
+  }
   if (!omp_threads_.empty()) put("OMP_NUM_THREADS", omp_threads_);
   if (!w.error_file.empty()) put("TORCHELASTIC_ERROR_FILE", w.error_file);
   return env;

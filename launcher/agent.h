@@ -65,6 +65,7 @@ class Agent {
     std::string error_file;  // its TORCHELASTIC_ERROR_FILE
     std::chrono::system_clock::time_point exit_time;
     bool reported = false;  // counted as a failure already
+    bool lost = false;      // --recover-in-process: failed, and the others went on without it
     StopWatch stop;         // stopped (SIGSTOP, a debugger), and since when
     bool killed_stopped = false;
   };
@@ -103,6 +104,9 @@ class Agent {
   // workers run healthy) nodes wait to join; sets round_end_.
   bool failed_elsewhere(const Events& e, bool admit);
   bool all_exited() const;
+  bool lose_worker(Worker& w);
+  bool every_lost() const;
+  void leave_stopped_behind();
   void signal_running(int signo);
   void kill_running();
   void begin_stop(int signo);

@@ -511,6 +511,7 @@ std::optional<Options> parse_command_line(int argc, const char* const* argv, std
     usage("--run-path runs a script inside torchrun's Python interpreter; ddprun cannot: use 'ddprun python3 SCRIPT'");
 
   o.standalone = f.on("standalone");
+  o.recover_in_process = f.on("recover-in-process");
   o.nproc_spec = lower(f.str("nproc-per-node"));
   if (o.nproc_spec != "auto" && o.nproc_spec != "gpu" && o.nproc_spec != "cpu") {
     o.nproc = to_int(o.nproc_spec, "--nproc-per-node");

@@ -60,6 +60,9 @@ struct Options {
   std::string local_addr;
 
   int max_restarts = 0;
+  // A worker that fails is reported to the others, which re-form without it
+  // in their processes (ddp/comm/recovery.h); ddprun serves their store.
+  bool recover_in_process = false;
   double monitor_interval = 0.1;
   double term_timeout = 30;
   std::string role = "default";

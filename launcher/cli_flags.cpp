@@ -51,6 +51,7 @@ po::options_description make_description() {
     ("rdzv-conf", str(""), "KEY=VALUE,... : join_timeout (600 s), last_call_timeout (30 s), close_timeout (30 s), keep_alive_interval (5 s), keep_alive_max_attempt (3), is_host (auto)")
     ("local-addr", str(""), "address other nodes reach this node at, if it hosts the workers' master (c10d)")
     ("max-restarts", str("0"), "restart the whole worker group (every node) up to this many times after a failure")
+    ("recover-in-process", po::bool_switch(), "a failed worker does not stop the others: they re-form without it in their processes (libddp's init_recoverable_group); ddprun serves their store")
     ("monitor-interval", str("0.1"), "seconds between checks of the other nodes' state (local exits are seen at once)")
     ("term-timeout", str("30"), "seconds between SIGTERM and SIGKILL when stopping workers (env DDPRUN_TERM_TIMEOUT)")
     ("role", str("default"), "worker role name (ROLE_NAME)")

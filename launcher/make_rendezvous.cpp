@@ -24,6 +24,7 @@ class LocalRendezvous : public Rendezvous {
   }
   std::optional<RoundEnd> poll(bool) override { return std::nullopt; }
   RoundEnd report_failure(const RoundEnd& r) override { return r; }
+  void report_lost_worker(int, int, const std::string&) override {}
   void mark_done() override {}
   bool all_done() override { return true; }
   void acknowledge_end() override {}
@@ -34,9 +35,35 @@ class LocalRendezvous : public Rendezvous {
   int port_;
 };
 
+// What every node of a run must have alike.
+std::string fingerprint(const Options& o) {
+  return "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) + " --max-restarts " +
+         std::to_string(o.max_restarts) + " --rdzv-backend " + o.rdzv_backend +
+         (o.recover_in_process ? " --recover-in-process" : "");
+}
+
+// One node's store, served by this ddprun: on loopback at a free port
+// (--standalone), else at --master-addr:--master-port.
+StoreConfig one_node_store(const Options& o) {
+  StoreConfig c;
+  c.run_id = o.run_id;
+  c.min_nodes = c.max_nodes = 1;
+  c.conf = o.rdzv_conf;
+  c.fingerprint = fingerprint(o);
+  c.host = c.master_addr = o.standalone ? "127.0.0.1" : o.master_addr;
+  c.port = o.standalone ? free_port() : o.master_port;
+  c.node_rank = 0;
+  c.host_store = true;
+  return c;
+}
+
 }  // namespace
 
 std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) {
+  const bool one_node = o.standalone || (o.rdzv_backend == "static" && o.max_nodes == 1);
+  // --recover-in-process: the workers' store must outlive any of them, so
+  // ddprun serves it, on one node too.
+  if (o.recover_in_process && one_node) return load_store_rendezvous(one_node_store(o), tick);
   if (o.standalone) return std::make_unique<LocalRendezvous>("127.0.0.1", free_port());
   if (o.rdzv_backend == "static" && o.max_nodes == 1) {
     // The workers' rank 0 will listen on --master-port: say so now, clearly,
@@ -53,8 +80,7 @@ std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) 
   c.max_nodes = o.max_nodes;
   c.conf = o.rdzv_conf;
   c.local_addr = o.local_addr;
-  c.fingerprint = "--nnodes " + std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes) +
-                  " --max-restarts " + std::to_string(o.max_restarts) + " --rdzv-backend " + o.rdzv_backend;
+  c.fingerprint = fingerprint(o);
   if (o.rdzv_backend == "static") {
     c.host = o.master_addr;
     c.port = o.master_port;

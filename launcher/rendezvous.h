@@ -38,6 +38,10 @@ struct Assignment {
   int world_size = 1;
   std::string master_addr;
   int master_port = 0;
+  // The rendezvous store's endpoint, which --recover-in-process gives the
+  // workers as theirs (empty without a store).
+  std::string store_host;
+  int store_port = 0;
   // Every node of the group in node-rank order, as "host[ddprun pid]": what
   // a membership change compares (membership.h).
   std::vector<std::string> nodes;
@@ -86,6 +90,11 @@ class Rendezvous {
   // Writes `failure` unless another node's round end came first; returns the
   // winner, which may be an admission.
   virtual RoundEnd report_failure(const RoundEnd& failure) = 0;
+  // --recover-in-process: the worker of `rank` in `round` ended and the
+  // others go on; the workers, watching the store, re-form without it
+  // (src/comm/recovery/recovery_keys.h). Throws LaunchError when the store
+  // is lost.
+  virtual void report_lost_worker(int round, int rank, const std::string& why) = 0;
   // Exit barrier: this node's workers all succeeded / did every node's?
   virtual void mark_done() = 0;
   virtual bool all_done() = 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "comm/recovery/recovery_keys.h"
 #include "errors.h"
 #include "keep_alive.h"
 #include "net.h"
@@ -62,6 +63,14 @@ class StoreRendezvous : public Rendezvous {
 
   RoundEnd report_failure(const RoundEnd& failure) override {
     return link_.guarded([&] { return report(failure); });
+  }
+
+  void report_lost_worker(int round, int rank, const std::string& why) override {
+    link_.guarded([&] {
+      c10d::TCPStore& watch = link_.watch();
+      watch.set(ddp::recovery_keys::lost(round, rank), store_bytes(why));
+      return watch.add(ddp::recovery_keys::faults(round), 1);
+    });
   }
 
   void mark_done() override {
@@ -129,6 +138,8 @@ class StoreRendezvous : public Rendezvous {
     wait_for_every_node(started, deadline, tick);
     Assignment a = assignment();
     agree_on_master(a, deadline, tick);
+    a.store_host = c_.host;
+    a.store_port = c_.port;
     gone_ = 0;
     link_.contact_restored();  // this round's store answered
     keep_alive_.start();

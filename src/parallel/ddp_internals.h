@@ -39,6 +39,9 @@ struct DistributedDataParallelBase::Internals {
   // and whether that forward is still to tell retain_step_memory() its size.
   std::size_t bytes_before_first_forward = 0;
   bool step_memory_pending = false;
+  // A recoverable group's generation at the last forward (ddp/comm/recovery.h):
+  // when it re-formed since, the step that failed is dropped first.
+  int group_generation = 0;
 };
 
 inline DistributedDataParallelBase::Internals& internals_of(DistributedDataParallelBase& ddp) {

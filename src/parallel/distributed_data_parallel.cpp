@@ -2,6 +2,7 @@
 
 #include "parallel/ddp_internals.h"
 
+#include "ddp/comm/recovery.h"
 #include "ddp/runtime/malloc_tuning.h"
 #include "comm/objects/object_exchange.h"
 #include "comm/group/registry.h"
@@ -349,6 +350,16 @@ int find_common_rank(ProcessGroup& pg, bool candidate) {
 
 void DistributedDataParallelBase::pre_forward() {
   Internals& d = *internals_;
+  if (auto* recoverable = dynamic_cast<RecoverableGroup*>(pg_.get());
+      recoverable && recoverable->generation() != d.group_generation) {
+    // The group re-formed after a fault: the failed step's reductions are
+    // dropped, the buckets follow the new rank 0's order, and the buffers
+    // (each rank's forward updated its own) come from it.
+    d.group_generation = recoverable->generation();
+    d.reducer->abandon_iteration();
+    d.join_sync_work = Work();
+    d.require_forward_param_sync = true;
+  }
   const bool builds_graph = torch::GradMode::is_enabled();
   const bool joined_up = join_config().enable;
   // Under ddp::Join a forward without a graph (evaluation under

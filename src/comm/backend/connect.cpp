@@ -167,6 +167,7 @@ Connected connect_nccl(const GroupStore&, const BackendRequest&, int) {
 // under a fresh prefix; else the job's (served or joined), once rank 0's
 // address is known. `learned_interface`: see learn_master_if_unset.
 GroupStore store_for(BackendRequest& request, std::string& learned_interface) {
+  if (request.store) return prefixed_store(request.store->get(), request.env, request.generation);
   if (request.beside)
     if (auto handle = request.beside->store()) return prefixed_store(handle->get(), request.env, request.generation);
   learned_interface = learn_master_if_unset(request);

@@ -32,6 +32,9 @@ struct BackendRequest {
   // The default group, for a group beside it: its store is reused (under a
   // prefix of the new group's), where it has one.
   const ProcessGroup* beside = nullptr;
+  // A store to meet on instead (under the generation's prefix): a
+  // recoverable group's, on the launcher's store.
+  std::shared_ptr<StoreHandle> store;
 };
 
 // Collective over the job: every rank calls it with the same backend.

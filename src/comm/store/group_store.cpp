@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
 
+#include "comm/recovery/recovery_keys.h"
 #include "comm/store/store_bind.h"
 #include "comm/store/store_client.h"
 #include "ddp/errors.h"
@@ -87,18 +89,39 @@ c10::intrusive_ptr<c10d::Store> join_store(const LaunchEnv& env, std::chrono::mi
 
 }  // namespace
 
+// torchrun's TORCHELASTIC_USE_AGENT_STORE=True: MASTER_ADDR:MASTER_PORT is
+// the launcher's own store (ddprun --recover-in-process), which every rank
+// joins, rank 0 too; each launch round's keys under a prefix of its own.
+bool agent_store_in_use() {
+  const char* v = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return v && (std::string(v) == "True" || std::string(v) == "true" || std::string(v) == "1");
+}
+
+namespace {
+
+std::string attempt_prefix() {
+  if (!agent_store_in_use()) return "";
+  for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* v = std::getenv(name); v && *v) return recovery_keys::attempt_root(std::atoi(v));
+  return recovery_keys::attempt_root(0);
+}
+
+}  // namespace
+
 GroupStore prefixed_store(c10::intrusive_ptr<c10d::Store> store, const LaunchEnv& env, int generation) {
   GroupStore out;
   out.store = std::move(store);
-  out.prefix = "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") + std::to_string(generation);
+  out.prefix = attempt_prefix() + "ddp_pg_" + (env.job_id.empty() ? std::string() : env.job_id + "_") +
+               std::to_string(generation);
   out.prefixed = c10::make_intrusive<c10d::PrefixStore>(out.prefix, out.store);
   return out;
 }
 
 GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, int generation,
                        const std::string& who) {
-  auto store = env.rank == 0 ? serve_store(env, timeout, who) : join_store(env, timeout, who);
-  if (!env.job_id.empty()) check_same_job(*store, env, who, timeout);
+  const bool serve = env.rank == 0 && !agent_store_in_use();
+  auto store = serve ? serve_store(env, timeout, who) : join_store(env, timeout, who);
+  if (!env.job_id.empty() && !agent_store_in_use()) check_same_job(*store, env, who, timeout);
   return prefixed_store(std::move(store), env, generation);
 }
 

@@ -25,6 +25,12 @@ GroupStore group_store(const LaunchEnv& env, std::chrono::milliseconds timeout, 
                        const std::string& who);
 
 // `store` under the prefix of `generation` (GroupRegistry::next_generation).
+// Under the agent store (TORCHELASTIC_USE_AGENT_STORE=True), the prefix
+// begins with the launch round's (recovery_keys.h).
 GroupStore prefixed_store(c10::intrusive_ptr<c10d::Store> store, const LaunchEnv& env, int generation);
+
+// Whether MASTER_ADDR:MASTER_PORT is the launcher's store, which rank 0
+// joins instead of serving (torchrun's TORCHELASTIC_USE_AGENT_STORE=True).
+bool agent_store_in_use();
 
 }  // namespace ddp::detail

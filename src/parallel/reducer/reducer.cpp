@@ -483,6 +483,26 @@ Reducer::~Reducer() {
               << std::endl;
 }
 
+void Reducer::abandon_iteration() {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  auto& s = *impl_;
+  if (s.expect_hooks) {
+    (void)s.wait_for_launched_buckets();
+    try {
+      s.usage.wait_used_map();
+    } catch (const std::exception&) {
+    }
+  }
+  s.unfinished_reduction.clear();
+  s.unfinished_raised = false;
+  s.inverse_world = at::native::wrapped_scalar_tensor(1.0 / s.pg->size());  // the new world's
+  s.reset_iteration();
+  s.ready_order.clear();
+  for (const auto& bucket : s.buckets.assignment())
+    s.ready_order.insert(s.ready_order.end(), bucket.begin(), bucket.end());
+  s.rebuild_pending = true;
+}
+
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;

@@ -69,6 +69,11 @@ class Reducer {
   void join_shadow_forward();
   void join_shadow_backward();
 
+  // After the group re-formed (ddp/comm/recovery.h): the iteration that
+  // failed is dropped (its launched reductions waited for, their failures
+  // ignored), and the next forward lays the buckets out in the order of the
+  // new rank 0, so that every rank's buckets match again.
+  void abandon_iteration();
   const ReducerStats& stats() const;
   // Bucket membership as parameter indices, in launch order (for tests and docs).
   std::vector<std::vector<size_t>> bucket_indices() const;

@@ -1,0 +1,82 @@
+// In-process recovery: a group whose ranks can die (or fall silent) without
+// ending the others. The survivors abort the broken group, meet again through
+// the launcher's store and go on in a new, smaller group in the same
+// processes; a step's optimizer update is applied only where every rank of
+// the group finished its reduction, decided once for all, so the replicas stay
+// equal with no copy of the model kept. Needs a launcher whose store outlives
+// any worker: `ddprun --recover-in-process` (docs/launcher.md).
+//
+//   auto group = ddp::init_recoverable_group();
+//   ddp::DistributedDataParallel model(net, group);   // follows the group's re-forming
+//   while (step < steps) {
+//     bool committed = group->run_step([&] {          // forward and backward
+//       torch::nll_loss(model(x_of(step, group->rank(), group->size())), y).backward();
+//     });
+//     if (committed) { optimizer.step(); ++step; }    // else: the step again, on the new group
+//     optimizer.zero_grad();
+//   }
+//
+// What the group does not yet carry over: a ZeroRedundancyOptimizer's
+// shards, ddp::Join, subgroups (dist::new_group), NCCL (docs/design.md).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/comm/process_group.h"
+
+namespace ddp {
+
+struct RecoveryOptions {
+  // A rank silent this long (no answer in a collective, no vote on a step)
+  // counts as gone: the inner group's timeout, and the wait for the
+  // survivors when the group re-forms. Shorter than a group's usual timeout.
+  std::chrono::milliseconds deadline = std::chrono::seconds(30);
+  // Below this many ranks the group does not re-form: reform() throws.
+  int min_world_size = 1;
+  // "gloo" (the one backend that re-forms so far) or "auto" (gloo).
+  std::string backend = "auto";
+};
+
+// A ProcessGroup whose collectives run on the current generation's inner
+// group: rank() and size() are this generation's, and change when it
+// re-forms. Every rank keeps its launch rank as its slot (slot()), which
+// names it in the store and in messages.
+class RecoverableGroup : public ProcessGroup {
+ public:
+  // The collective that ends a step: true when every rank of the group
+  // finished it (all called should_commit), false when one failed, died or
+  // stayed silent past the deadline; the same answer on every rank. Apply
+  // the step's update only on true, and call reform() on false.
+  virtual bool should_commit() = 0;
+  // After a CommError or a step that did not commit: tells the others,
+  // aborts this generation's group, meets the ranks still there through the
+  // store and forms the next generation's. Throws CommError when this rank
+  // came too late to be taken in, or fewer than min_world_size remain.
+  virtual void reform() = 0;
+  // run_step(fn): fn(), then should_commit(); a CommError from fn or a vote
+  // against re-forms the group and returns false (the step is to be run
+  // again), else true.
+  bool run_step(const std::function<void()>& fn);
+
+  // 0 for the group made at the start, +1 at each reform().
+  virtual int generation() const = 0;
+  // This rank's launch rank (RANK at start): it never changes.
+  virtual int slot() const = 0;
+  // The slots of this generation's ranks, in rank order.
+  virtual std::vector<int> members() const = 0;
+};
+
+// The process's group, made recoverable, and its default group: every rank
+// joins the launcher's store as a client (ddprun --recover-in-process sets
+// DDPRUN_RECOVER_IN_PROCESS and TORCHELASTIC_USE_AGENT_STORE). Without that
+// launch, a UsageError that says how to start it.
+std::shared_ptr<RecoverableGroup> init_recoverable_group(const RecoveryOptions& options = {});
+
+// Whether this process was launched for in-process recovery.
+bool recovery_launched();
+
+}  // namespace ddp

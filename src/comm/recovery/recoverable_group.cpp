@@ -1,0 +1,363 @@
+// A group that re-forms without its lost ranks (ddp/comm/recovery.h).
+//
+// Every agreement goes through the launcher's store, which outlives any
+// worker: a step commits when every rank of the generation added itself to
+// the step's count, and the first decision written ("commit" or "abort") is
+// the one every rank reads. A fault (a rank's failed collective, ddprun's
+// report of a lost worker) adds one to the faults counter; a watcher thread
+// on each rank sees it within kLook and shuts the inner group's sockets down,
+// so no rank stays blocked in a collective with a dead peer. Re-forming, each
+// rank marks its arrival in the next generation and waits until every member
+// of the last one arrived, was reported lost, or the deadline passed; the
+// first member list written is the next generation.
+#include "ddp/comm/recovery.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "comm/backend/connect.h"
+#include "comm/c10d_compat.h"
+#include "comm/group/registry.h"
+#include "comm/recovery/recovery_keys.h"
+#include "comm/store/store_client.h"
+#include "comm/store/store_deadline.h"
+#include "comm/work_handle.h"
+
+namespace ddp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// How often the watcher reads the faults counter, and the longest pause
+// between two looks at a vote or an arrival.
+constexpr auto kLook = std::chrono::milliseconds(50);
+// Consecutive failures of a step with no rank lost: the error is the
+// program's own (a bug, not a peer), and run_step rethrows it.
+constexpr int kFailuresWithoutLoss = 3;
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
+
+std::string join(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+std::vector<int> split(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(std::stoi(item));
+  return out;
+}
+
+int round_from_environment() {
+  for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT"})
+    if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
+  return 0;
+}
+
+// Polls `ready` with growing pauses (1 ms up to kLook) until it holds or
+// `until`; whether it held.
+template <class F>
+bool poll_until(Clock::time_point until, F&& ready) {
+  auto pause = std::chrono::milliseconds(1);
+  for (;;) {
+    if (ready()) return true;
+    if (Clock::now() >= until) return false;
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::milliseconds>(pause * 2, kLook);
+  }
+}
+
+class Recoverable final : public RecoverableGroup {
+ public:
+  Recoverable(const LaunchEnv& env, const RecoveryOptions& options)
+      : env_(env), options_(options), round_(round_from_environment()), slot_(env.rank), rank_(env.rank) {
+    store_ = connect_store();
+    watch_store_ = connect_store();
+    members_.resize(static_cast<size_t>(env.world_size));
+    for (int r = 0; r < env.world_size; ++r) members_[static_cast<size_t>(r)] = r;
+    faults_seen_ = store_->add(recovery_keys::faults(round_), 0);
+    form_inner();
+    watcher_ = std::thread([this] { watch(); });
+  }
+
+  ~Recoverable() override { stop_watching(); }
+
+  // ---- ProcessGroup: the current generation's inner group
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(members_.size()); }
+  std::string backend_name() const override { return "gloo"; }
+  torch::Device device() const override { return torch::kCPU; }
+  std::chrono::milliseconds timeout() const override { return options_.deadline; }
+  Work allreduce(at::Tensor& t) override { return inner()->allreduce(t); }
+  Work broadcast(at::Tensor& t, int root) override { return inner()->broadcast(t, root); }
+  std::vector<at::Tensor> allgather(const at::Tensor& t) override { return inner()->allgather(t); }
+  void barrier() override { inner()->barrier(); }
+  std::shared_ptr<StoreHandle> store() const override { return inner()->store(); }
+  Work collective(const CollectiveCall& call) override { return inner()->collective(call); }
+  std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls) override { return inner()->coalesced(calls); }
+  std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>&, std::chrono::milliseconds) override {
+    throw UsageError(who() + "new_group on a recoverable group: its subgroups would not re-form with it; make "
+                     "groups beside it only without in-process recovery");
+  }
+  void shutdown() override {
+    stop_watching();
+    if (auto g = inner()) g->shutdown();
+  }
+
+  // ---- RecoverableGroup
+  int generation() const override { return generation_; }
+  int slot() const override { return slot_; }
+  std::vector<int> members() const override { return members_; }
+
+  bool should_commit() override {
+    const std::string step = generation_key(generation_) + "step/" + std::to_string(step_++) + "/";
+    const std::string decision = step + "decision";
+    try {
+      if (store_->add(step + "done", 1) == size()) decide(decision, "commit");
+      const auto until = Clock::now() + options_.deadline;
+      const bool decided = poll_until(until, [&] { return store_->check({decision}) || faulted(); });
+      if (!decided || !store_->check({decision})) decide(decision, "abort");
+      const bool commit = text(store_->get(decision)) == "commit";
+      if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
+      return commit;
+    } catch (const std::exception& e) {
+      throw CommError(who() + "in-process recovery lost the launcher's store while the ranks voted on step " +
+                      std::to_string(step_ - 1) + ": " + first_line(e.what()) +
+                      "; the store lives in ddprun (of node 0): it has stopped or its host is unreachable");
+    }
+  }
+
+  void reform() override {
+    if (++reforms_without_loss_ > kFailuresWithoutLoss)
+      throw CommError(who() + "the step failed " + std::to_string(kFailuresWithoutLoss) + " times in a row with every "
+                      "rank still there: the failure is the program's own, not a lost peer (see the errors above)");
+    const auto give_up = Clock::now() + 3 * options_.deadline;
+    for (;;) {
+      try {
+        report_fault();
+        abort_inner();
+        meet(generation_ + 1);
+        form_inner();
+        return;
+      } catch (const UsageError&) {
+        throw;
+      } catch (const CommError& e) {
+        if (excluded_ || Clock::now() >= give_up) throw;
+        std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
+      }
+    }
+  }
+
+ private:
+  std::string who() const {
+    return "rank " + std::to_string(rank_) + "/" + std::to_string(size()) + " (launch rank " + std::to_string(slot_) +
+           ", generation " + std::to_string(generation_) + "): ";
+  }
+  static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+  std::string generation_key(int g) const { return recovery_keys::root(round_) + "gen/" + std::to_string(g) + "/"; }
+
+  c10::intrusive_ptr<c10d::Store> connect_store() const {
+    try {
+      return store_client::connect_bounded(
+          env_.master_addr, compat::tcp_store_options(env_.master_port, false, env_.world_size, options_.deadline));
+    } catch (const std::exception& e) {
+      throw CommError("rank " + std::to_string(env_.rank) + ": init_recoverable_group: cannot reach the launcher's "
+                      "store at " + env_.master_addr + ":" + std::to_string(env_.master_port) + ": " +
+                      first_line(e.what()));
+    }
+  }
+
+  std::shared_ptr<ProcessGroup> inner() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!inner_) throw CommError(who() + "the group is re-forming after a fault; call reform() before using it");
+    return inner_;
+  }
+
+  void decide(const std::string& key, const std::string& what) { store_->compareSet(key, {}, bytes(what)); }
+  bool faulted() const { return aborted_.load(); }
+
+  void report_fault() { store_->add(recovery_keys::faults(round_), 1); }
+
+  // The inner group of this generation: Gloo on the launcher's store, under
+  // the generation's prefix; its sockets noted so that abort_inner() can end
+  // any collective blocked on them.
+  void form_inner() {
+    detail::BackendRequest request;
+    request.backend = request.asked = "gloo";
+    request.env = env_;
+    request.env.rank = rank_;
+    request.env.world_size = size();
+    request.env.job_id = "recovery_" + std::to_string(round_);
+    request.timeout = options_.deadline;
+    request.generation = generation_;
+    request.store = std::make_shared<StoreHandle>(store_);
+    request.who = who();
+    const auto before = store_deadline::sockets_now();
+    auto made = detail::connect_backend(std::move(request));
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner_ = std::move(made);
+    sockets_ = store_deadline::opened_since(before);
+    aborted_ = false;
+    ++formed_;
+    step_ = 0;
+  }
+
+  void abort_inner() {
+    std::shared_ptr<ProcessGroup> old;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
+      sockets_.clear();
+      aborted_ = true;
+      old = std::move(inner_);
+    }
+    old.reset();  // its collectives have failed on the shut sockets; the backend ends
+  }
+
+  // Generation g: this rank arrives, waits for the last generation's members
+  // (arrived, reported lost, or the deadline), and reads the member list
+  // the first rank to get there wrote.
+  void meet(int g) {
+    const std::string key = generation_key(g);
+    store_->set(key + "arrived/" + std::to_string(slot_), bytes("1"));
+    auto arrived = [&](int s) { return store_->check({key + "arrived/" + std::to_string(s)}); };
+    auto lost = [&](int s) { return store_->check({recovery_keys::lost(round_, s)}); };
+    poll_until(Clock::now() + options_.deadline, [&] {
+      for (int s : members_)
+        if (s != slot_ && !arrived(s) && !lost(s)) return false;
+      return true;
+    });
+    std::vector<int> proposal;
+    for (int s : members_)
+      if (s == slot_ || arrived(s)) proposal.push_back(s);
+    const auto decided = split(text(store_->compareSet(key + "members", {}, bytes(join(proposal)))));
+    const auto me = std::find(decided.begin(), decided.end(), slot_);
+    if (decided.size() < members_.size()) reforms_without_loss_ = 0;
+    if (me == decided.end()) {
+      excluded_ = true;
+      throw CommError(who() + "came to generation " + std::to_string(g) + " after the others had formed it without "
+                      "this rank (" + join(decided) + "); it took longer than the deadline to notice the fault");
+    }
+    if (static_cast<int>(decided.size()) < options_.min_world_size)
+      throw UsageError(who() + "only " + std::to_string(decided.size()) + " ranks remain (" + join(decided) +
+                       "), fewer than min_world_size " + std::to_string(options_.min_world_size));
+    generation_ = g;
+    members_ = decided;
+    rank_ = static_cast<int>(me - decided.begin());
+    faults_seen_ = store_->add(recovery_keys::faults(round_), 0);
+    std::cerr << who() << "re-formed with launch ranks " << join(members_) << std::endl;
+  }
+
+  // The watcher: a fault reported anywhere aborts this rank's inner group.
+  void watch() {
+    std::unique_lock<std::mutex> lock(watch_mutex_);
+    while (!stop_) {
+      lock.unlock();
+      // A fault counted before this generation formed is not one against it.
+      const int formed = formed_.load();
+      bool fault = false;
+      try {
+        fault = watch_store_->add(recovery_keys::faults(round_), 0) > faults_seen_.load();
+      } catch (const std::exception&) {
+        fault = true;  // the store is gone: no collective can be trusted to end
+      }
+      if (fault) {
+        std::lock_guard<std::mutex> inner_lock(mutex_);
+        if (formed == formed_.load() && !aborted_.load()) {
+          for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
+          sockets_.clear();
+          aborted_ = true;
+        }
+      }
+      lock.lock();
+      watch_cv_.wait_for(lock, kLook, [this] { return stop_; });
+    }
+  }
+
+  void stop_watching() {
+    {
+      std::lock_guard<std::mutex> lock(watch_mutex_);
+      stop_ = true;
+    }
+    watch_cv_.notify_all();
+    if (watcher_.joinable()) watcher_.join();
+  }
+
+  const LaunchEnv env_;
+  const RecoveryOptions options_;
+  const int round_;
+  const int slot_;
+  c10::intrusive_ptr<c10d::Store> store_;        // votes and meetings (main thread)
+  c10::intrusive_ptr<c10d::Store> watch_store_;  // the watcher's own connection
+  std::vector<int> members_;
+  int rank_ = 0;
+  int generation_ = 0;
+  int64_t step_ = 0;
+  bool excluded_ = false;
+  int reforms_without_loss_ = 0;
+  std::atomic<int> formed_{0};  // inner groups formed so far
+  std::atomic<int64_t> faults_seen_{0};
+  std::atomic<bool> aborted_{false};
+  mutable std::mutex mutex_;  // inner_ and sockets_
+  std::shared_ptr<ProcessGroup> inner_;
+  std::vector<int> sockets_;
+  std::thread watcher_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
+bool recovery_launched() {
+  const char* v = std::getenv("DDPRUN_RECOVER_IN_PROCESS");
+  return v && std::string(v) == "1";
+}
+
+bool RecoverableGroup::run_step(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    std::cerr << "rank " << rank() << "/" << size() << " (launch rank " << slot() << "): the step failed ("
+              << what.substr(0, what.find('\n')) << "); re-forming the group" << std::endl;
+    reform();
+    return false;
+  }
+  if (should_commit()) return true;
+  reform();
+  return false;
+}
+
+std::shared_ptr<RecoverableGroup> init_recoverable_group(const RecoveryOptions& options) {
+  const LaunchEnv env = LaunchEnv::from_environment();
+  const std::string who = "rank " + std::to_string(env.rank) + ": init_recoverable_group: ";
+  if (!recovery_launched())
+    throw UsageError(who + "this process was not launched for in-process recovery; start it with "
+                     "ddprun --recover-in-process, whose store outlives any worker");
+  if (options.deadline.count() <= 0) throw UsageError(who + "RecoveryOptions::deadline must be positive");
+  if (options.min_world_size < 1) throw UsageError(who + "RecoveryOptions::min_world_size must be at least 1");
+  const std::string backend = detail::parse_backend_name(options.backend, true, who);
+  if (backend != "gloo" && backend != "auto")
+    throw UsageError(who + "in-process recovery re-forms Gloo groups only, not " + backend +
+                     "; set RecoveryOptions::backend to \"gloo\"");
+  auto group = std::make_shared<Recoverable>(env, options);
+  detail::GroupRegistry::instance().adopt_default(group, env);
+  return group;
+}
+
+}  // namespace ddp

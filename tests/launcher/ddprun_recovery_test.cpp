@@ -1,0 +1,81 @@
+// In-process recovery (ddprun --recover-in-process, ddp/comm/recovery.h):
+// three workers train a small model with DistributedDataParallel on a
+// recoverable group and one fails at a step. The others re-form without it
+// in their own processes (each started once), go on at the smaller world
+// size, and end bitwise equal to each other and, up to rounding, equal to
+// the same steps trained in one process: the failed step was applied on no
+// rank and trained again, and every step's gradient is the whole batch's.
+#include <fstream>
+
+#include "launcher_test_util.h"
+
+namespace ddprun_test {
+namespace {
+
+struct Fault {
+  const char* name;
+  int slot;
+  int step;
+  const char* how;  // recovery_worker's: kill, stop, exit
+};
+
+class Recovery : public LauncherTest, public ::testing::WithParamInterface<Fault> {
+ protected:
+  Result train(const std::string& out, const std::vector<std::string>& fault) {
+    std::vector<std::string> argv{DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process",
+                                  RECOVERY_WORKER_BIN, out, "6"};
+    argv.insert(argv.end(), fault.begin(), fault.end());
+    return Process(argv, {{"OMP_NUM_THREADS", "1"}}, dir_).wait(180);
+  }
+
+  static std::map<std::string, std::string> result_of(const std::string& path) {
+    std::map<std::string, std::string> out;
+    for (const auto& line : lines_of(read_file(path))) {
+      const auto space = line.find(' ');
+      if (space != std::string::npos) out[line.substr(0, space)] = line.substr(space + 1);
+    }
+    return out;
+  }
+};
+
+TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
+  const Fault f = GetParam();
+  const std::string out = sub("out");
+  Result r = train(out, {std::to_string(f.slot), std::to_string(f.step), f.how});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--recover-in-process"), std::string::npos) << r.err;
+  std::vector<int> survivors;
+  for (int s = 0; s < 3; ++s)
+    if (s != f.slot) survivors.push_back(s);
+  const std::string members = std::to_string(survivors[0]) + "," + std::to_string(survivors[1]);
+  for (int s = 0; s < 3; ++s)
+    EXPECT_EQ(lines_of(read_file(out + "/starts." + std::to_string(s))).size(), 1u) << "slot " << s << " restarted";
+  EXPECT_FALSE(fs::exists(out + "/result." + std::to_string(f.slot)));
+  for (int s : survivors) {
+    auto result = result_of(out + "/result." + std::to_string(s));
+    EXPECT_EQ(result["generation"], "1") << "slot " << s;
+    EXPECT_EQ(result["members"], members) << "slot " << s;
+    EXPECT_EQ(result["committed"], "6") << "slot " << s;
+    EXPECT_EQ(result["attempts"], "7") << "slot " << s << ": one step trained again";
+    EXPECT_LT(std::stod(result["diff"]), 1e-12) << "slot " << s << ": not the same steps as in one process";
+  }
+  EXPECT_EQ(read_file(out + "/params." + std::to_string(survivors[0])),
+            read_file(out + "/params." + std::to_string(survivors[1])));
+}
+
+INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
+                         ::testing::Values(Fault{"Sigkill", 1, 3, "kill"}, Fault{"RankZeroAtTheFirstStep", 0, 0, "kill"},
+                                           Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// Without --recover-in-process the same program is refused at its start,
+// on every rank, with what to do.
+TEST_F(LauncherTest, RecoverableGroupNeedsRecoverInProcess) {
+  Process p({DDPRUN_BIN, "--standalone", "--nproc-per-node", "2", RECOVERY_WORKER_BIN, sub("out"), "2"}, {}, dir_);
+  Result r = p.wait(120);
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("start it with ddprun --recover-in-process"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ddprun_test

@@ -1,0 +1,121 @@
+// A worker of in-process recovery's tests: trains a small model with
+// DistributedDataParallel on a recoverable group (ddprun
+// --recover-in-process), a global batch of 12 rows per step split among the
+// ranks of the current generation, and writes what the test compares.
+//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit]
+// The worker of launch rank FAULT_RANK, at step FAULT_STEP, between its
+// forward and its backward: SIGKILLs itself, SIGSTOPs itself, or exits 3.
+// DIR/starts.<slot>: a line per start of that slot's process (never more
+// than one: no restart). DIR/result.<slot>: generation, size, members, the
+// steps committed, and the largest difference from the same steps trained
+// in one process on the whole batch. DIR/params.<slot>: the parameters'
+// bytes, for the bitwise comparison across ranks.
+#include <ddp/comm/recovery.h>
+#include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/runtime/main_guard.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace {
+
+constexpr int kRows = 12;  // the global batch: divides among 1, 2, 3, 4 or 6 ranks
+
+torch::nn::Sequential make_net() {
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+  net->to(torch::kDouble);
+  return net;
+}
+
+std::pair<torch::Tensor, torch::Tensor> batch(int step) {
+  auto gen = at::detail::createCPUGenerator(1000 + step);
+  return {torch::randn({kRows, 8}, gen, torch::kDouble), torch::randn({kRows, 4}, gen, torch::kDouble)};
+}
+
+// The same steps in one process, on the whole batch each time.
+torch::nn::Sequential reference(int steps) {
+  auto net = make_net();
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  for (int s = 0; s < steps; ++s) {
+    auto [x, y] = batch(s);
+    opt.zero_grad();
+    torch::mse_loss(net->forward(x), y).backward();
+    opt.step();
+  }
+  return net;
+}
+
+void fault(const std::string& how) {
+  if (how == "kill") ::kill(::getpid(), SIGKILL);
+  if (how == "stop") ::kill(::getpid(), SIGSTOP);
+  if (how == "exit") std::_Exit(3);
+}
+
+int train(int argc, char** argv) {
+  if (argc != 3 && argc != 6) {
+    std::fprintf(stderr, "usage: recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit]\n");
+    return 64;
+  }
+  const std::string dir = argv[1];
+  const int steps = std::atoi(argv[2]);
+  const int fault_rank = argc == 6 ? std::atoi(argv[3]) : -1;
+  const int fault_step = argc == 6 ? std::atoi(argv[4]) : -1;
+  const std::string how = argc == 6 ? argv[5] : "";
+
+  ddp::RecoveryOptions options;
+  options.deadline = std::chrono::seconds(3);
+  auto group = ddp::init_recoverable_group(options);
+  const int slot = group->slot();
+  std::ofstream(dir + "/starts." + std::to_string(slot), std::ios::app) << ::getpid() << "\n";
+
+  auto net = make_net();
+  ddp::DistributedDataParallel model(net, group);
+  torch::optim::SGD opt(net->parameters(), 0.1);
+  int step = 0;
+  int attempts = 0;
+  while (step < steps) {
+    ++attempts;
+    const bool committed = group->run_step([&] {
+      auto [x, y] = batch(step);
+      const int64_t rows = kRows / group->size();
+      auto mine = x.narrow(0, group->rank() * rows, rows);
+      auto target = y.narrow(0, group->rank() * rows, rows);
+      opt.zero_grad();
+      auto loss = torch::mse_loss(model(mine), target);
+      if (slot == fault_rank && step == fault_step) fault(how);
+      loss.backward();
+    });
+    if (committed) {
+      opt.step();
+      ++step;
+    }
+  }
+
+  auto ref = reference(steps);
+  double diff = 0;
+  std::ofstream params(dir + "/params." + std::to_string(slot), std::ios::binary);
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    auto p = net->parameters()[i].contiguous();
+    diff = std::max(diff, (p - ref->parameters()[i]).abs().max().item<double>());
+    params.write(static_cast<const char*>(p.data_ptr()), static_cast<std::streamsize>(p.numel() * sizeof(double)));
+  }
+  std::string members;
+  for (int m : group->members()) members += (members.empty() ? "" : ",") + std::to_string(m);
+  std::ofstream(dir + "/result." + std::to_string(slot))
+      << "generation " << group->generation() << "\nsize " << group->size() << "\nmembers " << members
+      << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\n";
+  ddp::destroy_process_group();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return ddp::guarded_main([&] { return train(argc, argv); });
+}
