@@ -69,7 +69,7 @@ class StoreRendezvous : public Rendezvous {
     link_.guarded([&] {
       c10d::TCPStore& watch = link_.watch();
       watch.set(ddp::recovery_keys::lost(round, rank), store_bytes(why));
-      return watch.add(ddp::recovery_keys::faults(round), 1);
+      return watch.add(ddp::recovery_keys::lost_count(round), 1);
     });
   }
 

@@ -3,20 +3,18 @@
 // Every agreement goes through the launcher's store, which outlives any
 // worker: a step commits when every rank of the generation added itself to
 // the step's count, and the first decision written ("commit" or "abort") is
-// the one every rank reads. A fault (a rank's failed collective, ddprun's
-// report of a lost worker) adds one to the faults counter; a watcher thread
-// on each rank sees it within kLook and shuts the inner group's sockets down,
-// so no rank stays blocked in a collective with a dead peer. Re-forming, each
-// rank marks its arrival in the next generation and waits until every member
-// of the last one arrived, was reported lost, or the deadline passed; the
-// first member list written is the next generation.
+// the one every rank reads. A fault (a rank's failed step, a worker lost) is
+// seen by each rank's FaultWatch (fault_watch.h), which shuts the inner
+// group's sockets down, so no rank stays blocked in a collective with a dead
+// peer. Re-forming, each rank marks its arrival in the next generation and
+// waits until every member of the last one arrived, was reported lost, or the
+// deadline passed; the first member list written is the next generation.
 #include "ddp/comm/recovery.h"
 
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
@@ -26,6 +24,7 @@
 #include "comm/backend/connect.h"
 #include "comm/c10d_compat.h"
 #include "comm/group/registry.h"
+#include "comm/recovery/fault_watch.h"
 #include "comm/recovery/recovery_keys.h"
 #include "comm/store/store_client.h"
 #include "comm/store/store_deadline.h"
@@ -35,8 +34,7 @@ namespace ddp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// How often the watcher reads the faults counter, and the longest pause
-// between two looks at a vote or an arrival.
+// The longest pause between two looks at a vote or an arrival.
 constexpr auto kLook = std::chrono::milliseconds(50);
 // Consecutive failures of a step with no rank lost: the error is the
 // program's own (a bug, not a peer), and run_step rethrows it.
@@ -84,15 +82,14 @@ class Recoverable final : public RecoverableGroup {
   Recoverable(const LaunchEnv& env, const RecoveryOptions& options)
       : env_(env), options_(options), round_(round_from_environment()), slot_(env.rank), rank_(env.rank) {
     store_ = connect_store();
-    watch_store_ = connect_store();
     members_.resize(static_cast<size_t>(env.world_size));
     for (int r = 0; r < env.world_size; ++r) members_[static_cast<size_t>(r)] = r;
-    faults_seen_ = store_->add(recovery_keys::faults(round_), 0);
+    watch_ = std::make_unique<detail::FaultWatch>(connect_store(), round_, slot_, options_.deadline,
+                                                  [this] { abort_sockets(); });
     form_inner();
-    watcher_ = std::thread([this] { watch(); });
   }
 
-  ~Recoverable() override { stop_watching(); }
+  ~Recoverable() override { watch_->stop(); }
 
   // ---- ProcessGroup: the current generation's inner group
   int rank() const override { return rank_; }
@@ -112,7 +109,7 @@ class Recoverable final : public RecoverableGroup {
                      "groups beside it only without in-process recovery");
   }
   void shutdown() override {
-    stop_watching();
+    watch_->stop();
     if (auto g = inner()) g->shutdown();
   }
 
@@ -122,7 +119,8 @@ class Recoverable final : public RecoverableGroup {
   std::vector<int> members() const override { return members_; }
 
   bool should_commit() override {
-    const std::string step = generation_key(generation_) + "step/" + std::to_string(step_++) + "/";
+    const std::string step =
+        recovery_keys::generation(round_, generation_) + "step/" + std::to_string(step_++) + "/";
     const std::string decision = step + "decision";
     try {
       if (store_->add(step + "done", 1) == size()) decide(decision, "commit");
@@ -146,7 +144,8 @@ class Recoverable final : public RecoverableGroup {
     const auto give_up = Clock::now() + 3 * options_.deadline;
     for (;;) {
       try {
-        report_fault();
+        watch_->pause();
+        store_->add(recovery_keys::faults(round_, generation_), 1);  // the others abort too
         abort_inner();
         meet(generation_ + 1);
         form_inner();
@@ -166,7 +165,6 @@ class Recoverable final : public RecoverableGroup {
            ", generation " + std::to_string(generation_) + "): ";
   }
   static std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-  std::string generation_key(int g) const { return recovery_keys::root(round_) + "gen/" + std::to_string(g) + "/"; }
 
   c10::intrusive_ptr<c10d::Store> connect_store() const {
     try {
@@ -188,8 +186,6 @@ class Recoverable final : public RecoverableGroup {
   void decide(const std::string& key, const std::string& what) { store_->compareSet(key, {}, bytes(what)); }
   bool faulted() const { return aborted_.load(); }
 
-  void report_fault() { store_->add(recovery_keys::faults(round_), 1); }
-
   // The inner group of this generation: Gloo on the launcher's store, under
   // the generation's prefix; its sockets noted so that abort_inner() can end
   // any collective blocked on them.
@@ -206,21 +202,30 @@ class Recoverable final : public RecoverableGroup {
     request.who = who();
     const auto before = store_deadline::sockets_now();
     auto made = detail::connect_backend(std::move(request));
-    std::lock_guard<std::mutex> lock(mutex_);
-    inner_ = std::move(made);
-    sockets_ = store_deadline::opened_since(before);
-    aborted_ = false;
-    ++formed_;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      inner_ = std::move(made);
+      sockets_ = store_deadline::opened_since(before);
+      aborted_ = false;
+    }
     step_ = 0;
+    watch_->watch(generation_, members_);
+  }
+
+  // From the FaultWatch's thread too: every collective blocked on the inner
+  // group fails at once.
+  void abort_sockets() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
+    sockets_.clear();
+    aborted_ = true;
   }
 
   void abort_inner() {
+    abort_sockets();
     std::shared_ptr<ProcessGroup> old;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
-      sockets_.clear();
-      aborted_ = true;
       old = std::move(inner_);
     }
     old.reset();  // its collectives have failed on the shut sockets; the backend ends
@@ -230,7 +235,7 @@ class Recoverable final : public RecoverableGroup {
   // (arrived, reported lost, or the deadline), and reads the member list
   // the first rank to get there wrote.
   void meet(int g) {
-    const std::string key = generation_key(g);
+    const std::string key = recovery_keys::generation(round_, g);
     store_->set(key + "arrived/" + std::to_string(slot_), bytes("1"));
     auto arrived = [&](int s) { return store_->check({key + "arrived/" + std::to_string(s)}); };
     auto lost = [&](int s) { return store_->check({recovery_keys::lost(round_, s)}); };
@@ -256,67 +261,25 @@ class Recoverable final : public RecoverableGroup {
     generation_ = g;
     members_ = decided;
     rank_ = static_cast<int>(me - decided.begin());
-    faults_seen_ = store_->add(recovery_keys::faults(round_), 0);
     std::cerr << who() << "re-formed with launch ranks " << join(members_) << std::endl;
-  }
-
-  // The watcher: a fault reported anywhere aborts this rank's inner group.
-  void watch() {
-    std::unique_lock<std::mutex> lock(watch_mutex_);
-    while (!stop_) {
-      lock.unlock();
-      // A fault counted before this generation formed is not one against it.
-      const int formed = formed_.load();
-      bool fault = false;
-      try {
-        fault = watch_store_->add(recovery_keys::faults(round_), 0) > faults_seen_.load();
-      } catch (const std::exception&) {
-        fault = true;  // the store is gone: no collective can be trusted to end
-      }
-      if (fault) {
-        std::lock_guard<std::mutex> inner_lock(mutex_);
-        if (formed == formed_.load() && !aborted_.load()) {
-          for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
-          sockets_.clear();
-          aborted_ = true;
-        }
-      }
-      lock.lock();
-      watch_cv_.wait_for(lock, kLook, [this] { return stop_; });
-    }
-  }
-
-  void stop_watching() {
-    {
-      std::lock_guard<std::mutex> lock(watch_mutex_);
-      stop_ = true;
-    }
-    watch_cv_.notify_all();
-    if (watcher_.joinable()) watcher_.join();
   }
 
   const LaunchEnv env_;
   const RecoveryOptions options_;
   const int round_;
   const int slot_;
-  c10::intrusive_ptr<c10d::Store> store_;        // votes and meetings (main thread)
-  c10::intrusive_ptr<c10d::Store> watch_store_;  // the watcher's own connection
+  c10::intrusive_ptr<c10d::Store> store_;  // votes and meetings (main thread)
+  std::unique_ptr<detail::FaultWatch> watch_;
   std::vector<int> members_;
   int rank_ = 0;
   int generation_ = 0;
   int64_t step_ = 0;
   bool excluded_ = false;
   int reforms_without_loss_ = 0;
-  std::atomic<int> formed_{0};  // inner groups formed so far
-  std::atomic<int64_t> faults_seen_{0};
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // inner_ and sockets_
   std::shared_ptr<ProcessGroup> inner_;
   std::vector<int> sockets_;
-  std::thread watcher_;
-  std::mutex watch_mutex_;
-  std::condition_variable watch_cv_;
-  bool stop_ = false;
 };
 
 }  // namespace

@@ -14,11 +14,17 @@ inline std::string attempt_root(int round) { return "/worker/attempt_" + std::to
 
 // Under attempt_root: in-process recovery's own keys.
 inline std::string root(int round) { return attempt_root(round) + "ddp_recovery/"; }
-// A counter every fault adds one to: a rank that saw its group fail, ddprun
-// for a worker it lost. The workers watch it.
-inline std::string faults(int round) { return root(round) + "faults"; }
-// Set by ddprun when the worker of launch rank `slot` ended: the survivors do
-// not wait for it when they re-form.
+// Set when the worker of launch rank `slot` is gone: by ddprun when its
+// process ended, by the rank watching its heartbeat when that stopped. The
+// survivors do not wait for it when they re-form.
 inline std::string lost(int round, int slot) { return root(round) + "lost/" + std::to_string(slot); }
+// One more after each lost/ key written: the workers watch it.
+inline std::string lost_count(int round) { return root(round) + "lost_count"; }
+// A rank's heartbeat, a counter it adds to.
+inline std::string beat(int round, int slot) { return root(round) + "beat/" + std::to_string(slot); }
+// Generation `g`'s keys: its members, their arrivals, its faults, its steps.
+inline std::string generation(int round, int g) { return root(round) + "gen/" + std::to_string(g) + "/"; }
+// A counter a rank adds to when its step failed in generation `g`.
+inline std::string faults(int round, int g) { return generation(round, g) + "faults"; }
 
 }  // namespace ddp::recovery_keys
