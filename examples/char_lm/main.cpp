@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     const double val_fraction = opts.get<double>("val-fraction"), clip = opts.get<double>("clip");
     if (dim < 1 || seq_len < 1 || opts.get<int64_t>("layers") < 1 || !(val_fraction > 0 && val_fraction < 1))
       throw ddp::UsageError("--dim, --layers and --seq-len must be positive, --val-fraction between 0 and 1");
-    auto pg = ddp::init_process_group(opts.process_group_options());
+    auto pg = opts.init_process_group();
     const int world = pg->size();
     const torch::Device device = pg->device();
     ddp::RunDir run(opts.run_dir(), *pg, "val_bpc");

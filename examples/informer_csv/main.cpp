@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
         .d_model(opts.get<int64_t>("d-model"))
         .heads(opts.get<int64_t>("heads"));
     if (const auto problem = informer::options_problem(model_opts); !problem.empty()) throw ddp::UsageError(problem);
-    auto pg = ddp::init_process_group(opts.process_group_options());
+    auto pg = opts.init_process_group();
     const int rank = pg->rank(), world = pg->size();
     const torch::Device device = pg->device();
     ddp::RunDir run(opts.run_dir(), *pg, "test_mae");

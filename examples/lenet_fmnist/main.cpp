@@ -50,11 +50,12 @@ int main(int argc, char** argv) {
                                                    // Every kit option: this example implements them all.
                                                    .supports({"epochs", "batch-size", "global-batch-size", "lr",
                                                               "seed", "backend", "bucket-cap-mb", "timeout",
-                                                              "data-dir", "run-dir", "checkpoint-every", "resume",
+                                                              "recovery-deadline", "data-dir", "run-dir",
+                                                              "checkpoint-every", "resume",
                                                               "workers", "limit-batches", "timeline",
                                                               "timeline-skew-every", "preemption-check-every",
                                                               "nonfinite-loss", "amp", "log-samples"}));
-    auto pg = ddp::init_process_group(opts.process_group_options());
+    auto pg = opts.init_process_group();
     const int world = pg->size();
     const torch::Device device = pg->device();
     ddp::RunDir run(opts.run_dir(), *pg);

@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
             // --run-dir is where --timeline writes.
             .supports({"epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb",
                        "timeout", "run-dir", "limit-batches", "timeline", "timeline-skew-every"}));
-    auto pg = ddp::init_process_group(opts.process_group_options());
+    auto pg = opts.init_process_group();
     const int rank = pg->rank(), world = pg->size();
     if (rank == 0) std::cout << ddp::environment_summary(*pg) << "Let's use " << world << " processes!" << std::endl;
     else ddp::environment_summary(*pg);

@@ -28,12 +28,12 @@ int main(int argc, char** argv) {
             .add_option("sync-bn", false, "BatchNorm statistics over every rank's batch (ddp::SyncBatchNorm), not "
                         "each rank's own", ddp::OnResume::may_change)
             .supports({"epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb",
-                       "timeout", "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches",
-                       "timeline", "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp",
-                       "log-samples"}));
+                       "timeout", "recovery-deadline", "data-dir", "run-dir", "checkpoint-every", "resume",
+                       "workers", "limit-batches", "timeline", "timeline-skew-every", "preemption-check-every",
+                       "nonfinite-loss", "amp", "log-samples"}));
     const int64_t image_size = opts.get<int64_t>("image-size");
     const bool sync_bn = opts.get<bool>("sync-bn");
-    auto pg = ddp::init_process_group(opts.process_group_options());
+    auto pg = opts.init_process_group();
     const int world = pg->size();
     const torch::Device device = pg->device();
     ddp::RunDir run(opts.run_dir(), *pg);

@@ -10,6 +10,7 @@
 #include "ddp/comm/dist.h"
 #include "ddp/comm/object_collectives.h"
 #include "ddp/comm/process_group.h"
+#include "ddp/comm/recovery.h"
 
 // parallel/: DistributedDataParallel, its reducer, hooks, Join, the sampler
 #include "ddp/parallel/comm_hook.h"

@@ -10,12 +10,18 @@ namespace ddp {
 
 DistributedSampler::DistributedSampler(size_t dataset_size, int num_replicas, int rank,
                                        DistributedSamplerOptions options)
-    : state_(std::make_shared<State>()), num_replicas_(num_replicas), rank_(rank), options_(options) {
+    : state_(std::make_shared<State>()), options_(options) {
+  state_->dataset_size = dataset_size;
+  set_replicas(num_replicas, rank);
+  reset();
+}
+
+void DistributedSampler::set_replicas(int num_replicas, int rank) {
   if (num_replicas < 1 || rank < 0 || rank >= num_replicas)
     throw UsageError("DistributedSampler: rank " + std::to_string(rank) + " is not in [0, " +
-                                std::to_string(num_replicas) + ")");
-  state_->dataset_size = dataset_size;
-  reset();
+                     std::to_string(num_replicas) + ")");
+  state_->num_replicas = num_replicas;
+  state_->rank = rank;
 }
 
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& pg, DistributedSamplerOptions options)
@@ -39,15 +45,15 @@ size_t DistributedSampler::dataset_size() const { return state_->dataset_size; }
 // Counts below are of the positions not yet taken: N - start (set_start and
 // reset keep start <= N).
 size_t DistributedSampler::num_samples() const {
-  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(num_replicas_),
-               r = static_cast<size_t>(rank_);
+  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(state_->num_replicas),
+               r = static_cast<size_t>(state_->rank);
   if (options_.drop_last()) return n / w;
   if (options_.pad()) return (n + w - 1) / w;
   return n / w + (r < n % w ? 1 : 0);
 }
 
 size_t DistributedSampler::total_size() const {
-  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(num_replicas_);
+  const size_t n = state_->dataset_size - state_->start, w = static_cast<size_t>(state_->num_replicas);
   if (options_.drop_last()) return n / w * w;
   if (options_.pad()) return (n + w - 1) / w * w;
   return n;
@@ -72,7 +78,7 @@ std::vector<size_t> DistributedSampler::indices() const {
   std::vector<size_t> mine;
   mine.reserve(num_samples());
   if (n == 0) return mine;
-  for (size_t i = start + static_cast<size_t>(rank_); i < end; i += static_cast<size_t>(num_replicas_))
+  for (size_t i = start + static_cast<size_t>(state_->rank); i < end; i += static_cast<size_t>(state_->num_replicas))
     mine.push_back(order[i % n]);
   return mine;
 }

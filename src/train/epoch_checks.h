@@ -96,9 +96,13 @@ class SampleLog {
   // The step just taken: this rank's batch `batch` (0-based in this run of
   // the epoch) of `batch_size`, global step `step`.
   void step(int64_t batch, int64_t batch_size, int64_t step);
+  // The same for a step that failed and is trained again (a group that
+  // re-formed): "# failed ROUND EPOCH STEP INDEX...".
+  void failed(int64_t batch, int64_t batch_size, int64_t step);
 
  private:
   void append_line(std::string line);
+  std::string indices(int64_t batch, int64_t batch_size) const;
   UniqueFd fd_;
   std::string path_;
   int64_t round_ = 0, epoch_ = 0;

@@ -1,4 +1,5 @@
 #include "ddp/train/epoch_loop.h"
+#include "ddp/comm/recovery.h"
 
 #include "train/epoch_checks.h"
 #include "train/run_tensorboard.h"
@@ -171,7 +172,10 @@ SampleLog::SampleLog(const TrainOptions& opts, const DistributedSampler& sampler
   const auto dir = std::filesystem::path(opts.run_dir()) / "samples";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const std::string path = (dir / ("rank" + std::to_string(pg.rank()) + ".txt")).string();
+  // A recoverable group's ranks change as it re-forms: the launch rank names the file.
+  const auto* recoverable = dynamic_cast<const RecoverableGroup*>(&pg);
+  const int rank = recoverable ? recoverable->slot() : pg.rank();
+  const std::string path = (dir / ("rank" + std::to_string(rank) + ".txt")).string();
   fd_.reset(open_append_no_follow(path));  // CheckpointError naming it if it cannot
   path_ = path;
   static bool headed = false;  // once per process: where this run of the program began
@@ -191,12 +195,22 @@ void SampleLog::append_line(std::string line) {
   }
 }
 
-void SampleLog::step(int64_t batch, int64_t batch_size, int64_t step) {
-  std::string line = std::to_string(round_) + " " + std::to_string(epoch_) + " " + std::to_string(step);
+std::string SampleLog::indices(int64_t batch, int64_t batch_size) const {
+  std::string out;
   const size_t lo = static_cast<size_t>(batch * batch_size);
   const size_t hi = std::min(mine_.size(), lo + static_cast<size_t>(batch_size));
-  for (size_t i = lo; i < hi; ++i) line += " " + std::to_string(mine_[i]);
-  append_line(line);
+  for (size_t i = lo; i < hi; ++i) out += " " + std::to_string(mine_[i]);
+  return out;
+}
+
+void SampleLog::step(int64_t batch, int64_t batch_size, int64_t step) {
+  append_line(std::to_string(round_) + " " + std::to_string(epoch_) + " " + std::to_string(step) +
+              indices(batch, batch_size));
+}
+
+void SampleLog::failed(int64_t batch, int64_t batch_size, int64_t step) {
+  append_line("# failed " + std::to_string(round_) + " " + std::to_string(epoch_) + " " + std::to_string(step) +
+              indices(batch, batch_size));
 }
 
 }  // namespace detail

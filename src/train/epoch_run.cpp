@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iostream>
 #include <optional>
 
+#include "ddp/comm/recovery.h"
 #include "ddp/train/epoch_loop.h"
 #include "ddp/train/evaluation.h"
 #include "ddp/train/preemption.h"
@@ -25,6 +27,7 @@ struct EpochRun::State {
         opts(opts),
         state(state),
         pg(pg),
+        recoverable(dynamic_cast<RecoverableGroup*>(&pg)),
         samples(static_cast<int64_t>(sampler.num_samples())),
         steps(opts.steps_per_epoch(sampler.num_samples(), batch_size, state.epoch_step)),
         bar("epoch " + std::to_string(epoch + 1) + "/" + std::to_string(opts.epochs()), steps, pg.rank() == 0),
@@ -56,7 +59,9 @@ struct EpochRun::State {
   const TrainOptions& opts;
   TrainState& state;
   ProcessGroup& pg;
-  const int64_t samples, steps;
+  RecoverableGroup* const recoverable;  // null on any other group
+  int64_t samples, steps;  // this rank's, from where the epoch (re)started
+  int64_t votes_before = 0;
   Progress bar;
   LossTally losses;
   NonFiniteStep nonfinite;
@@ -70,6 +75,9 @@ struct EpochRun::State {
 };
 
 namespace {
+
+// Steps voted on by commit_or_throw (ddp::optimizer_step) in this process.
+int64_t g_votes = 0;
 
 // The sampler's epoch, and where it starts after a checkpoint written
 // inside the epoch. Before the state's counts are read.
@@ -95,6 +103,7 @@ bool EpochRun::wants_more() const { return s_->taken < s_->steps; }
 
 void EpochRun::before_step() {
   State& s = *s_;
+  s.votes_before = g_votes;
   const int64_t check_every = s.opts.preemption_check_every();
   if (check_every <= 0 || s.taken % check_every != 0) return;
   const bool preempt = s.state.checkpoint_and_stop && preemption_signal_received() != 0;
@@ -108,6 +117,10 @@ void EpochRun::before_step() {
 
 void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
   State& s = *s_;
+  if (s.recoverable && g_votes == s.votes_before)
+    throw UsageError("rank " + std::to_string(s.pg.rank()) + ": the step did not call ddp::optimizer_step: under "
+                     "ddprun --recover-in-process a step's update must wait for every rank's vote, which "
+                     "ddp::optimizer_step(model, optimizer) takes before it steps");
   s.losses.add(loss, samples);
   // This rank's share of the step; every rank takes as many but the last.
   s.state.epoch_samples += std::min(s.batch_size, s.samples - s.taken * s.batch_size) * s.pg.size();
@@ -132,6 +145,45 @@ void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
   s.bar.update(shown, samples * s.pg.size());
 }
 
+bool EpochRun::recover() {
+  State& s = *s_;
+  if (!s.recoverable) return false;
+  try {
+    throw;
+  } catch (const UsageError&) {
+    return false;
+  } catch (const Preempted&) {
+    return false;
+  } catch (const NonFiniteLoss&) {
+    return false;
+  } catch (const DataError&) {
+    return false;
+  } catch (const CheckpointError&) {
+    return false;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::cerr << "rank " << s.pg.rank() << "/" << s.pg.size() << ": step " << s.state.step + 1
+              << " failed (" << what.substr(0, what.find('\n')) << "); re-forming the group" << std::endl;
+  }
+  if (s.sample_log) s.sample_log->failed(s.taken, s.batch_size, s.state.step + 1);
+  s.recoverable->reform();
+  s.sampler.set_replicas(s.pg.size(), s.pg.rank());
+  s.sampler.set_epoch(s.epoch);
+  s.sampler.set_start(static_cast<size_t>(s.state.epoch_samples));
+  s.samples = static_cast<int64_t>(s.sampler.num_samples());
+  s.steps = s.opts.steps_per_epoch(s.sampler.num_samples(), s.batch_size, s.state.epoch_step);
+  s.taken = 0;
+  if (s.sample_log) {
+    s.sample_log.reset();
+    s.sample_log.emplace(s.opts, s.sampler, s.epoch, s.state, s.pg);
+  }
+  if (s.pg.rank() == 0)
+    std::cout << "epoch " << s.epoch + 1 << ": " << s.pg.size() << " ranks go on from sample "
+              << s.state.epoch_samples << " of " << s.sampler.dataset_size() << " (generation "
+              << s.recoverable->generation() << ")" << std::endl;
+  return true;
+}
+
 TrainEpoch EpochRun::finish() {
   State& s = *s_;
   s.state.epoch_step = 0;
@@ -145,6 +197,15 @@ TrainEpoch EpochRun::finish() {
   // The same sum on every rank, so all of them take this branch or none.
   if (!std::isfinite(total.sum("loss"))) s.check(false);
   return {total.mean("loss"), total.count(), s.bar.elapsed_seconds()};
+}
+
+void commit_or_throw(ProcessGroup& pg) {
+  auto* group = dynamic_cast<RecoverableGroup*>(&pg);
+  if (!group) return;
+  ++g_votes;
+  if (!group->should_commit())
+    throw CommError("rank " + std::to_string(pg.rank()) + ": the step did not commit: a rank failed, ended or "
+                    "stayed silent during it");
 }
 
 }  // namespace ddp::detail

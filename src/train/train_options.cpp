@@ -1,5 +1,6 @@
 #include "ddp/train/train_options.h"
 
+#include "ddp/comm/recovery.h"
 #include "ddp/runtime/launch_env.h"
 #include "ddp/train/checkpoint.h"
 #include "program_options.h"
@@ -72,6 +73,20 @@ bool TrainOptions::checkpoint_due(int64_t completed) const {
   return completed == epochs() || (checkpoint_every() > 0 && completed % checkpoint_every() == 0);
 }
 
+std::shared_ptr<ProcessGroup> TrainOptions::init_process_group() const {
+  if (!recovery_launched()) return ddp::init_process_group(process_group_options());
+  if (backend() != "auto" && backend() != "gloo")
+    throw UsageError("--backend " + backend() + " under ddprun --recover-in-process: in-process recovery re-forms "
+                     "Gloo groups only; use --backend gloo (or auto)");
+  if (workers() > 0)
+    throw UsageError("--workers " + std::to_string(workers()) + " under ddprun --recover-in-process: a re-formed "
+                     "group starts the epoch's data again, which LibTorch's DataLoader cannot while its workers "
+                     "hold batches; use --workers 0");
+  RecoveryOptions recovery;
+  recovery.deadline = std::chrono::milliseconds(static_cast<int64_t>(recovery_deadline_s() * 1000));
+  return init_recoverable_group(recovery);
+}
+
 ProcessGroupOptions TrainOptions::process_group_options() const {
   return ProcessGroupOptions().backend(backend()).timeout(std::chrono::seconds(timeout_s()));
 }
@@ -99,6 +114,7 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"backend", backend()},
           {"bucket_cap_mb", bucket_cap_auto() ? std::string("auto") : str(bucket_cap_mb())},
           {"timeout_s", std::to_string(timeout_s())},
+          {"recovery_deadline_s", str(recovery_deadline_s())},
           {"data_dir", data_dir()},
           {"run_dir", run_dir()},
           {"checkpoint_every", std::to_string(checkpoint_every())},
@@ -168,6 +184,10 @@ void add_kit_options(po::options_description& kit, TrainOptions& o, KitText& tex
     ("bucket-cap-mb", po::value(&bucket_cap)->default_value(bucket_cap),
        "DDP gradient bucket size in MiB, or auto (tried over the first steps, the fastest kept)")
     ("timeout", po::value(&o.timeout_s())->default_value(o.timeout_s()), "seconds any collective may wait")
+    ("recovery-deadline",
+       po::value(&o.recovery_deadline_s())->default_value(o.recovery_deadline_s(),
+                                                          detail::shortest_text(o.recovery_deadline_s())),
+       "under ddprun --recover-in-process: seconds a silent rank may stay silent before the others go on without it")
     ("data-dir", po::value(&o.data_dir())->default_value(o.data_dir()), "where the data set lives")
     ("run-dir", po::value(&o.run_dir())->default_value(o.run_dir()),
        "run folder: metrics.csv, log.txt, checkpoint.pt, model.pt, charts")
@@ -247,6 +267,9 @@ void check_values(const po::variables_map& vm, const std::string& amp, TrainOpti
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
+  if (!std::isfinite(o.recovery_deadline_s()) || o.recovery_deadline_s() < 0.1 || o.recovery_deadline_s() > 86400)
+    throw UsageError("--recovery-deadline must be between 0.1 and 86400 seconds, got " +
+                     detail::shortest_text(o.recovery_deadline_s()));
   if (o.timeline_skew_every() < 0) throw UsageError("--timeline-skew-every must be >= 0");
 }
 

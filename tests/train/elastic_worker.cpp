@@ -6,7 +6,10 @@
 //       column is the sample's index; every index a step trains on is
 //       appended to <run-dir>/indices.<ELASTIC_TAG>.<rank> as "epoch index".
 //       Rank STOP_RANK raises signal STOP_SIGNAL to itself during its
-//       STOP_AT_STEP-th step (counted from this process's start).
+//       STOP_AT_STEP-th step (counted from this process's start), after its
+//       backward and before the optimizer's step. Under ddprun
+//       --recover-in-process the group is a recoverable one
+//       (recovery_kit_test.cpp).
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
 //   zero_train [training options]   ZeRO in an elastic job under ddprun
@@ -33,7 +36,8 @@ int env_int(const char* name, int fallback) {
 
 int scenario_train(int argc, char** argv) {
   const auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(2).preemption_check_every(1).lr(0.01));
-  auto pg = ddp::init_process_group(opts.process_group_options().backend("gloo"));
+  auto pg = ddp::recovery_launched() ? opts.init_process_group()
+                                     : ddp::init_process_group(opts.process_group_options().backend("gloo"));
   ddp::RunDir run(opts.run_dir(), *pg, "loss");
   const int64_t n = 50;
   torch::manual_seed(1);
@@ -62,8 +66,8 @@ int scenario_train(int argc, char** argv) {
       opt.zero_grad();
       auto loss = (model(b.data.narrow(1, 1, 3)) - b.target).pow(2).mean();
       loss.backward();
-      opt.step();
       if (++steps_here == stop_at && pg->rank() == stop_rank) ::raise(stop_signal);
+      ddp::optimizer_step(model, opt);
       return loss.detach();
     });
     ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, *pg);

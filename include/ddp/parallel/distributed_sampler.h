@@ -75,6 +75,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   void set_start(size_t positions_taken);
   size_t start() const;
   size_t dataset_size() const;
+  // A group that re-formed at another size (ddp/comm/recovery.h): this
+  // rank's shard from now on, shared with every copy, like the epoch. Then
+  // set_epoch() and set_start() to where the ranks stand. UsageError for a
+  // rank not in [0, num_replicas).
+  void set_replicas(int num_replicas, int rank);
 
   // This rank's indices for the current epoch, in order.
   std::vector<size_t> indices() const;
@@ -83,8 +88,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // each with padding, floor(R / W) with drop_last.
   size_t num_samples() const;
   size_t total_size() const;
-  int rank() const { return rank_; }
-  int num_replicas() const { return num_replicas_; }
+  int rank() const { return state_->rank; }
+  int num_replicas() const { return state_->num_replicas; }
 
   // torch::data::samplers::Sampler<>: reset() recomputes the epoch's indices
   // (a new size, if given, replaces the dataset size); next() hands them out.
@@ -98,9 +103,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
     size_t dataset_size = 0;
     int64_t epoch = 0;
     size_t start = 0;
+    int num_replicas = 1, rank = 0;
   };
   std::shared_ptr<State> state_;  // shared between copies (see above)
-  int num_replicas_, rank_;
   DistributedSamplerOptions options_;
   std::vector<size_t> current_;  // this copy's indices for the epoch being iterated
   size_t position_ = 0;

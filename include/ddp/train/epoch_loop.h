@@ -72,6 +72,11 @@ class EpochRun {
   void after_step(const at::Tensor& loss, int64_t samples);
   // The epoch's end (collective): counts reset, the loss over every rank.
   TrainEpoch finish();
+  // Inside a catch: on a recoverable group (ddp/comm/recovery.h) and an
+  // error that is a peer's fault, not the program's: the group re-formed,
+  // the sampler re-sharded from the samples the committed steps took, and
+  // true (the loop goes on). False: the error is to be rethrown.
+  bool recover();
 
  private:
   struct State;
@@ -81,6 +86,11 @@ class EpochRun {
 // The model's ReducerStats after a step, kept for the run's TensorBoard
 // records (rank 0, with --tensorboard; nothing otherwise).
 void note_ddp_step(const DistributedDataParallelBase& model);
+
+// On a recoverable group: the step's vote (should_commit), and a CommError
+// when it does not commit, so that no rank applies the update. Nothing on
+// any other group.
+void commit_or_throw(ProcessGroup& pg);
 
 }  // namespace detail
 
@@ -107,18 +117,30 @@ void note_ddp_step(const DistributedDataParallelBase& model);
 // a stop request, every rank calls it at the same step, a step boundary (it
 // throws ddp::Preempted). The epoch's end checks the losses too, so no
 // checkpoint of a diverged model is written.
+// On a recoverable group (opts.init_process_group() under ddprun
+// --recover-in-process), a rank lost during a step costs the others that
+// step: it commits on no rank (ddp::optimizer_step votes before it steps),
+// the group re-forms, and the epoch goes on from the samples the committed
+// steps took, shared out over the ranks left, each with the same per-process
+// batch (the global batch shrinks with the world, as in Horovod's elastic
+// mode); --log-samples shows the failed step's samples twice.
 template <typename Loader, typename Step>
 TrainEpoch train_epoch(Loader& loader, DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                        const TrainOptions& opts, TrainState& state, ProcessGroup& pg, Step&& step) {
   detail::EpochRun run(sampler, epoch, batch_size, opts, state, pg);
-  {
-    Prefetcher<Loader> batches(loader, pg.device(), std::chrono::seconds(opts.timeout_s()));
-    while (run.wants_more()) {
-      auto batch = batches.next();
-      if (!batch) break;
-      run.before_step();
-      const int64_t n = batch->data.size(0);
-      run.after_step(step(*batch).detach(), n);
+  for (bool going = true; going;) {
+    try {
+      Prefetcher<Loader> batches(loader, pg.device(), std::chrono::seconds(opts.timeout_s()));
+      while (run.wants_more()) {
+        auto batch = batches.next();
+        if (!batch) break;
+        run.before_step();
+        const int64_t n = batch->data.size(0);
+        run.after_step(step(*batch).detach(), n);
+      }
+      going = false;
+    } catch (const std::exception&) {
+      if (!run.recover()) throw;
     }
   }
   return run.finish();
@@ -143,9 +165,11 @@ void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup&
 
 // optimizer.step(), shown on the model's DDP timeline as "optimizer step"
 // when one runs (--timeline, DDP_TIMELINE); the model's ReducerStats kept
-// for the run's TensorBoard records.
+// for the run's TensorBoard records. On a recoverable group, first the
+// step's vote: a CommError, and no update, where it does not commit.
 template <typename Optimizer>
 void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimizer) {
+  detail::commit_or_throw(model.process_group());
   const auto& timeline = model.timeline();
   const int64_t start = timeline ? timeline->now_us() : 0;
   optimizer.step();
@@ -159,6 +183,7 @@ void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimiz
 // gradients, on every rank alike.
 inline bool optimizer_step(const DistributedDataParallelBase& model, torch::optim::Optimizer& optimizer,
                            GradScaler& scaler) {
+  detail::commit_or_throw(model.process_group());
   const auto& timeline = model.timeline();
   const int64_t start = timeline ? timeline->now_us() : 0;
   const bool stepped = scaler.step(optimizer);

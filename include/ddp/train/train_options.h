@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -79,6 +80,9 @@ struct TrainOptions {
   // Seconds every collective and the rendezvous may wait.
   TORCH_ARG(int64_t, timeout_s) =
       std::chrono::duration_cast<std::chrono::seconds>(ProcessGroupOptions().timeout()).count();
+  // Under ddprun --recover-in-process: seconds a silent rank may stay
+  // silent before the others go on without it (RecoveryOptions::deadline).
+  TORCH_ARG(double, recovery_deadline_s) = 30;
   TORCH_ARG(std::string, data_dir) = "";
   TORCH_ARG(std::string, run_dir) = "runs/run";
   // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.
@@ -144,6 +148,11 @@ struct TrainOptions {
   std::string resume_path() const;
   ProcessGroupOptions process_group_options() const;
   DDPOptions ddp_options() const;
+  // The run's group: init_process_group(process_group_options()), or, when
+  // ddprun --recover-in-process started the process, a recoverable group
+  // (ddp/comm/recovery.h) with --recovery-deadline, over Gloo: then a rank
+  // lost inside train_epoch costs the others one step, not the run.
+  std::shared_ptr<ProcessGroup> init_process_group() const;
   // Batches per epoch for `samples` per rank: ceil(samples / batch), capped
   // so that `taken` (batches of the epoch taken before a resume) plus them
   // stay within --limit-batches.

@@ -36,8 +36,9 @@ void FaultWatch::watch(int generation, const std::vector<int>& members) {
   generation_faults_ = faults;
   // The next member after this one, in a ring: every member is watched by one.
   const auto me = std::find(members.begin(), members.end(), slot_);
-  neighbor_ = members.size() < 2 || me == members.end() ? -1
-                                                        : members[static_cast<size_t>(me - members.begin() + 1) % members.size()];
+  neighbor_ = -1;
+  if (members.size() >= 2 && me != members.end())
+    neighbor_ = members[static_cast<size_t>(me - members.begin() + 1) % members.size()];
   neighbor_beat_ = -1;
   neighbor_since_ = Clock::now();
 }

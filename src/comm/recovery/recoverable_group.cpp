@@ -125,7 +125,7 @@ class Recoverable final : public RecoverableGroup {
     try {
       if (store_->add(step + "done", 1) == size()) decide(decision, "commit");
       const auto until = Clock::now() + options_.deadline;
-      const bool decided = poll_until(until, [&] { return store_->check({decision}) || faulted(); });
+      const bool decided = poll_until(until, [&] { return store_->check({decision}) || aborted_.load(); });
       if (!decided || !store_->check({decision})) decide(decision, "abort");
       const bool commit = text(store_->get(decision)) == "commit";
       if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
@@ -184,7 +184,6 @@ class Recoverable final : public RecoverableGroup {
   }
 
   void decide(const std::string& key, const std::string& what) { store_->compareSet(key, {}, bytes(what)); }
-  bool faulted() const { return aborted_.load(); }
 
   // The inner group of this generation: Gloo on the launcher's store, under
   // the generation's prefix; its sockets noted so that abort_inner() can end

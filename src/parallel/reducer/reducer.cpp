@@ -486,13 +486,7 @@ Reducer::~Reducer() {
 void Reducer::abandon_iteration() {
   std::lock_guard<std::mutex> lock(impl_->mutex);
   auto& s = *impl_;
-  if (s.expect_hooks) {
-    (void)s.wait_for_launched_buckets();
-    try {
-      s.usage.wait_used_map();
-    } catch (const std::exception&) {
-    }
-  }
+  if (s.expect_hooks) (void)s.wait_for_launched_buckets();  // failed or not, dropped
   s.unfinished_reduction.clear();
   s.unfinished_raised = false;
   s.inverse_world = at::native::wrapped_scalar_tensor(1.0 / s.pg->size());  // the new world's

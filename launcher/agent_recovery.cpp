@@ -1,0 +1,66 @@
+// The agent under --recover-in-process (agent.h, docs/launcher.md): a worker
+// that fails while others run is lost, not a failure of the group; ddprun
+// tells the others through the store and goes on.
+#include "agent.h"
+
+#include <csignal>
+
+#include "ddp/errors.h"
+#include "errors.h"
+#include "output.h"
+
+namespace ddprun {
+
+// --recover-in-process: a failed worker whose peers go on is reported to
+// them through the store, and the node goes on; not a configuration error
+// (exit 2 with a ddp::UsageError) nor a preemption (75), which every rank
+// meets alike, and not the last worker of a one-node run.
+bool Agent::lose_worker(Worker& w) {
+  if (!o_.recover_in_process) return false;
+  const int code = exit_code_of(*w.process->exit_status());
+  if (code == 2 || code == ddp::kPreemptedExitCode) return false;
+  bool others = assignment_.num_nodes > 1;
+  for (const auto& other : workers_) others = others || !other.process->exited();
+  if (!others) return false;
+  try {
+    rdzv_->report_lost_worker(round_, w.rank, failure_text(w));
+  } catch (const LaunchError& e) {
+    say(std::string(e.what()) + "; the workers cannot be told that rank " + std::to_string(w.rank) + " is gone");
+    return false;
+  }
+  w.lost = true;
+  say("worker " + failure_text(w) + "; the others go on without it (--recover-in-process)");
+  return true;
+}
+
+// --recover-in-process: a worker stopped (SIGSTOP) while the others finished
+// without it was left out of their group: it is lost, and ended.
+void Agent::leave_stopped_behind() {
+  look_for_stopped();
+  bool finished = false, stopped = false;
+  for (const auto& w : workers_) {
+    if (w.process->exited()) {
+      finished = finished || *w.process->exit_status() == 0;
+    } else if (w.stop.stopped()) {
+      stopped = true;
+    } else {
+      return;  // one still runs
+    }
+  }
+  if (!finished || !stopped) return;
+  for (auto& w : workers_) {
+    if (w.process->exited() || w.killed_stopped) continue;
+    say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.process->pid()) + ") " +
+        "stayed stopped while the others finished without it; sending SIGKILL (--recover-in-process)");
+    w.reported = w.lost = w.killed_stopped = true;
+    w.process->signal_group(SIGKILL);
+  }
+}
+
+bool Agent::every_lost() const {
+  for (const auto& w : workers_)
+    if (!w.lost) return false;
+  return true;
+}
+
+}  // namespace ddprun

@@ -1,0 +1,81 @@
+// The training kit under ddprun --recover-in-process: three ranks train
+// elastic_worker's tiny model for two epochs, and rank 1 is killed (SIGKILL)
+// in its third step, after its backward and before the vote. The other two
+// go on in their processes: the failed step commits nowhere and is trained
+// again, the rest of the epoch is shared out over two ranks from the samples
+// the committed steps took, so every sample of each epoch is trained once
+// but the failed step's, twice; --log-samples marks the failed step.
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "../support/idx_fixture.h"
+#include "../support/multiprocess.h"
+#include "ddp/parallel/distributed_sampler.h"
+
+namespace {
+
+constexpr size_t kRecoverySamples = 50;  // elastic_worker.cpp's data set
+
+// How often each position of epoch `epoch`'s permutation was trained, from
+// the files `<run>/indices.rec.<rank>` ("epoch index" lines).
+std::map<size_t, int> positions_trained(const std::string& run, int64_t epoch) {
+  ddp::DistributedSampler one(kRecoverySamples, 1, 0);
+  one.set_epoch(epoch);
+  std::map<size_t, size_t> position_of;
+  const auto order = one.indices();
+  for (size_t p = 0; p < order.size(); ++p) position_of[order[p]] = p;
+  std::map<size_t, int> counts;
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream in(run + "/indices.rec." + std::to_string(r));
+    int64_t e;
+    size_t index;
+    while (in >> e >> index)
+      if (e == epoch) ++counts[position_of.at(index)];
+  }
+  return counts;
+}
+
+std::string print_counts(const std::map<size_t, int>& m) {
+  std::ostringstream s;
+  for (auto& [p, c] : m) s << p << (c == 1 ? "" : "x" + std::to_string(c)) << " ";
+  return s.str();
+}
+
+}  // namespace
+
+TEST(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatStepsTwice) {
+  const auto dir = ddp::testing::temp_dir("recovery_kit");
+  const std::string run = dir + "/run";
+  auto r = ddp::testing::run_program(
+      DDPRUN_BIN,
+      {"--standalone", "--nproc-per-node", "3", "--recover-in-process", DDP_ELASTIC_WORKER, "train", "--run-dir", run,
+       "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
+      {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"},
+       {"OMP_NUM_THREADS", "1"}},
+      std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the others go on without it"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("2 ranks go on from sample 24 of 50"), std::string::npos) << r.output;
+
+  // Epoch 0: two steps of 3 x 4 (positions 0..23) committed, the third
+  // (24..35) failed and trained again by two ranks with the rest (24..49).
+  std::map<size_t, int> expected0, expected1;
+  for (size_t p = 0; p < kRecoverySamples; ++p) expected0[p] = p >= 24 && p < 36 ? 2 : 1;
+  // Epoch 1, at 2 ranks: every position once (50 divides by 2: no padding).
+  for (size_t p = 0; p < kRecoverySamples; ++p) expected1[p] = 1;
+  EXPECT_EQ(positions_trained(run, 0), expected0) << print_counts(positions_trained(run, 0));
+  EXPECT_EQ(positions_trained(run, 1), expected1) << print_counts(positions_trained(run, 1));
+
+  // --log-samples: the survivors mark the failed step 3, and log it again.
+  for (int slot : {0, 2}) {
+    const std::string log = ddp::testing::read_file(run + "/samples/rank" + std::to_string(slot) + ".txt");
+    EXPECT_NE(log.find("# failed 0 0 3 "), std::string::npos) << log;
+    EXPECT_NE(log.find("\n0 0 3 "), std::string::npos) << log;
+  }
+  std::filesystem::remove_all(dir);
+}
