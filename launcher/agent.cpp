@@ -196,15 +196,9 @@ Agent::State Agent::monitor_workers(const Events& e) {
       if (!lose_worker(workers_[i])) local_failures_.push_back(i);
     }
   if (!local_failures_.empty()) return stop_for_local_failure();
-  if (o_.recover_in_process) leave_stopped_behind();
-  if (all_exited() && every_lost()) {
-    // No worker here finished: the last one lost fails the node after all.
-    local_failures_.push_back(workers_.size() - 1);
-    for (size_t i = 0; i < workers_.size(); ++i)
-      if (workers_[i].lost) local_failures_.back() = i;
-    return stop_for_local_failure();
-  }
+  if (o_.recover_in_process && !keep_recovering(e)) return stop_for_local_failure();
   if (all_exited()) {
+    if (o_.recover_in_process) rdzv_->note_finished(finished_here());
     end_group();
     rdzv_->mark_done();
     next_poll_ = Clock::now();  // ask the other nodes at once
@@ -307,6 +301,10 @@ Agent::State Agent::exit_barrier(const Events& e) {
   if (failed_elsewhere(e, /*admit=*/false)) return State::Failed;
   if (e.poll_due && rdzv_->all_done()) {
     exit_code_ = 0;
+    if (o_.recover_in_process && rdzv_->finished_anywhere() == 0) {
+      say("every worker of the run failed or was lost (--recover-in-process)");
+      exit_code_ = 1;
+    }
     return State::Exited;
   }
   return State::Succeeded;

@@ -105,8 +105,10 @@ class Agent {
   bool failed_elsewhere(const Events& e, bool admit);
   bool all_exited() const;
   bool lose_worker(Worker& w);
-  bool every_lost() const;
+  bool keep_recovering(const Events& e);
+  void end_declared_lost();
   void leave_stopped_behind();
+  int finished_here() const;
   void signal_running(int signo);
   void kill_running();
   void begin_stop(int signo);

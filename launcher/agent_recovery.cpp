@@ -57,10 +57,42 @@ void Agent::leave_stopped_behind() {
   }
 }
 
-bool Agent::every_lost() const {
-  for (const auto& w : workers_)
-    if (!w.lost) return false;
-  return true;
+// One look of the monitor: false when this node fails after all (one node,
+// and no worker of it finished: the last one lost is its failure, in
+// local_failures_). A node of several whose workers were all lost waits
+// for the others at the exit barrier.
+bool Agent::keep_recovering(const Events& e) {
+  if (e.poll_due) end_declared_lost();
+  leave_stopped_behind();
+  if (!all_exited() || finished_here() > 0 || assignment_.num_nodes > 1) return true;
+  for (size_t i = 0; i < workers_.size(); ++i)
+    if (workers_[i].lost) local_failures_.assign(1, i);
+  return local_failures_.empty();
+}
+
+// The workers declared a worker of this node lost (its heartbeat stopped:
+// stopped, hung, its link cut): it is ended, as they go on without it.
+void Agent::end_declared_lost() {
+  for (auto& w : workers_) {
+    if (w.process->exited() || w.lost) continue;
+    std::optional<std::string> why;
+    try {
+      why = rdzv_->lost_reason(round_, w.rank);
+    } catch (const LaunchError&) {
+      return;  // the store is lost; the round's end says so
+    }
+    if (!why) continue;
+    say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.process->pid()) +
+        ") was left out by the other workers (" + *why + "); sending SIGKILL (--recover-in-process)");
+    w.reported = w.lost = w.killed_stopped = true;
+    w.process->signal_group(SIGKILL);
+  }
+}
+
+int Agent::finished_here() const {
+  int n = 0;
+  for (const auto& w : workers_) n += w.process->exited() && *w.process->exit_status() == 0;
+  return n;
 }
 
 }  // namespace ddprun

@@ -25,6 +25,9 @@ class LocalRendezvous : public Rendezvous {
   std::optional<RoundEnd> poll(bool) override { return std::nullopt; }
   RoundEnd report_failure(const RoundEnd& r) override { return r; }
   void report_lost_worker(int, int, const std::string&) override {}
+  std::optional<std::string> lost_reason(int, int) override { return std::nullopt; }
+  void note_finished(int) override {}
+  int finished_anywhere() override { return 1; }
   void mark_done() override {}
   bool all_done() override { return true; }
   void acknowledge_end() override {}
@@ -50,6 +53,7 @@ StoreConfig one_node_store(const Options& o) {
   c.min_nodes = c.max_nodes = 1;
   c.conf = o.rdzv_conf;
   c.fingerprint = fingerprint(o);
+  c.recover_in_process = o.recover_in_process;
   c.host = c.master_addr = o.standalone ? "127.0.0.1" : o.master_addr;
   c.port = o.standalone ? free_port() : o.master_port;
   c.node_rank = 0;
@@ -81,6 +85,7 @@ std::unique_ptr<Rendezvous> make_rendezvous(const Options& o, const Tick& tick) 
   c.conf = o.rdzv_conf;
   c.local_addr = o.local_addr;
   c.fingerprint = fingerprint(o);
+  c.recover_in_process = o.recover_in_process;
   if (o.rdzv_backend == "static") {
     c.host = o.master_addr;
     c.port = o.master_port;

@@ -95,6 +95,13 @@ class Rendezvous {
   // (src/comm/recovery/recovery_keys.h). Throws LaunchError when the store
   // is lost.
   virtual void report_lost_worker(int round, int rank, const std::string& why) = 0;
+  // Why the workers declared the worker of `rank` lost (its heartbeat
+  // stopped), if they did: ddprun then ends it.
+  virtual std::optional<std::string> lost_reason(int round, int rank) = 0;
+  // --recover-in-process: this node's workers that finished (exit 0), before
+  // mark_done(); the count over every node, once all_done().
+  virtual void note_finished(int workers) = 0;
+  virtual int finished_anywhere() = 0;
   // Exit barrier: this node's workers all succeeded / did every node's?
   virtual void mark_done() = 0;
   virtual bool all_done() = 0;

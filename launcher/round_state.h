@@ -30,7 +30,8 @@ class RoundState {
   // node/<i>: node i's line (node_line); master: the workers' "ADDRESS
   // PORT"; failed: the round's end (RoundEnd); alive/<i>: node i's
   // keep-alive count; done: nodes whose workers all succeeded; left: nodes
-  // that know the outcome.
+  // that know the outcome; finished: workers that succeeded, over every
+  // node (--recover-in-process, where a node may lose them all).
   std::string joined() const { return key("joined"); }
   std::string closed() const { return key("closed"); }
   std::string waiting() const { return key("waiting"); }
@@ -40,6 +41,7 @@ class RoundState {
   std::string alive(int i) const { return key("alive/" + std::to_string(i)); }
   std::string done() const { return key("done"); }
   std::string left() const { return key("left"); }
+  std::string finished() const { return key("finished"); }
 
   // Takes round `round`, or the later one the run is in already (a node
   // arriving while the others restart joins their round), and records it.

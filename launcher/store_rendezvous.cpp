@@ -51,8 +51,13 @@ class StoreRendezvous : public Rendezvous {
       // A node whose ddprun died without a word (SIGKILL, power) stops
       // counting; after keep_alive_max_attempt intervals it is declared gone.
       for (int i = 0; i < round_.size; ++i) {
-        if (i == round_.rank || !keep_alive_.lapsed(i, now)) continue;
+        if (i == round_.rank || gone_nodes_[static_cast<size_t>(i)] || !keep_alive_.lapsed(i, now)) continue;
         ++gone_;  // it will never acknowledge the end either
+        gone_nodes_[static_cast<size_t>(i)] = true;
+        if (c_.recover_in_process) {
+          lose_node(watch, i);
+          continue;
+        }
         const std::string why = "node " + std::to_string(i) + " (" + round_.hosts[i] + ") sent no keep-alive for " +
                                 std::to_string(keep_alive_.limit_s()) + " s; its ddprun is gone";
         return report(RoundEnd::failure(1, true, why));
@@ -63,6 +68,23 @@ class StoreRendezvous : public Rendezvous {
 
   RoundEnd report_failure(const RoundEnd& failure) override {
     return link_.guarded([&] { return report(failure); });
+  }
+
+  std::optional<std::string> lost_reason(int round, int rank) override {
+    return link_.guarded([&]() -> std::optional<std::string> {
+      c10d::TCPStore& watch = link_.watch();
+      const std::string key = ddp::recovery_keys::lost(round, rank);
+      if (!watch.check({key})) return std::nullopt;
+      return store_text(watch.get(key));
+    });
+  }
+
+  void note_finished(int workers) override {
+    link_.guarded([&] { return link_.watch().add(round_.finished(), workers); });
+  }
+
+  int finished_anywhere() override {
+    return static_cast<int>(link_.guarded([&] { return link_.watch().add(round_.finished(), 0); }));
   }
 
   void report_lost_worker(int round, int rank, const std::string& why) override {
@@ -78,7 +100,8 @@ class StoreRendezvous : public Rendezvous {
   }
 
   bool all_done() override {
-    return link_.guarded([&] { return link_.watch().add(round_.done(), 0) >= round_.size; });
+    // A node gone under --recover-in-process never marks itself done.
+    return link_.guarded([&] { return link_.watch().add(round_.done(), 0) >= round_.size - gone_; });
   }
 
   void acknowledge_end() override {
@@ -125,6 +148,18 @@ class StoreRendezvous : public Rendezvous {
     });
   }
 
+  // --recover-in-process: node i went silent; its workers are lost to the
+  // others, who re-form without them, and the round goes on.
+  void lose_node(c10d::TCPStore& watch, int i) {
+    const auto [first, count] = node_ranks_[static_cast<size_t>(i)];
+    const std::string why = "node " + std::to_string(i) + " (" + round_.hosts[static_cast<size_t>(i)] +
+                            ") sent no keep-alive for " + std::to_string(keep_alive_.limit_s()) + " s";
+    for (int r = first; r < first + count; ++r)
+      watch.set(ddp::recovery_keys::lost(round_.number(), r), store_bytes(why));
+    watch.add(ddp::recovery_keys::lost_count(round_.number()), 1);
+    say(why + "; its workers are lost and the others go on without them (--recover-in-process)");
+  }
+
   // Writes `end` unless another node's came first; returns the winner.
   RoundEnd report(const RoundEnd& end) {
     return RoundEnd::parse(store_text(link_.watch().compareSet(round_.failed(), {}, store_bytes(end.serialize()))));
@@ -141,6 +176,7 @@ class StoreRendezvous : public Rendezvous {
     a.store_host = c_.host;
     a.store_port = c_.port;
     gone_ = 0;
+    gone_nodes_.assign(static_cast<size_t>(round_.size), false);
     link_.contact_restored();  // this round's store answered
     keep_alive_.start();
     return a;
@@ -170,6 +206,7 @@ class StoreRendezvous : public Rendezvous {
     a.group_rank = round_.rank;
     a.num_nodes = round_.size;
     a.world_size = 0;
+    node_ranks_.clear();
     round_.hosts.assign(round_.size, "");
     for (int i = 0; i < round_.size; ++i) {
       const std::string key = round_.node(i);
@@ -178,6 +215,7 @@ class StoreRendezvous : public Rendezvous {
       round_.hosts[i] = RoundState::host_in(line);
       a.nodes.push_back(round_.hosts[i] + "[" + RoundState::pid_in(line) + "]");
       if (i < round_.rank) a.rank_offset += count;
+      node_ranks_.push_back({a.world_size, count});
       a.world_size += count;
     }
     return a;
@@ -207,6 +245,8 @@ class StoreRendezvous : public Rendezvous {
   KeepAlive keep_alive_;
   bool acknowledged_ = false;
   int gone_ = 0;  // nodes declared gone this round
+  std::vector<bool> gone_nodes_;
+  std::vector<std::pair<int, int>> node_ranks_;  // each node's first rank and worker count
 };
 
 }  // namespace

@@ -23,6 +23,8 @@ struct StoreConfig {
   std::string local_addr;   // c10d: --local-addr
   std::string fingerprint;  // settings every node must share
   RdzvConf conf;
+  // --recover-in-process: a node gone silent costs its workers, not the round.
+  bool recover_in_process = false;
 };
 
 std::unique_ptr<Rendezvous> make_store_rendezvous(StoreConfig config, const Tick& tick);

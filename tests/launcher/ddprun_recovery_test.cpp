@@ -68,6 +68,42 @@ INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
                                            Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// Two nodes of two workers each (static rendezvous on loopback): a worker
+// of node 1 is lost (its ddprun reports it), or node 1 as a whole (its
+// ddprun killed: node 0 sees its keep-alive lapse). Node 0's workers, and
+// node 1's that remain, go on; every ddprun still running exits 0.
+class TwoNodeRecovery : public LauncherTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
+  const bool node_lost = GetParam() == "node";
+  const std::string out = sub("out");
+  const std::string port = std::to_string(free_port());
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(std::make_unique<Process>(
+        std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node-rank", std::to_string(node), "--master-port",
+                                 port, "--nproc-per-node", "2", "--recover-in-process", "--rdzv-conf",
+                                 "keep_alive_interval=0.5,keep_alive_max_attempt=4", RECOVERY_WORKER_BIN, out, "6",
+                                 "3", "2", GetParam()},
+        Env{{"OMP_NUM_THREADS", "1"}}, dir_));
+  Result first = nodes[0]->wait(180);
+  Result second = nodes[1]->wait(180);
+  ASSERT_EQ(first.code, 0) << first.err << second.err;
+  EXPECT_EQ(second.code, node_lost ? 128 + SIGKILL : 0) << second.err;
+  if (node_lost) EXPECT_NE(first.err.find("sent no keep-alive"), std::string::npos) << first.err;
+  const std::vector<int> survivors = node_lost ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2};
+  const std::string members = node_lost ? "0,1" : "0,1,2";
+  for (int s : survivors) {
+    const std::string result = read_file(out + "/result." + std::to_string(s));
+    EXPECT_NE(result.find("members " + members + "\n"), std::string::npos) << "slot " << s << ": " << result;
+    EXPECT_NE(result.find("committed 6\n"), std::string::npos) << "slot " << s << ": " << result;
+    EXPECT_EQ(read_file(out + "/params." + std::to_string(s)), read_file(out + "/params.0")) << "slot " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Lost, TwoNodeRecovery, ::testing::Values("kill", "node"),
+                         [](const auto& info) { return info.param == "kill" ? std::string("Worker") : "Node"; });
+
 // Without --recover-in-process the same program is refused at its start,
 // on every rank, with what to do.
 TEST_F(LauncherTest, RecoverableGroupNeedsRecoverInProcess) {

@@ -2,9 +2,11 @@
 // DistributedDataParallel on a recoverable group (ddprun
 // --recover-in-process), a global batch of 12 rows per step split among the
 // ranks of the current generation, and writes what the test compares.
-//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit]
+//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node]
 // The worker of launch rank FAULT_RANK, at step FAULT_STEP, between its
-// forward and its backward: SIGKILLs itself, SIGSTOPs itself, or exits 3.
+// forward and its backward: SIGKILLs itself, SIGSTOPs itself, exits 3, or
+// SIGKILLs its ddprun and itself (the node is lost: its other workers end
+// with their ddprun).
 // DIR/starts.<slot>: a line per start of that slot's process (never more
 // than one: no restart). DIR/result.<slot>: generation, size, members, the
 // steps committed, and the largest difference from the same steps trained
@@ -55,11 +57,15 @@ void fault(const std::string& how) {
   if (how == "kill") ::kill(::getpid(), SIGKILL);
   if (how == "stop") ::kill(::getpid(), SIGSTOP);
   if (how == "exit") std::_Exit(3);
+  if (how == "node") {
+    ::kill(::getppid(), SIGKILL);
+    ::kill(::getpid(), SIGKILL);
+  }
 }
 
 int train(int argc, char** argv) {
   if (argc != 3 && argc != 6) {
-    std::fprintf(stderr, "usage: recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit]\n");
+    std::fprintf(stderr, "usage: recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node]\n");
     return 64;
   }
   const std::string dir = argv[1];
