@@ -63,6 +63,20 @@ TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
             read_file(out + "/params." + std::to_string(survivors[1])));
 }
 
+// Rank 1 dies in step 3, and rank 2 in the same step's retry, right after
+// the group re-formed: it re-forms again, and rank 0 trains on alone.
+TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
+  const std::string out = sub("out");
+  Result r = train(out, {"1", "3", "twice"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto result = result_of(out + "/result.0");
+  EXPECT_EQ(result["generation"], "2");
+  EXPECT_EQ(result["members"], "0");
+  EXPECT_EQ(result["committed"], "6");
+  EXPECT_EQ(result["attempts"], "8");
+  EXPECT_LT(std::stod(result["diff"]), 1e-12);
+}
+
 INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
                          ::testing::Values(Fault{"Sigkill", 1, 3, "kill"}, Fault{"RankZeroAtTheFirstStep", 0, 0, "kill"},
                                            Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"}),

@@ -2,11 +2,13 @@
 // DistributedDataParallel on a recoverable group (ddprun
 // --recover-in-process), a global batch of 12 rows per step split among the
 // ranks of the current generation, and writes what the test compares.
-//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node]
+//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node|twice]
 // The worker of launch rank FAULT_RANK, at step FAULT_STEP, between its
-// forward and its backward: SIGKILLs itself, SIGSTOPs itself, exits 3, or
+// forward and its backward: SIGKILLs itself, SIGSTOPs itself, exits 3,
 // SIGKILLs its ddprun and itself (the node is lost: its other workers end
-// with their ddprun).
+// with their ddprun), or, for `twice`, SIGKILLs itself, and the worker of
+// launch rank FAULT_RANK + 1 does at the same step's retry (a second fault
+// right after the group re-formed).
 // DIR/starts.<slot>: a line per start of that slot's process (never more
 // than one: no restart). DIR/result.<slot>: generation, size, members, the
 // steps committed, and the largest difference from the same steps trained
@@ -65,7 +67,7 @@ void fault(const std::string& how) {
 
 int train(int argc, char** argv) {
   if (argc != 3 && argc != 6) {
-    std::fprintf(stderr, "usage: recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node]\n");
+    std::fprintf(stderr, "usage: recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node|twice]\n");
     return 64;
   }
   const std::string dir = argv[1];
@@ -94,7 +96,9 @@ int train(int argc, char** argv) {
       auto target = y.narrow(0, group->rank() * rows, rows);
       opt.zero_grad();
       auto loss = torch::mse_loss(model(mine), target);
-      if (slot == fault_rank && step == fault_step) fault(how);
+      if (step == fault_step && how == "twice" && slot == fault_rank + 1 && group->generation() == 1)
+        fault("kill");
+      if (step == fault_step && slot == fault_rank) fault(how == "twice" ? "kill" : how);
       loss.backward();
     });
     if (committed) {
