@@ -177,10 +177,16 @@ bool EpochRun::recover() {
     s.sample_log.reset();
     s.sample_log.emplace(s.opts, s.sampler, s.epoch, s.state, s.pg);
   }
-  if (s.pg.rank() == 0)
-    std::cout << "epoch " << s.epoch + 1 << ": " << s.pg.size() << " ranks go on from sample "
-              << s.state.epoch_samples << " of " << s.sampler.dataset_size() << " (generation "
-              << s.recoverable->generation() << ")" << std::endl;
+  const std::string line = "epoch " + std::to_string(s.epoch + 1) + ": " + std::to_string(s.pg.size()) +
+                           " ranks go on from sample " + std::to_string(s.state.epoch_samples) + " of " +
+                           std::to_string(s.sampler.dataset_size()) + " (generation " +
+                           std::to_string(s.recoverable->generation()) + ")";
+  if (s.state.run) {
+    s.state.run->follow(s.pg, s.state.step);  // the new rank 0 writes the run folder, if it changed
+    s.state.run->log(line);
+  } else if (s.pg.rank() == 0) {
+    std::cout << line << std::endl;
+  }
   return true;
 }
 

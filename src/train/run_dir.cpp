@@ -31,7 +31,10 @@ RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name
   ::gethostname(host, sizeof host - 1);
   std::cout << "rank " << pg.rank() << " of " << pg.size() << " on " << host << ", pid " << ::getpid() << ", "
             << pg.backend_name() << ", run folder " << path_ << std::endl;
-  if (!writer_) return;
+  if (writer_) open_folder(pg);
+}
+
+void RunDir::open_folder(const ProcessGroup& pg) {
   std::error_code ec;
   fs::create_directories(path_, ec);
   if (ec) throw CheckpointError(rank_tag(pg) + ": cannot create the run folder " + path_ + ": " + ec.message());
@@ -40,6 +43,13 @@ RunDir::RunDir(std::string path, const ProcessGroup& pg, std::string metric_name
   } catch (const CheckpointError& e) {
     throw CheckpointError(rank_tag(pg) + ": " + e.what());
   }
+}
+
+void RunDir::follow(const ProcessGroup& pg, int64_t step) {
+  if (writer_ || pg.rank() != 0) return;
+  writer_ = true;
+  open_folder(pg);
+  if (tensorboard_wanted_) open_tensorboard(step, options_);
 }
 
 RunDir::~RunDir() {

@@ -51,8 +51,9 @@ void write_ddp_stats(SummaryWriter& tb, const ReducerStats& s, int64_t step) {
 }  // namespace
 
 void RunDir::open_tensorboard(int64_t first_step, std::map<std::string, std::string> options) {
-  if (!writer_) return;
+  tensorboard_wanted_ = true;
   options_ = std::move(options);
+  if (!writer_) return;
   tensorboard_ = std::make_unique<SummaryWriter>(path_, SummaryWriterOptions().purge_step(first_step));
   if (!logged_.empty()) tensorboard_->add_text("environment", as_code(logged_), first_step);
   logged_.clear();

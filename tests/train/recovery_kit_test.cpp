@@ -48,19 +48,27 @@ std::string print_counts(const std::map<size_t, int>& m) {
 
 }  // namespace
 
-TEST(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatStepsTwice) {
+class RecoveryKit : public ::testing::TestWithParam<int> {};
+
+// GetParam(): the rank killed; when it is rank 0, the new rank 0 writes the
+// run folder from then on.
+TEST_P(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatStepsTwice) {
+  const int killed = GetParam();
   const auto dir = ddp::testing::temp_dir("recovery_kit");
   const std::string run = dir + "/run";
   auto r = ddp::testing::run_program(
       DDPRUN_BIN,
       {"--standalone", "--nproc-per-node", "3", "--recover-in-process", DDP_ELASTIC_WORKER, "train", "--run-dir", run,
        "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
-      {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"},
+      {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", std::to_string(killed)}, {"STOP_AT_STEP", "3"},
        {"OMP_NUM_THREADS", "1"}},
       std::chrono::seconds(180));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("the others go on without it"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("2 ranks go on from sample 24 of 50"), std::string::npos) << r.output;
+  const std::string log = ddp::testing::read_file(run + "/log.txt");
+  EXPECT_NE(log.find("2 ranks go on from sample 24 of 50"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 2: "), std::string::npos) << log;
 
   // Epoch 0: two steps of 3 x 4 (positions 0..23) committed, the third
   // (24..35) failed and trained again by two ranks with the rest (24..49).
@@ -72,10 +80,14 @@ TEST(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatSteps
   EXPECT_EQ(positions_trained(run, 1), expected1) << print_counts(positions_trained(run, 1));
 
   // --log-samples: the survivors mark the failed step 3, and log it again.
-  for (int slot : {0, 2}) {
-    const std::string log = ddp::testing::read_file(run + "/samples/rank" + std::to_string(slot) + ".txt");
-    EXPECT_NE(log.find("# failed 0 0 3 "), std::string::npos) << log;
-    EXPECT_NE(log.find("\n0 0 3 "), std::string::npos) << log;
+  for (int slot = 0; slot < 3; ++slot) {
+    if (slot == killed) continue;
+    const std::string samples = ddp::testing::read_file(run + "/samples/rank" + std::to_string(slot) + ".txt");
+    EXPECT_NE(samples.find("# failed 0 0 3 "), std::string::npos) << samples;
+    EXPECT_NE(samples.find("\n0 0 3 "), std::string::npos) << samples;
   }
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Killed, RecoveryKit, ::testing::Values(1, 0),
+                         [](const auto& info) { return "Rank" + std::to_string(info.param); });

@@ -88,13 +88,20 @@ class RunDir {
   // Writes the hyperparameters with the last epoch's figures and closes the
   // writer (finish_run does).
   void close_tensorboard();
+  // The group re-formed without its rank 0 (ddp/comm/recovery.h): the new
+  // rank 0 writes the folder from now on, appending to log.txt and
+  // metrics.csv, and TensorBoard records from step `step` on when they were
+  // asked for. Nothing on any other rank, or where rank 0 stayed.
+  void follow(const ProcessGroup& pg, int64_t step);
 
  private:
+  void open_folder(const ProcessGroup& pg);
   std::string path_, metric_;
   bool writer_;
   int log_fd_ = -1;  // log.txt, appended to
   std::unique_ptr<SummaryWriter> tensorboard_;
   std::map<std::string, std::string> options_;
+  bool tensorboard_wanted_ = false;  // open_tensorboard was called (on every rank)
   std::string logged_;  // before the writer opens, up to 64 KiB
   std::optional<EpochMetrics> last_;
   std::optional<ReducerStats> ddp_stats_;
