@@ -49,7 +49,7 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
       "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND", "DDPRUN_RECOVER_IN_PROCESS"};
+      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND", "DDPRUN_RECOVER_IN_PROCESS", "DDPRUN_REPLACEMENT"};
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
@@ -560,6 +560,7 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
     // (several nodes) lives elsewhere.
     put("TORCHELASTIC_USE_AGENT_STORE", "False");
   }
+  if (w.replacement) put("DDPRUN_REPLACEMENT", "1");  // --recover-in-process: it joins the others
   if (!omp_threads_.empty()) put("OMP_NUM_THREADS", omp_threads_);
   if (!w.error_file.empty()) put("TORCHELASTIC_ERROR_FILE", w.error_file);
   return env;

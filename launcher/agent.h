@@ -66,6 +66,7 @@ class Agent {
     std::chrono::system_clock::time_point exit_time;
     bool reported = false;  // counted as a failure already
     bool lost = false;      // --recover-in-process: failed, and the others went on without it
+    bool replacement = false;  // --recover-in-process: started in place of a lost one
     StopWatch stop;         // stopped (SIGSTOP, a debugger), and since when
     bool killed_stopped = false;
   };
@@ -108,6 +109,8 @@ class Agent {
   bool keep_recovering(const Events& e);
   void end_declared_lost();
   void leave_stopped_behind();
+  void replace(Worker& w);
+  void end_waiting_replacements();
   int finished_here() const;
   void signal_running(int signo);
   void kill_running();

@@ -30,7 +30,44 @@ bool Agent::lose_worker(Worker& w) {
   }
   w.lost = true;
   say("worker " + failure_text(w) + "; the others go on without it (--recover-in-process)");
+  if (restarts_ < o_.max_restarts) replace(w);
   return true;
+}
+
+// A worker in place of the lost one, counted against --max-restarts: it
+// joins the others at a step boundary they choose (ddp/comm/recovery.h).
+void Agent::replace(Worker& w) {
+  const int lr = w.local_rank;
+  try {
+    rdzv_->replace_worker(round_, w.rank);
+  } catch (const LaunchError& e) {
+    say(std::string(e.what()) + "; no worker replaces rank " + std::to_string(w.rank));
+    return;
+  }
+  ++restarts_;
+  say("starting a worker in place of rank " + std::to_string(w.rank) + " (restart " + std::to_string(restarts_) +
+      " of " + std::to_string(o_.max_restarts) + "); it joins the others at a step boundary");
+  w = Worker{};
+  w.replacement = true;
+  start_worker(lr, run_dir_.empty() ? "" : run_dir_ + "/attempt_" + std::to_string(round_));
+}
+
+// The others finished: a replacement they never took in is ended.
+void Agent::end_waiting_replacements() {
+  for (auto& w : workers_) {
+    if (!w.replacement || w.process->exited() || w.lost) continue;
+    bool waiting = false;
+    try {
+      waiting = rdzv_->still_joining(round_, w.rank);
+    } catch (const LaunchError&) {
+      return;
+    }
+    if (!waiting) continue;
+    say("rank " + std::to_string(w.rank) + " (pid " + std::to_string(w.process->pid()) +
+        ") was still waiting to join when the others finished; sending SIGKILL (--recover-in-process)");
+    w.reported = w.lost = w.killed_stopped = true;
+    w.process->signal_group(SIGKILL);
+  }
 }
 
 // --recover-in-process: a worker stopped (SIGSTOP) while the others finished
@@ -64,6 +101,7 @@ void Agent::leave_stopped_behind() {
 bool Agent::keep_recovering(const Events& e) {
   if (e.poll_due) end_declared_lost();
   leave_stopped_behind();
+  if (finished_here() > 0) end_waiting_replacements();
   if (!all_exited() || finished_here() > 0 || assignment_.num_nodes > 1) return true;
   for (size_t i = 0; i < workers_.size(); ++i)
     if (workers_[i].lost) local_failures_.assign(1, i);

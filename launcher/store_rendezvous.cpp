@@ -79,6 +79,14 @@ class StoreRendezvous : public Rendezvous {
     });
   }
 
+  void replace_worker(int round, int rank) override {
+    link_.guarded([&] { return link_.watch().deleteKey(ddp::recovery_keys::lost(round, rank)); });
+  }
+
+  bool still_joining(int round, int rank) override {
+    return link_.guarded([&] { return link_.watch().check({ddp::recovery_keys::joining(round, rank)}); });
+  }
+
   void note_finished(int workers) override {
     link_.guarded([&] { return link_.watch().add(round_.finished(), workers); });
   }

@@ -272,8 +272,14 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
   if (reducer_params_are_cpu) {
     fix_malloc_thresholds(malloc_threshold_for(params, options_.malloc_mmap_threshold_mb(), pg_->rank()));
   }
-  verify_same_model(*module_, *pg_, options_.params_and_buffers_to_ignore());
-  broadcast_coalesced(*pg_, d.state, 0);
+  // A rank that joins a running recoverable group is not in it yet: the
+  // others wrapped their models long ago, and it takes their state when
+  // taken in (RecoverableGroup::set_state).
+  const auto* recoverable = dynamic_cast<const RecoverableGroup*>(pg_.get());
+  if (!recoverable || !recoverable->joining()) {
+    verify_same_model(*module_, *pg_, options_.params_and_buffers_to_ignore());
+    broadcast_coalesced(*pg_, d.state, 0);
+  }
   // Models with large gradients are left alone: the heap would keep the holes
   // their gradient-sized temporaries leave (docs/performance.md, "Where the
   // memory goes"), and their steps are long enough not to notice the faults.
@@ -293,6 +299,13 @@ DistributedDataParallelBase::DistributedDataParallelBase(std::shared_ptr<torch::
 
 // The job's timeline when DDP_TIMELINE asks for one, fed by the reducer.
 void DistributedDataParallelBase::start_timeline() {
+  // The timeline's agreement, offsets and gathers are collectives over a
+  // fixed world: a recoverable group changes its own (docs/observe.md).
+  if (auto* recoverable = dynamic_cast<const RecoverableGroup*>(pg_.get())) {
+    if (std::getenv("DDP_TIMELINE") && recoverable->slot() == 0)
+      std::cerr << "libddp: DDP_TIMELINE is ignored on a recoverable group (in-process recovery)" << std::endl;
+    return;
+  }
   timeline_ = timeline_from_env(pg_);
   if (!timeline_) return;
   internals_->reducer->set_timeline(timeline_);

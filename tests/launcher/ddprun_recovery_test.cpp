@@ -77,6 +77,28 @@ TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
   EXPECT_LT(std::stod(result["diff"]), 1e-12);
 }
 
+// With --max-restarts 1 ddprun starts a worker in rank 1's place; the two
+// others take it in at a step boundary and hand it their state: the three
+// end bitwise equal, in the group's third generation.
+TEST_F(Recovery, AReplacementJoinsLiveAndEndsEqual) {
+  const std::string out = sub("out");
+  Process p({DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1",
+             RECOVERY_WORKER_BIN, out, "60", "1", "3", "kill"},
+            {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "100"}}, dir_);
+  Result r = p.wait(180);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("starting a worker in place of rank 1"), std::string::npos) << r.err;
+  EXPECT_EQ(lines_of(read_file(out + "/starts.1")).size(), 2u);
+  for (int s = 0; s < 3; ++s) {
+    auto result = result_of(out + "/result." + std::to_string(s));
+    EXPECT_EQ(result["generation"], "2") << "slot " << s;
+    EXPECT_EQ(result["members"], "0,1,2") << "slot " << s;
+    EXPECT_EQ(result["committed"], "60") << "slot " << s;
+    EXPECT_LT(std::stod(result["diff"]), 1e-12) << "slot " << s;
+    EXPECT_EQ(read_file(out + "/params." + std::to_string(s)), read_file(out + "/params.0")) << "slot " << s;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
                          ::testing::Values(Fault{"Sigkill", 1, 3, "kill"}, Fault{"RankZeroAtTheFirstStep", 0, 0, "kill"},
                                            Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"}),

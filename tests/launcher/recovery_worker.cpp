@@ -9,8 +9,11 @@
 // with their ddprun), or, for `twice`, SIGKILLs itself, and the worker of
 // launch rank FAULT_RANK + 1 does at the same step's retry (a second fault
 // right after the group re-formed).
-// DIR/starts.<slot>: a line per start of that slot's process (never more
-// than one: no restart). DIR/result.<slot>: generation, size, members, the
+// RECOVERY_WORKER_STEP_MS: a pause in every step (time for a replacement to
+// start). A replacement (ddprun --max-restarts) takes the step count and
+// the parameters from the group when it is taken in (set_state).
+// DIR/starts.<slot>: a line per start of that slot's process (one, but for
+// a slot whose worker was replaced). DIR/result.<slot>: generation, size, members, the
 // steps committed, and the largest difference from the same steps trained
 // in one process on the whole batch. DIR/params.<slot>: the parameters'
 // bytes, for the bitwise comparison across ranks.
@@ -24,7 +27,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -87,7 +92,26 @@ int train(int argc, char** argv) {
   torch::optim::SGD opt(net->parameters(), 0.1);
   int step = 0;
   int attempts = 0;
+  group->set_state(
+      [&] {
+        std::ostringstream out;
+        auto params = net->parameters();
+        params.push_back(torch::tensor(static_cast<int64_t>(step)));
+        torch::save(params, out);
+        return out.str();
+      },
+      [&](const std::string& bytes) {
+        std::istringstream in(bytes);
+        std::vector<torch::Tensor> got;
+        torch::load(got, in);
+        torch::NoGradGuard no_grad;
+        auto params = net->parameters();
+        for (size_t i = 0; i < params.size(); ++i) params[i].copy_(got.at(i));
+        step = static_cast<int>(got.back().item<int64_t>());
+      });
+  const char* pause = std::getenv("RECOVERY_WORKER_STEP_MS");
   while (step < steps) {
+    if (pause) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
     ++attempts;
     const bool committed = group->run_step([&] {
       auto [x, y] = batch(step);

@@ -16,6 +16,10 @@
 //     optimizer.zero_grad();
 //   }
 //
+// A rank started in place of a lost one (ddprun does, while --max-restarts
+// allows) joins at a step boundary: the step's vote takes it in, and it
+// receives the running ranks' state (set_state) when the group grows.
+//
 // What the group does not yet carry over: a ZeroRedundancyOptimizer's
 // shards, ddp::Join, subgroups (dist::new_group), NCCL (docs/design.md).
 #pragma once
@@ -37,6 +41,8 @@ struct RecoveryOptions {
   std::chrono::milliseconds deadline = std::chrono::seconds(30);
   // Below this many ranks the group does not re-form: reform() throws.
   int min_world_size = 1;
+  // How long a joining rank waits to be taken in.
+  std::chrono::milliseconds join_timeout = std::chrono::minutes(30);
   // "gloo" (the one backend that re-forms so far) or "auto" (gloo).
   std::string backend = "auto";
 };
@@ -57,10 +63,27 @@ class RecoverableGroup : public ProcessGroup {
   // store and forms the next generation's. Throws CommError when this rank
   // came too late to be taken in, or fewer than min_world_size remain.
   virtual void reform() = 0;
-  // run_step(fn): fn(), then should_commit(); a CommError from fn or a vote
-  // against re-forms the group and returns false (the step is to be run
-  // again), else true.
+  // run_step(fn): grow() when due, fn(), then should_commit(); a CommError
+  // from fn or a vote against re-forms the group and returns false (the
+  // step is to be run again), else true.
   bool run_step(const std::function<void()>& fn);
+
+  // ---- growing
+  // Whether this rank was started in place of a lost one and is not yet
+  // taken in: its rank() and size() are the launch's, and it must call
+  // grow() before any collective.
+  virtual bool joining() const = 0;
+  // What a joining rank receives: save() on the first rank that was in the
+  // group before returns it, load() on the joining ranks takes it (the
+  // model, the optimizer, the position). Set on every rank.
+  virtual void set_state(std::function<std::string()> save, std::function<void(const std::string&)> load) = 0;
+  // True on a joining rank, and on the others after a committed step whose
+  // vote took joining ranks in.
+  virtual bool grow_pending() const = 0;
+  // Collective over the group and the ranks it takes in: the next
+  // generation, with them, and the state handed over. A joining rank waits
+  // for it up to RecoveryOptions::join_timeout (then a CommError).
+  virtual void grow() = 0;
 
   // 0 for the group made at the start, +1 at each reform().
   virtual int generation() const = 0;

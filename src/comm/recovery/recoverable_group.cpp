@@ -12,6 +12,7 @@
 #include "ddp/comm/recovery.h"
 
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +25,7 @@
 #include "comm/backend/connect.h"
 #include "comm/c10d_compat.h"
 #include "comm/group/registry.h"
+#include "comm/objects/object_exchange.h"
 #include "comm/recovery/fault_watch.h"
 #include "comm/recovery/recovery_keys.h"
 #include "comm/store/store_client.h"
@@ -82,10 +84,18 @@ class Recoverable final : public RecoverableGroup {
   Recoverable(const LaunchEnv& env, const RecoveryOptions& options)
       : env_(env), options_(options), round_(round_from_environment()), slot_(env.rank), rank_(env.rank) {
     store_ = connect_store();
-    members_.resize(static_cast<size_t>(env.world_size));
-    for (int r = 0; r < env.world_size; ++r) members_[static_cast<size_t>(r)] = r;
     watch_ = std::make_unique<detail::FaultWatch>(connect_store(), round_, slot_, options_.deadline,
                                                   [this] { abort_sockets(); });
+    // Started in place of a lost worker (ddprun sets DDPRUN_REPLACEMENT): it
+    // waits to be taken in (grow()), and says so.
+    const char* replacement = std::getenv("DDPRUN_REPLACEMENT");
+    joining_ = replacement && std::string(replacement) == "1";
+    if (joining_) {
+      store_->set(joining_key(slot_), bytes(std::to_string(::getpid())));
+      return;
+    }
+    members_.resize(static_cast<size_t>(env.world_size));
+    for (int r = 0; r < env.world_size; ++r) members_[static_cast<size_t>(r)] = r;
     form_inner();
   }
 
@@ -93,7 +103,7 @@ class Recoverable final : public RecoverableGroup {
 
   // ---- ProcessGroup: the current generation's inner group
   int rank() const override { return rank_; }
-  int size() const override { return static_cast<int>(members_.size()); }
+  int size() const override { return joining_ ? env_.world_size : static_cast<int>(members_.size()); }
   std::string backend_name() const override { return "gloo"; }
   torch::Device device() const override { return torch::kCPU; }
   std::chrono::milliseconds timeout() const override { return options_.deadline; }
@@ -101,7 +111,10 @@ class Recoverable final : public RecoverableGroup {
   Work broadcast(at::Tensor& t, int root) override { return inner()->broadcast(t, root); }
   std::vector<at::Tensor> allgather(const at::Tensor& t) override { return inner()->allgather(t); }
   void barrier() override { inner()->barrier(); }
-  std::shared_ptr<StoreHandle> store() const override { return inner()->store(); }
+  std::shared_ptr<StoreHandle> store() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return inner_ ? inner_->store() : nullptr;  // none while re-forming or joining
+  }
   Work collective(const CollectiveCall& call) override { return inner()->collective(call); }
   std::vector<Work> coalesced(const std::vector<CollectiveCall>& calls) override { return inner()->coalesced(calls); }
   std::shared_ptr<ProcessGroup> new_subgroup(const std::vector<int>&, std::chrono::milliseconds) override {
@@ -110,10 +123,52 @@ class Recoverable final : public RecoverableGroup {
   }
   void shutdown() override {
     watch_->stop();
-    if (auto g = inner()) g->shutdown();
+    std::shared_ptr<ProcessGroup> g;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      g = inner_;
+    }
+    if (g) g->shutdown();
   }
 
   // ---- RecoverableGroup
+  bool joining() const override { return joining_; }
+  bool grow_pending() const override { return joining_ || grow_pending_; }
+  void set_state(std::function<std::string()> save, std::function<void(const std::string&)> load) override {
+    save_ = std::move(save);
+    load_ = std::move(load);
+  }
+
+  void grow() override {
+    if (!grow_pending()) return;
+    try {
+      const int g = joining_ ? wait_to_be_taken_in() : generation_ + 1;
+      const std::string key = recovery_keys::generation(round_, g);
+      std::vector<int> members;
+      poll_until(Clock::now() + options_.deadline, [&] { return store_->check({key + "members"}); });
+      members = split(text(store_->get(key + "members")));
+      const auto joined = split(text(store_->get(key + "joined")));
+      const auto me = std::find(members.begin(), members.end(), slot_);
+      if (me == members.end()) throw CommError(who() + "generation " + std::to_string(g) + " left this rank out");
+      generation_ = g;
+      members_ = members;
+      rank_ = static_cast<int>(me - members.begin());
+      form_inner();
+      hand_over_state(joined);
+      if (joining_) store_->deleteKey(joining_key(slot_));
+      joining_ = grow_pending_ = false;
+      std::cerr << who() << "grew to launch ranks " << join(members_) << " (" << join(joined) << " joined)"
+                << std::endl;
+    } catch (const UsageError&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (joining_ || excluded_) throw CommError(who() + "could not join the running group: " + first_line(e.what()));
+      grow_pending_ = false;
+      std::cerr << who() << "growing failed (" << first_line(e.what()) << "); re-forming" << std::endl;
+      reform();
+    }
+  }
+
   int generation() const override { return generation_; }
   int slot() const override { return slot_; }
   std::vector<int> members() const override { return members_; }
@@ -123,11 +178,13 @@ class Recoverable final : public RecoverableGroup {
         recovery_keys::generation(round_, generation_) + "step/" + std::to_string(step_++) + "/";
     const std::string decision = step + "decision";
     try {
-      if (store_->add(step + "done", 1) == size()) decide(decision, "commit");
+      if (store_->add(step + "done", 1) == size()) decide_commit(decision);
       const auto until = Clock::now() + options_.deadline;
       const bool decided = poll_until(until, [&] { return store_->check({decision}) || aborted_.load(); });
       if (!decided || !store_->check({decision})) decide(decision, "abort");
-      const bool commit = text(store_->get(decision)) == "commit";
+      const std::string verdict = text(store_->get(decision));
+      grow_pending_ = verdict == "grow";  // committed, and the next step takes joining ranks in
+      const bool commit = verdict == "commit" || verdict == "grow";
       if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
       return commit;
     } catch (const std::exception& e) {
@@ -184,6 +241,59 @@ class Recoverable final : public RecoverableGroup {
   }
 
   void decide(const std::string& key, const std::string& what) { store_->compareSet(key, {}, bytes(what)); }
+  std::string joining_key(int slot) const { return recovery_keys::joining(round_, slot); }
+
+  // The last rank to vote: "commit", or "grow" when ranks wait to join (the
+  // step commits, and the next generation is this one's and theirs).
+  void decide_commit(const std::string& decision) {
+    std::vector<int> joiners;
+    for (int s = 0; s < env_.world_size; ++s)
+      if (std::find(members_.begin(), members_.end(), s) == members_.end() && store_->check({joining_key(s)}) &&
+          !store_->check({recovery_keys::lost(round_, s)}))  // a replacement that ended while it waited
+        joiners.push_back(s);
+    if (joiners.empty()) return decide(decision, "commit");
+    if (text(store_->compareSet(decision, {}, bytes("grow"))) != "grow") return;
+    std::vector<int> grown = members_;
+    grown.insert(grown.end(), joiners.begin(), joiners.end());
+    std::sort(grown.begin(), grown.end());
+    const std::string key = recovery_keys::generation(round_, generation_ + 1);
+    store_->set(key + "joined", bytes(join(joiners)));
+    store_->compareSet(key + "members", {}, bytes(join(grown)));
+    store_->set(recovery_keys::root(round_) + "grown", bytes(std::to_string(generation_ + 1)));
+  }
+
+  // A joining rank: the generation that takes it in, once the others grew.
+  int wait_to_be_taken_in() {
+    const std::string grown = recovery_keys::root(round_) + "grown";
+    int taken = -1;
+    const bool in = poll_until(Clock::now() + options_.join_timeout, [&] {
+      if (!store_->check({grown})) return false;
+      const int g = std::stoi(text(store_->get(grown)));
+      const auto members = split(text(store_->get(recovery_keys::generation(round_, g) + "members")));
+      if (std::find(members.begin(), members.end(), slot_) == members.end()) return false;
+      taken = g;
+      return true;
+    });
+    if (!in)
+      throw CommError(who() + "was not taken into the running group within " +
+                      std::to_string(options_.join_timeout.count() / 1000) + " s (RecoveryOptions::join_timeout)");
+    return taken;
+  }
+
+  // The first rank that was in the group before sends the state; the ranks
+  // that joined take it.
+  void hand_over_state(const std::vector<int>& joined) {
+    auto is_new = [&](int s) { return std::find(joined.begin(), joined.end(), s) != joined.end(); };
+    int root = 0;
+    while (root < size() && is_new(members_[static_cast<size_t>(root)])) ++root;
+    if (root == size()) throw CommError(who() + "no rank of the group was in it before; nothing to hand over");
+    std::string state = rank_ == root && save_ ? save_() : std::string();
+    state = detail::broadcast_bytes(*this, std::move(state), root);
+    if (joining_) {
+      if (!load_) throw UsageError(who() + "joined a running group without set_state(): its state cannot be taken");
+      load_(state);
+    }
+  }
 
   // The inner group of this generation: Gloo on the launcher's store, under
   // the generation's prefix; its sockets noted so that abort_inner() can end
@@ -274,6 +384,10 @@ class Recoverable final : public RecoverableGroup {
   int generation_ = 0;
   int64_t step_ = 0;
   bool excluded_ = false;
+  bool joining_ = false;       // started in place of a lost rank, not yet taken in
+  bool grow_pending_ = false;  // the last vote took joining ranks in
+  std::function<std::string()> save_;
+  std::function<void(const std::string&)> load_;
   int reforms_without_loss_ = 0;
   std::atomic<bool> aborted_{false};
   mutable std::mutex mutex_;  // inner_ and sockets_
@@ -290,6 +404,7 @@ bool recovery_launched() {
 
 bool RecoverableGroup::run_step(const std::function<void()>& fn) {
   try {
+    if (grow_pending()) grow();
     fn();
   } catch (const UsageError&) {
     throw;

@@ -18,6 +18,8 @@ inline std::string root(int round) { return attempt_root(round) + "ddp_recovery/
 // process ended, by the rank watching its heartbeat when that stopped. The
 // survivors do not wait for it when they re-form.
 inline std::string lost(int round, int slot) { return root(round) + "lost/" + std::to_string(slot); }
+// Set by a worker started in place of a lost one until the others take it in.
+inline std::string joining(int round, int slot) { return root(round) + "joining/" + std::to_string(slot); }
 // One more after each lost/ key written: the workers watch it.
 inline std::string lost_count(int round) { return root(round) + "lost_count"; }
 // A rank's heartbeat, a counter it adds to.
