@@ -2,6 +2,7 @@
 
 #include "runtime/atomic_file.h"
 #include "checkpoint_extra.h"
+#include "live_state.h"
 #include "comm/objects/object_exchange.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/run_dir.h"
@@ -475,101 +476,39 @@ TrainState load_checkpoint(
   return state;
 }
 
-// ---- resuming a run -------------------------------------------------------
+// ---- a running group's state, for a rank that joins it (live_state.h) ----
 
-std::string restart_reason() {
-  // The most specific first: a failure restart sets both of ddprun's.
-  for (const char* name : {"SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "DDPRUN_RDZV_ROUND"}) {
-    const char* v = std::getenv(name);
-    const auto count = v ? parse_integer(v, 0, INT32_MAX) : std::nullopt;
-    if (count && *count > 0) return std::string(name) + "=" + v;
-  }
-  return "";
+namespace detail {
+
+std::string live_state_bytes(const TrainState& state, const ProcessGroup& pg) {
+  if (!state.model || !state.optimizer)
+    throw UsageError(rank_tag(pg) + ": a rank joins the group, and this one cannot hand it the state: the model "
+                     "and optimizer are known from resume_or_start, which this program did not call");
+  const auto bytes = checkpoint_bytes(*state.model, *state.optimizer, state, pg.size(), {cpu_rng_state()});
+  return std::string(bytes.begin(), bytes.end());
 }
 
-namespace {
-
-// Collective: whether the run folder holds a checkpoint or its previous one
-// (rank 0 looks: the others may not share its disk).
-bool run_has_checkpoint(RunDir& run, ProcessGroup& pg) {
-  const std::string path = run.checkpoint_path();
-  const bool here = pg.rank() == 0 && (std::filesystem::exists(path) ||
-                                       std::filesystem::exists(previous_checkpoint_path(path)));
-  return detail::broadcast_flag(pg, here, 0);
-}
-
-// What rank 0 knows of the stop request: its own signal, or that another rank got one.
-std::string signal_name(int signo) {
-  if (signo == SIGUSR1) return "SIGUSR1 here and maybe elsewhere";
-  if (signo == SIGTERM) return "SIGTERM here and maybe elsewhere: a stop request, as when a node joins or leaves";
-  if (signo == 0) return "a signal on another rank";
-  return "signal " + std::to_string(signo);
-}
-
-std::string position(const TrainState& s) {
-  return "epoch " + std::to_string(s.epoch) +
-         (s.epoch_samples > 0 ? " and " + std::to_string(s.epoch_samples) + " samples (" +
-                                    std::to_string(s.epoch_step) + " batches per rank) of epoch " +
-                                    std::to_string(s.epoch + 1)
-                              : std::string());
-}
-
-}  // namespace
-
-TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler) {
-  TrainState state;
-  std::string from = opts.resume_path();
-  std::string why;
-  // A requeued or restarted job continues from its own checkpoint, if it got
-  // as far as writing one; so does --resume auto, which otherwise starts fresh.
-  const std::string restart = restart_reason();
-  const bool auto_resume = opts.resume() == "auto";
-  if (!restart.empty() || auto_resume) {
-    if (run_has_checkpoint(run, pg)) {
-      from = run.checkpoint_path();
-      if (!restart.empty()) why = " (" + restart + ": the job was requeued, restarted or rescaled)";
-    } else if (auto_resume) {
-      from.clear();
-      run.log("--resume auto: no checkpoint in " + opts.run_dir() + " yet; starting fresh");
-    }
+TrainState load_live_state(const std::string& bytes, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                           ProcessGroup& pg, GradScaler* scaler) {
+  const std::string from = "the running group's state";
+  auto root = parse_checkpoint(std::vector<char>(bytes.begin(), bytes.end()), from);
+  TrainState state = read_position(root, from);
+  state.extra = extra_from_pickle(root->get("extra"), from);
+  StateDict model_state;
+  if (!to_state_dict(root->get("model"), model_state))
+    throw CheckpointError(from + ": entry \"model\" is not a dict of tensors");
+  load_state_dict(model, model_state);
+  torch::Device device = torch::kCPU;
+  for (const auto& p : model.parameters()) {
+    device = p.device();
+    break;
   }
-  if (!from.empty()) {
-    // Sets last_checkpoint: the file used. Every rank checks the same config, so all refuse alike.
-    state = load_checkpoint(from, model, &optimizer, pg, scaler,
-                            [&](const std::map<std::string, std::string>& config, const std::string& file) {
-                              opts.check_resume(config, file, pg.rank() == 0);
-                            });
-    state.last_checkpoint_epoch = state.epoch;
-    if (state.epoch > opts.epochs())
-      throw CheckpointError(rank_tag(pg) + ": " + state.last_checkpoint + " is after " + std::to_string(state.epoch) +
-                            " epochs, more than --epochs " + std::to_string(opts.epochs()) +
-                            " asks for in all: raise --epochs to train on, or give another --run-dir to start afresh");
-    run.log("resumed from " + state.last_checkpoint + " after " + position(state) + why);
-  }
-  state.scaler = scaler;
-  state.run = &run;
-  state.config = opts.to_config();
-  run.start(state.epoch);
-  if (opts.tensorboard()) run.open_tensorboard(state.step + 1, state.config);
-  if (opts.preemption_check_every() > 0) {
-    // SIGUSR1: Slurm's warning. SIGTERM: how ddprun and torchrun stop the
-    // workers when a node joins or leaves (SIGKILL follows after
-    // --term-timeout), and Slurm's at the end: either way the epoch's work
-    // is saved at the next agreed step instead of lost.
-    watch_preemption_signal(SIGUSR1);
-    watch_preemption_signal(SIGTERM);
-    const std::string path = run.checkpoint_path();
-    state.checkpoint_and_stop = [&run, &model, &optimizer, &pg, path](const TrainState& s) {
-      run.log("preemption warning (" + signal_name(preemption_signal_received()) +
-              "): checkpoint after " + position(s) + ", then exit status " +
-              std::to_string(kPreemptedExitCode) + " so that the job is requeued");
-      save_checkpoint(path, model, optimizer, s, pg);
-      throw Preempted(rank_tag(pg) + ": stopped for preemption after " + position(s) + "; " + path +
-                      " holds the state, and the requeued job resumes from it");
-    };
-  }
+  load_optimizer(root, from, optimizer, device, pg);
+  if (scaler && scaler->is_enabled()) load_scaler(root, from, *scaler, pg);
+  load_rng_state(root, from, 1, pg);  // the sender's stream
   return state;
 }
+
+}  // namespace detail
 
 }  // namespace ddp

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "ddp/comm/recovery.h"
 #include "ddp/runtime/launch_env.h"
 #include "comm/objects/object_exchange.h"
 
@@ -43,6 +44,9 @@ std::string clean(std::string s) {
 }  // namespace
 
 std::string environment_summary(ProcessGroup& pg) {
+  // A rank joining a running recoverable group: the others gathered theirs long ago.
+  if (const auto* recoverable = dynamic_cast<const RecoverableGroup*>(&pg); recoverable && recoverable->joining())
+    return "";
   const LaunchEnv env = LaunchEnv::from_environment();
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);

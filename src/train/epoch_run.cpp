@@ -14,6 +14,7 @@
 #include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
 #include "train/epoch_checks.h"
+#include "train/live_state.h"
 #include "train/run_tensorboard.h"
 
 namespace ddp::detail {
@@ -79,10 +80,19 @@ namespace {
 // Steps voted on by commit_or_throw (ddp::optimizer_step) in this process.
 int64_t g_votes = 0;
 
+// Thrown between steps once a recoverable group took joining ranks in: the
+// epoch's data goes on at the new size (EpochRun::recover).
+struct GroupGrew : std::exception {
+  const char* what() const noexcept override { return "the group took joining ranks in"; }
+};
+
 // The sampler's epoch, and where it starts after a checkpoint written
 // inside the epoch. Before the state's counts are read.
 DistributedSampler& start_epoch(DistributedSampler& sampler, int64_t epoch, int64_t batch_size,
                                 const TrainState& state, ProcessGroup& pg) {
+  // A recoverable group's ranks change as it re-forms (a rank that joined
+  // made its sampler with its launch rank).
+  if (dynamic_cast<RecoverableGroup*>(&pg)) sampler.set_replicas(pg.size(), pg.rank());
   sampler.set_epoch(epoch);
   if (state.epoch_samples > 0) resume_inside_epoch(sampler, epoch, batch_size, state, pg);
   return sampler;
@@ -103,6 +113,11 @@ bool EpochRun::wants_more() const { return s_->taken < s_->steps; }
 
 void EpochRun::before_step() {
   State& s = *s_;
+  if (s.recoverable && s.recoverable->grow_pending()) {
+    s.recoverable->set_state([&s] { return live_state_bytes(s.state, s.pg); }, {});
+    s.recoverable->grow();
+    throw GroupGrew();
+  }
   s.votes_before = g_votes;
   const int64_t check_every = s.opts.preemption_check_every();
   if (check_every <= 0 || s.taken % check_every != 0) return;
@@ -160,6 +175,8 @@ bool EpochRun::recover() {
     return false;
   } catch (const CheckpointError&) {
     return false;
+  } catch (const GroupGrew&) {
+    return reshard("ranks joined");
   } catch (const std::exception& e) {
     const std::string what = e.what();
     std::cerr << "rank " << s.pg.rank() << "/" << s.pg.size() << ": step " << s.state.step + 1
@@ -167,6 +184,13 @@ bool EpochRun::recover() {
   }
   if (s.sample_log) s.sample_log->failed(s.taken, s.batch_size, s.state.step + 1);
   s.recoverable->reform();
+  return reshard("a rank was lost");
+}
+
+// The group's new size and this rank's place in it: the epoch's samples not
+// yet taken, shared out again.
+bool EpochRun::reshard(const std::string& how) {
+  State& s = *s_;
   s.sampler.set_replicas(s.pg.size(), s.pg.rank());
   s.sampler.set_epoch(s.epoch);
   s.sampler.set_start(static_cast<size_t>(s.state.epoch_samples));
@@ -180,7 +204,7 @@ bool EpochRun::recover() {
   const std::string line = "epoch " + std::to_string(s.epoch + 1) + ": " + std::to_string(s.pg.size()) +
                            " ranks go on from sample " + std::to_string(s.state.epoch_samples) + " of " +
                            std::to_string(s.sampler.dataset_size()) + " (generation " +
-                           std::to_string(s.recoverable->generation()) + ")";
+                           std::to_string(s.recoverable->generation()) + ": " + how + ")";
   if (s.state.run) {
     s.state.run->follow(s.pg, s.state.step);  // the new rank 0 writes the run folder, if it changed
     s.state.run->log(line);

@@ -46,10 +46,19 @@ void RunDir::open_folder(const ProcessGroup& pg) {
 }
 
 void RunDir::follow(const ProcessGroup& pg, int64_t step) {
-  if (writer_ || pg.rank() != 0) return;
-  writer_ = true;
-  open_folder(pg);
-  if (tensorboard_wanted_) open_tensorboard(step, options_);
+  const bool rank0 = pg.rank() == 0;
+  if (rank0 == writer_) return;
+  writer_ = rank0;
+  if (rank0) {
+    open_folder(pg);
+    if (tensorboard_wanted_) open_tensorboard(step, options_);
+    return;
+  }
+  // A rank that joined took rank 0 back (it has the lowest launch rank).
+  if (tensorboard_) tensorboard_->close();
+  tensorboard_.reset();
+  if (log_fd_ >= 0) ::close(log_fd_);
+  log_fd_ = -1;
 }
 
 RunDir::~RunDir() {

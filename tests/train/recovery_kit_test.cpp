@@ -89,5 +89,39 @@ TEST_P(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatSte
   std::filesystem::remove_all(dir);
 }
 
+// With --max-restarts 1 ddprun starts a worker in rank 1's place; the two
+// others take it in between two steps and hand it the model, the optimizer
+// and the position: it trains on with them, and every sample of each epoch
+// is still trained (the failed step's twice, the shards' padding once more).
+TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
+  const auto dir = ddp::testing::temp_dir("recovery_kit_join");
+  const std::string run = dir + "/run";
+  auto r = ddp::testing::run_program(
+      DDPRUN_BIN,
+      {"--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1", DDP_ELASTIC_WORKER,
+       "train", "--run-dir", run, "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
+      {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"},
+       {"ELASTIC_STEP_MS", "250"}, {"OMP_NUM_THREADS", "1"}},
+      std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting a worker in place of rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("joined the running group"), std::string::npos) << r.output;
+  const std::string log = ddp::testing::read_file(run + "/log.txt");
+  EXPECT_NE(log.find("ranks joined"), std::string::npos) << log;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto got = positions_trained(run, epoch);
+    int extra = 0;
+    for (size_t p = 0; p < kRecoverySamples; ++p) {
+      const auto it = got.find(p);
+      EXPECT_TRUE(it != got.end() && it->second >= 1) << "epoch " << epoch << " position " << p << ": "
+                                                      << print_counts(got);
+      if (it != got.end()) extra += it->second - 1;
+    }
+    // Epoch 0: the failed step's 12 again, padding at most 2 at each new size.
+    EXPECT_LE(extra, epoch == 0 ? 16 : 2) << "epoch " << epoch << ": " << print_counts(got);
+  }
+  std::filesystem::remove_all(dir);
+}
+
 INSTANTIATE_TEST_SUITE_P(Killed, RecoveryKit, ::testing::Values(1, 0),
                          [](const auto& info) { return "Rank" + std::to_string(info.param); });

@@ -82,6 +82,10 @@ struct TrainState {
   // Not saved, not owned. The run folder (resume_or_start sets it):
   // train_epoch() logs there where a resumed epoch goes on.
   RunDir* run = nullptr;
+  // Not saved, not owned. The model and optimizer resume_or_start was given:
+  // what train_epoch hands a rank that joins a recoverable group.
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
 };
 
 // An empty str -> any dict for TrainState::extra's nested entries (LibTorch

@@ -79,6 +79,7 @@ class EpochRun {
   bool recover();
 
  private:
+  bool reshard(const std::string& how);
   struct State;
   std::unique_ptr<State> s_;
 };

@@ -88,10 +88,10 @@ class RunDir {
   // Writes the hyperparameters with the last epoch's figures and closes the
   // writer (finish_run does).
   void close_tensorboard();
-  // The group re-formed without its rank 0 (ddp/comm/recovery.h): the new
-  // rank 0 writes the folder from now on, appending to log.txt and
-  // metrics.csv, and TensorBoard records from step `step` on when they were
-  // asked for. Nothing on any other rank, or where rank 0 stayed.
+  // The group re-formed (ddp/comm/recovery.h): whoever is rank 0 now writes
+  // the folder from now on, appending to log.txt and metrics.csv, and
+  // TensorBoard records from step `step` on when they were asked for; a
+  // rank that is no longer rank 0 stops. Nothing where rank 0 stayed.
   void follow(const ProcessGroup& pg, int64_t step);
 
  private:
