@@ -140,6 +140,19 @@ TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
 INSTANTIATE_TEST_SUITE_P(Lost, TwoNodeRecovery, ::testing::Values("kill", "node"),
                          [](const auto& info) { return info.param == "kill" ? std::string("Worker") : "Node"; });
 
+// A program on a plain init_process_group under --recover-in-process: every
+// rank, rank 0 too, joins ddprun's store (TORCHELASTIC_USE_AGENT_STORE=True)
+// instead of rank 0 serving one at MASTER_PORT, which ddprun's holds.
+TEST_F(LauncherTest, APlainProcessGroupJoinsTheLaunchersStore) {
+  const std::string out = sub("out");
+  std::ofstream(out + "/go").flush();
+  Process p({DDPRUN_BIN, "--standalone", "--nproc-per-node", "2", "--recover-in-process", STORE_WORKER_BIN, out}, {},
+            dir_);
+  Result r = p.wait(120);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(out + "/ready.0") && fs::exists(out + "/ready.1")) << r.err;
+}
+
 // Without --recover-in-process the same program is refused at its start,
 // on every rank, with what to do.
 TEST_F(LauncherTest, RecoverableGroupNeedsRecoverInProcess) {
