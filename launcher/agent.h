@@ -67,6 +67,7 @@ class Agent {
     bool reported = false;  // counted as a failure already
     bool lost = false;      // --recover-in-process: failed, and the others went on without it
     bool replacement = false;  // --recover-in-process: started in place of a lost one
+    bool taken_in = false;     // a replacement the others took in (it removed its predecessor's lost/ key)
     StopWatch stop;         // stopped (SIGSTOP, a debugger), and since when
     bool killed_stopped = false;
   };

@@ -23,6 +23,7 @@ bool Agent::lose_worker(Worker& w) {
   for (const auto& other : workers_) others = others || !other.process->exited();
   if (!others) return false;
   try {
+    if (w.replacement) rdzv_->forget_joining(round_, w.rank);
     rdzv_->report_lost_worker(round_, w.rank, failure_text(w));
   } catch (const LaunchError& e) {
     say(std::string(e.what()) + "; the workers cannot be told that rank " + std::to_string(w.rank) + " is gone");
@@ -38,12 +39,6 @@ bool Agent::lose_worker(Worker& w) {
 // joins the others at a step boundary they choose (ddp/comm/recovery.h).
 void Agent::replace(Worker& w) {
   const int lr = w.local_rank;
-  try {
-    rdzv_->replace_worker(round_, w.rank);
-  } catch (const LaunchError& e) {
-    say(std::string(e.what()) + "; no worker replaces rank " + std::to_string(w.rank));
-    return;
-  }
   ++restarts_;
   say("starting a worker in place of rank " + std::to_string(w.rank) + " (restart " + std::to_string(restarts_) +
       " of " + std::to_string(o_.max_restarts) + "); it joins the others at a step boundary");
@@ -116,6 +111,12 @@ void Agent::end_declared_lost() {
     std::optional<std::string> why;
     try {
       why = rdzv_->lost_reason(round_, w.rank);
+      // A replacement waits with its predecessor's lost/ key, which it
+      // removes once taken in: until then, the key is not about it.
+      if (w.replacement && !w.taken_in) {
+        w.taken_in = !why;
+        continue;
+      }
     } catch (const LaunchError&) {
       return;  // the store is lost; the round's end says so
     }

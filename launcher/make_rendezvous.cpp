@@ -26,8 +26,8 @@ class LocalRendezvous : public Rendezvous {
   RoundEnd report_failure(const RoundEnd& r) override { return r; }
   void report_lost_worker(int, int, const std::string&) override {}
   std::optional<std::string> lost_reason(int, int) override { return std::nullopt; }
-  void replace_worker(int, int) override {}
   bool still_joining(int, int) override { return false; }
+  void forget_joining(int, int) override {}
   void note_finished(int) override {}
   int finished_anywhere() override { return 1; }
   void mark_done() override {}

@@ -98,11 +98,10 @@ class Rendezvous {
   // Why the workers declared the worker of `rank` lost (its heartbeat
   // stopped), if they did: ddprun then ends it.
   virtual std::optional<std::string> lost_reason(int round, int rank) = 0;
-  // A worker started in place of the lost one of `rank`: its lost/ key goes,
-  // and it joins the others when they take it in.
-  virtual void replace_worker(int round, int rank) = 0;
   // Whether the replacement of `rank` still waits to be taken in.
   virtual bool still_joining(int round, int rank) = 0;
+  // A replacement lost while it waited: the others must not take it in.
+  virtual void forget_joining(int round, int rank) = 0;
   // --recover-in-process: this node's workers that finished (exit 0), before
   // mark_done(); the count over every node, once all_done().
   virtual void note_finished(int workers) = 0;

@@ -79,8 +79,8 @@ class StoreRendezvous : public Rendezvous {
     });
   }
 
-  void replace_worker(int round, int rank) override {
-    link_.guarded([&] { return link_.watch().deleteKey(ddp::recovery_keys::lost(round, rank)); });
+  void forget_joining(int round, int rank) override {
+    link_.guarded([&] { return link_.watch().deleteKey(ddp::recovery_keys::joining(round, rank)); });
   }
 
   bool still_joining(int round, int rank) override {

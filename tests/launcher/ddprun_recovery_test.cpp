@@ -83,7 +83,7 @@ TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
 TEST_F(Recovery, AReplacementJoinsLiveAndEndsEqual) {
   const std::string out = sub("out");
   Process p({DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1",
-             RECOVERY_WORKER_BIN, out, "60", "1", "3", "kill"},
+             RECOVERY_WORKER_BIN, out, "200", "1", "3", "kill"},
             {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "100"}}, dir_);
   Result r = p.wait(180);
   ASSERT_EQ(r.code, 0) << r.err;
@@ -93,7 +93,7 @@ TEST_F(Recovery, AReplacementJoinsLiveAndEndsEqual) {
     auto result = result_of(out + "/result." + std::to_string(s));
     EXPECT_EQ(result["generation"], "2") << "slot " << s;
     EXPECT_EQ(result["members"], "0,1,2") << "slot " << s;
-    EXPECT_EQ(result["committed"], "60") << "slot " << s;
+    EXPECT_EQ(result["committed"], "200") << "slot " << s;
     EXPECT_LT(std::stod(result["diff"]), 1e-12) << "slot " << s;
     EXPECT_EQ(read_file(out + "/params." + std::to_string(s)), read_file(out + "/params.0")) << "slot " << s;
   }

@@ -9,8 +9,8 @@
 // with their ddprun), or, for `twice`, SIGKILLs itself, and the worker of
 // launch rank FAULT_RANK + 1 does at the same step's retry (a second fault
 // right after the group re-formed).
-// RECOVERY_WORKER_STEP_MS: a pause in every step (time for a replacement to
-// start). A replacement (ddprun --max-restarts) takes the step count and
+// RECOVERY_WORKER_STEP_MS: a pause in every step while the group is smaller
+// than at the start (time for a replacement to start). A replacement (ddprun --max-restarts) takes the step count and
 // the parameters from the group when it is taken in (set_state).
 // DIR/starts.<slot>: a line per start of that slot's process (one, but for
 // a slot whose worker was replaced). DIR/result.<slot>: generation, size, members, the
@@ -85,6 +85,7 @@ int train(int argc, char** argv) {
   options.deadline = std::chrono::seconds(3);
   auto group = ddp::init_recoverable_group(options);
   const int slot = group->slot();
+  const int world = group->size();  // at the start
   std::ofstream(dir + "/starts." + std::to_string(slot), std::ios::app) << ::getpid() << "\n";
 
   auto net = make_net();
@@ -111,7 +112,8 @@ int train(int argc, char** argv) {
       });
   const char* pause = std::getenv("RECOVERY_WORKER_STEP_MS");
   while (step < steps) {
-    if (pause) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
+    if (pause && !group->joining() && static_cast<int>(group->members().size()) < world)
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
     ++attempts;
     const bool committed = group->run_step([&] {
       auto [x, y] = batch(step);

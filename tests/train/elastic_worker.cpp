@@ -9,8 +9,8 @@
 //       STOP_AT_STEP-th step (counted from this process's start), after its
 //       backward and before the optimizer's step. Under ddprun
 //       --recover-in-process the group is a recoverable one
-//       (recovery_kit_test.cpp); ELASTIC_STEP_MS pauses every step (time for
-//       a replacement to start).
+//       (recovery_kit_test.cpp); ELASTIC_STEP_MS pauses every step while the
+//       group is smaller than WORLD_SIZE (time for a replacement to start).
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
 //   zero_train [training options]   ZeRO in an elastic job under ddprun
@@ -64,7 +64,8 @@ int scenario_train(int argc, char** argv) {
   const int pause_ms = env_int("ELASTIC_STEP_MS", 0);
   for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
     const auto train = ddp::train_epoch(*loader, sampler, epoch, batch, opts, state, *pg, [&](auto& b) {
-      if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      if (pause_ms > 0 && pg->size() < env_int("WORLD_SIZE", 0))
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
       for (int64_t i = 0; i < b.data.size(0); ++i)
         out << epoch << " " << static_cast<int64_t>(b.data[i][0].template item<float>()) << "\n";
       out.flush();

@@ -99,16 +99,16 @@ TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
   auto r = ddp::testing::run_program(
       DDPRUN_BIN,
       {"--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1", DDP_ELASTIC_WORKER,
-       "train", "--run-dir", run, "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
+       "train", "--run-dir", run, "--epochs", "3", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
       {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"},
-       {"ELASTIC_STEP_MS", "250"}, {"OMP_NUM_THREADS", "1"}},
+       {"ELASTIC_STEP_MS", "400"}, {"OMP_NUM_THREADS", "1"}},
       std::chrono::seconds(180));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("starting a worker in place of rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("joined the running group"), std::string::npos) << r.output;
   const std::string log = ddp::testing::read_file(run + "/log.txt");
   EXPECT_NE(log.find("ranks joined"), std::string::npos) << log;
-  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
     const auto got = positions_trained(run, epoch);
     int extra = 0;
     for (size_t p = 0; p < kRecoverySamples; ++p) {

@@ -153,6 +153,9 @@ class Recoverable final : public RecoverableGroup {
       generation_ = g;
       members_ = members;
       rank_ = static_cast<int>(me - members.begin());
+      // Its predecessor's lost/ key goes before the others watch the new
+      // generation (they would count it lost again).
+      if (joining_) store_->deleteKey(recovery_keys::lost(round_, slot_));
       form_inner();
       hand_over_state(joined);
       if (joining_) store_->deleteKey(joining_key(slot_));
@@ -248,8 +251,7 @@ class Recoverable final : public RecoverableGroup {
   void decide_commit(const std::string& decision) {
     std::vector<int> joiners;
     for (int s = 0; s < env_.world_size; ++s)
-      if (std::find(members_.begin(), members_.end(), s) == members_.end() && store_->check({joining_key(s)}) &&
-          !store_->check({recovery_keys::lost(round_, s)}))  // a replacement that ended while it waited
+      if (std::find(members_.begin(), members_.end(), s) == members_.end() && store_->check({joining_key(s)}))
         joiners.push_back(s);
     if (joiners.empty()) return decide(decision, "commit");
     if (text(store_->compareSet(decision, {}, bytes("grow"))) != "grow") return;
