@@ -98,7 +98,7 @@ DDPOptions TrainOptions::ddp_options() const {
 const std::vector<std::string>& TrainOptions::kit_options() {
   static const std::vector<std::string> names{
       "help", "epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb", "timeout",
-      "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
+      "recovery-deadline", "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
       "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp", "log-samples", "tensorboard",
       "no-tensorboard"};
   return names;
