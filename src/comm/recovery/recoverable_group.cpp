@@ -43,6 +43,19 @@ constexpr auto kLook = std::chrono::milliseconds(50);
 constexpr int kFailuresWithoutLoss = 3;
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+// The connections among `fds`, not the listening sockets: Gloo's (2.x) event
+// loop treats a failed accept() on its listener as fatal, and a shut-down
+// connection as the peer's failure, which ends the collective.
+std::vector<int> connected_sockets(const std::vector<int>& fds) {
+  std::vector<int> out;
+  for (int fd : fds) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && !listening) out.push_back(fd);
+  }
+  return out;
+}
 std::string text(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
 std::string join(const std::vector<int>& v) {
@@ -316,7 +329,7 @@ class Recoverable final : public RecoverableGroup {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       inner_ = std::move(made);
-      sockets_ = store_deadline::opened_since(before);
+      sockets_ = connected_sockets(store_deadline::opened_since(before));
       aborted_ = false;
     }
     step_ = 0;
