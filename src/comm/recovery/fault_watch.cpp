@@ -65,7 +65,10 @@ void FaultWatch::run() {
     lock.unlock();
     try {
       beat();
+      // While the group re-forms too: the others wait for a silent member
+      // until it is reported lost.
       if (epoch >= 0) look(epoch);
+      else watch_neighbor(-1);
     } catch (const std::exception&) {
       // The store is gone: no collective can be trusted to end, and no
       // re-forming will succeed; the main thread reports it.
@@ -83,15 +86,14 @@ void FaultWatch::beat() {
   store_->add(recovery_keys::beat(round_, slot_), 1);
 }
 
-// One look at the counters (and at the neighbour's heartbeat, at the beat's pace).
+// One look at the counters, then at the neighbour's heartbeat.
 void FaultWatch::look(int epoch) {
-  int generation, neighbor;
+  int generation;
   int64_t generation_faults;
   std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation = generation_;
-    neighbor = neighbor_;
     generation_faults = generation_faults_;
     members = members_;
   }
@@ -104,11 +106,23 @@ void FaultWatch::look(int epoch) {
     for (int m : members)
       if (store_->check({recovery_keys::lost(round_, m)})) return fire(epoch);
   }
+  watch_neighbor(epoch);
+}
+
+// The neighbour's heartbeat: silent for the deadline, it is reported lost
+// (and, while a generation is watched, that generation aborted).
+void FaultWatch::watch_neighbor(int epoch) {
+  int neighbor;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    neighbor = neighbor_;
+  }
   if (neighbor < 0) return;
   const int64_t beat = store_->add(recovery_keys::beat(round_, neighbor), 0);
   const auto now = Clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (epoch != epoch_) return;
+  if (epoch >= 0 && epoch != epoch_) return;
+  if (neighbor != neighbor_) return;
   if (beat != neighbor_beat_) {
     neighbor_beat_ = beat;
     neighbor_since_ = now;
@@ -121,6 +135,7 @@ void FaultWatch::look(int epoch) {
                     std::to_string(slot_) + ")"));
   store_->add(recovery_keys::lost_count(round_), 1);
   neighbor_ = -1;  // reported once
+  if (epoch < 0 || !watching_) return;
   watching_ = false;
   ++epoch_;
   abort_();

@@ -34,7 +34,8 @@ class FaultWatch {
   // Watches generation `generation` of `members` (slots, in rank order):
   // faults counted from now on abort it. Called once it is formed.
   void watch(int generation, const std::vector<int>& members);
-  // Stops watching (the group re-forms); the heartbeat goes on.
+  // Stops watching (the group re-forms): no abort; the heartbeats go on,
+  // and a silent neighbour is still reported lost.
   void pause();
   // Stops the thread.
   void stop();
@@ -42,6 +43,7 @@ class FaultWatch {
  private:
   void run();
   void look(int epoch);
+  void watch_neighbor(int epoch);
   void beat();
   void fire(int epoch);
 
