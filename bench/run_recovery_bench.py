@@ -64,7 +64,8 @@ def run_once(args, mode, fault, fault_step, victim, run_dir):
     cmd += ["--recover-in-process"] if mode == "recover" else ["--max-restarts", "1"]
     cmd += [example, "--epochs", "2", "--limit-batches", str(args.limit_batches), "--batch-size", str(args.batch),
             "--run-dir", run_dir, "--log-samples", "--checkpoint-every", "1", "--no-tensorboard"]
-    cmd += ["--recovery-deadline", str(args.deadline)] if mode == "recover" else ["--timeout", str(args.deadline)]
+    deadline = f"{args.deadline:g}"
+    cmd += ["--recovery-deadline", deadline] if mode == "recover" else ["--timeout", deadline]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     log = open(os.path.join(run_dir, "ddprun.log"), "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -91,6 +92,9 @@ def run_once(args, mode, fault, fault_step, victim, run_dir):
         if proc.poll() is None:
             proc.kill()
         log.close()
+    if proc.returncode != 0:
+        with open(os.path.join(run_dir, "ddprun.log")) as f:
+            print("".join(l for l in f.readlines() if "frame #" not in l)[-6000:], file=sys.stderr)
     lines, comments = committed_lines(samples)
     if mode == "recover":
         again = sum(1 for c in comments if c.startswith("# failed"))
