@@ -386,6 +386,21 @@ void load_rng_state(const pickle::ValuePtr& root, const std::string& used, int w
 
 }  // namespace
 
+namespace {
+
+// The checkpoint's "model" entry, loaded; the device of the model's first
+// parameter, where the optimizer's state goes.
+torch::Device load_model(const pickle::ValuePtr& root, const std::string& used, torch::nn::Module& model) {
+  StateDict model_state;
+  if (!detail::to_state_dict(root->get("model"), model_state))
+    throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
+  load_state_dict(model, model_state);
+  for (const auto& p : model.parameters()) return p.device();
+  return torch::kCPU;
+}
+
+}  // namespace
+
 std::string previous_checkpoint_path(const std::string& path) {
   std::filesystem::path p(path);
   return (p.parent_path() / (p.stem().string() + ".prev" + p.extension().string())).string();
@@ -453,16 +468,7 @@ TrainState load_checkpoint(
   // Before the model: a changed option names itself, not a shape mismatch.
   if (check_config) check_config(state.config, used);
   state.extra = detail::extra_from_pickle(root->get("extra"), used);
-  StateDict model_state;
-  if (!detail::to_state_dict(root->get("model"), model_state))
-    throw CheckpointError(used + ": checkpoint entry \"model\" is not a dict of tensors; corrupt file?");
-  load_state_dict(model, model_state);
-
-  torch::Device device = torch::kCPU;
-  for (const auto& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
+  const torch::Device device = load_model(root, used, model);
   if (optimizer) load_optimizer(root, used, *optimizer, device, pg);
   if (scaler && scaler->is_enabled()) load_scaler(root, used, *scaler, pg);
   if (!root->get("epoch_samples") && state.epoch_step > 0) state.epoch_samples = old_epoch_samples(state, used);
@@ -494,15 +500,7 @@ TrainState load_live_state(const std::string& bytes, torch::nn::Module& model, t
   auto root = parse_checkpoint(std::vector<char>(bytes.begin(), bytes.end()), from);
   TrainState state = read_position(root, from);
   state.extra = extra_from_pickle(root->get("extra"), from);
-  StateDict model_state;
-  if (!to_state_dict(root->get("model"), model_state))
-    throw CheckpointError(from + ": entry \"model\" is not a dict of tensors");
-  load_state_dict(model, model_state);
-  torch::Device device = torch::kCPU;
-  for (const auto& p : model.parameters()) {
-    device = p.device();
-    break;
-  }
+  const torch::Device device = load_model(root, from, model);
   load_optimizer(root, from, optimizer, device, pg);
   if (scaler && scaler->is_enabled()) load_scaler(root, from, *scaler, pg);
   load_rng_state(root, from, 1, pg);  // the sender's stream
