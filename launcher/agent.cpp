@@ -49,7 +49,8 @@ Agent::Agent(const Options& options, SignalChannel& signals, Watchdog& watchdog)
       "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
       "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
       "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND", "DDPRUN_RECOVER_IN_PROCESS", "DDPRUN_REPLACEMENT"};
+      "TORCHELASTIC_ERROR_FILE", "DDPRUN_RDZV_ROUND", "DDPRUN_RECOVER_IN_PROCESS", "DDPRUN_REPLACEMENT",
+      "DDPRUN_MIN_NODES"};
   for (char** e = environ; *e; ++e) {
     std::string kv = *e;
     if (!ours.count(kv.substr(0, kv.find('=')))) base_env_.push_back(kv);
@@ -555,6 +556,8 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   if (agent_store) {
     put("TORCHELASTIC_USE_AGENT_STORE", "True");
     put("DDPRUN_RECOVER_IN_PROCESS", "1");
+    // --nnodes' minimum: below it the group does not re-form (the kit saves a checkpoint and exits 75).
+    put("DDPRUN_MIN_NODES", std::to_string(o_.min_nodes));
   } else {
     // The workers' rank 0 serves its own store at MASTER_PORT; ddprun's store
     // (several nodes) lives elsewhere.

@@ -110,7 +110,8 @@ std::string Agent::preemption_section(bool root_here) const {
     out += "  " + round_end_->text + "\n";
     if (!round_end_->message.empty()) out += "  message   : " + indented(round_end_->message) + "\n";
   }
-  out += "  meaning   : the workers saved a checkpoint on the preemption warning (SIGUSR1, or SIGTERM) and exited " +
+  out += "  meaning   : the workers saved a checkpoint on the preemption warning (SIGUSR1, or SIGTERM), or, "
+         "under --recover-in-process, when fewer ranks than --nnodes' minimum were left, and exited " +
          code + " (ddp::kPreemptedExitCode);\n    ddprun exits " + code +
          " without restarting them; the job run again (the Slurm templates requeue it) resumes from that "
          "checkpoint\n";

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "ddp/comm/process_group.h"
+#include "ddp/comm/recovery.h"
 
 namespace ddp {
 
@@ -22,10 +23,16 @@ void DistributedSampler::set_replicas(int num_replicas, int rank) {
                      std::to_string(num_replicas) + ")");
   state_->num_replicas = num_replicas;
   state_->rank = rank;
+  if (state_->group) state_->generation = state_->group->generation;
 }
 
 DistributedSampler::DistributedSampler(size_t dataset_size, const ProcessGroup& pg, DistributedSamplerOptions options)
-    : DistributedSampler(dataset_size, pg.size(), pg.rank(), options) {}
+    : DistributedSampler(dataset_size, pg.size(), pg.rank(), options) {
+  if (const auto* recoverable = dynamic_cast<const RecoverableGroup*>(&pg)) {
+    state_->group = recoverable->position();
+    state_->generation = state_->group->generation;
+  }
+}
 
 void DistributedSampler::set_epoch(int64_t epoch) {
   state_->epoch = epoch;
@@ -84,6 +91,8 @@ std::vector<size_t> DistributedSampler::indices() const {
 }
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
+  if (const auto& group = state_->group; group && group->generation != state_->generation)
+    set_replicas(group->size, group->rank);
   if (new_size) {
     state_->dataset_size = *new_size;
     state_->start = std::min(state_->start, *new_size);

@@ -494,6 +494,11 @@ std::string live_state_bytes(const TrainState& state, const ProcessGroup& pg) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+void save_checkpoint_alone(const std::string& path, const TrainState& state) {
+  if (!state.model || !state.optimizer) throw UsageError("save_checkpoint_alone: no model or optimizer in the state");
+  rotate_in(path, checkpoint_bytes(*state.model, *state.optimizer, state, 1, {cpu_rng_state()}));
+}
+
 TrainState load_live_state(const std::string& bytes, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                            ProcessGroup& pg, GradScaler* scaler) {
   const std::string from = "the running group's state";

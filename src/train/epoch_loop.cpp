@@ -2,6 +2,7 @@
 #include "ddp/comm/recovery.h"
 
 #include "train/epoch_checks.h"
+#include "train/recovery_glue.h"
 #include "train/run_tensorboard.h"
 
 #include "runtime/atomic_file.h"
@@ -218,6 +219,8 @@ void SampleLog::failed(int64_t batch, int64_t batch_size, int64_t step) {
 void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double test_metric, const std::string& line,
                const torch::nn::Module& model, const torch::optim::Optimizer& optimizer, const TrainOptions& opts,
                TrainState& state, RunDir& run, ProcessGroup& pg) {
+  if (dynamic_cast<RecoverableGroup*>(&pg)) detail::track_live_state(state);
+  run.follow(pg, state.step);  // a recoverable group's rank 0 may have changed in the evaluation
   state.epoch = epoch + 1;
   state.sampler_epoch = epoch + 1;
   const EpochMetrics m{state.epoch, train.loss, test_loss, test_metric, train.samples_per_s(), train.seconds};
@@ -226,10 +229,16 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   detail::write_epoch_records(run, m, state.step, groups.empty() ? 0.0 : groups[0].options().get_lr(), state.scaler);
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
   if (opts.checkpoint_due(state.epoch)) {
-    save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+    // A rank lost while it is written: the ranks left write it again.
+    detail::until_agreed(pg, "the checkpoint", [&] {
+      run.follow(pg, state.step);
+      save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+      return true;
+    });
     state.last_checkpoint = run.checkpoint_path();
     state.last_checkpoint_epoch = state.epoch;
   }
+  detail::forget_epoch_trained();
 }
 
 std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval) {
@@ -251,6 +260,7 @@ void save_ddp_logging_data(RunDir& run, const DistributedDataParallelBase& model
 }
 
 void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary) {
+  run.follow(pg, 0);
   if (pg.rank() == 0) save_state_dict(model, run.model_path());
   if (!summary.empty()) run.log(summary);
   run.draw_charts();

@@ -15,6 +15,7 @@
 #include "ddp/train/progress.h"
 #include "train/epoch_checks.h"
 #include "train/live_state.h"
+#include "train/recovery_glue.h"
 #include "train/run_tensorboard.h"
 
 namespace ddp::detail {
@@ -104,6 +105,7 @@ EpochRun::EpochRun(DistributedSampler& sampler, int64_t epoch, int64_t batch_siz
                    TrainState& state, ProcessGroup& pg)
     : s_(std::make_unique<State>(start_epoch(sampler, epoch, batch_size, state, pg), epoch, batch_size, opts, state,
                                  pg)) {
+  if (s_->recoverable) track_live_state(state);
   if (opts.log_samples()) s_->sample_log.emplace(opts, sampler, epoch, state, pg);
 }
 
@@ -165,25 +167,13 @@ bool EpochRun::recover() {
   if (!s.recoverable) return false;
   try {
     throw;
-  } catch (const UsageError&) {
-    return false;
-  } catch (const Preempted&) {
-    return false;
-  } catch (const NonFiniteLoss&) {
-    return false;
-  } catch (const DataError&) {
-    return false;
-  } catch (const CheckpointError&) {
-    return false;
   } catch (const GroupGrew&) {
     return reshard("ranks joined");
-  } catch (const std::exception& e) {
-    const std::string what = e.what();
-    std::cerr << "rank " << s.pg.rank() << "/" << s.pg.size() << ": step " << s.state.step + 1
-              << " failed (" << what.substr(0, what.find('\n')) << "); re-forming the group" << std::endl;
+  } catch (const std::exception&) {
+    if (!peer_fault(s.pg, "step " + std::to_string(s.state.step + 1))) return false;
   }
   if (s.sample_log) s.sample_log->failed(s.taken, s.batch_size, s.state.step + 1);
-  s.recoverable->reform();
+  reform_or_stop(*s.recoverable);
   return reshard("a rank was lost");
 }
 
@@ -216,6 +206,9 @@ bool EpochRun::reshard(const std::string& how) {
 
 TrainEpoch EpochRun::finish() {
   State& s = *s_;
+  if (s.recoverable)  // padding may count positions past the end
+    note_epoch_trained(s.epoch, s.state.epoch_step,
+                       std::min<int64_t>(s.state.epoch_samples, static_cast<int64_t>(s.sampler.dataset_size())));
   s.state.epoch_step = 0;
   s.state.epoch_samples = 0;
   s.sampler.set_start(0);
@@ -223,7 +216,8 @@ TrainEpoch EpochRun::finish() {
   MetricSums sums({"loss"});
   sums.add("loss", s.note_nonfinite().sum);
   sums.add_count(s.taken_samples);
-  const auto total = sums.all_reduced(s.pg);
+  // A rank lost here: the loss of the ranks left.
+  const auto total = until_agreed(s.pg, "the epoch's loss", [&] { return sums.all_reduced(s.pg); });
   // The same sum on every rank, so all of them take this branch or none.
   if (!std::isfinite(total.sum("loss"))) s.check(false);
   return {total.mean("loss"), total.count(), s.bar.elapsed_seconds()};

@@ -18,6 +18,11 @@ namespace ddp::detail {
 // sets them), the position in `state`.
 std::string live_state_bytes(const TrainState& state, const ProcessGroup& pg);
 
+// The state of this rank written alone as a checkpoint at `path` (no
+// collective: the group is gone), as save_checkpoint would with one rank:
+// this rank's random stream stands for every rank's.
+void save_checkpoint_alone(const std::string& path, const TrainState& state);
+
 // The state received: loaded into the model, the optimizer and the scaler;
 // the position returned.
 TrainState load_live_state(const std::string& bytes, torch::nn::Module& model, torch::optim::Optimizer& optimizer,

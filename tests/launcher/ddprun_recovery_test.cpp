@@ -6,6 +6,7 @@
 // the same steps trained in one process: the failed step was applied on no
 // rank and trained again, and every step's gradient is the whole batch's.
 #include <fstream>
+#include <thread>
 
 #include "launcher_test_util.h"
 
@@ -106,22 +107,33 @@ INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
 
 // Two nodes of two workers each (static rendezvous on loopback): a worker
 // of node 1 is lost (its ddprun reports it), or node 1 as a whole (its
-// ddprun killed: node 0 sees its keep-alive lapse). Node 0's workers, and
-// node 1's that remain, go on; every ddprun still running exits 0.
+// ddprun killed: node 0 sees its keep-alive lapse; --nnodes 1:2 lets one
+// node go on). Node 0's workers, and node 1's that remain, go on; every
+// ddprun still running exits 0.
 class TwoNodeRecovery : public LauncherTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
   const bool node_lost = GetParam() == "node";
   const std::string out = sub("out");
   const std::string port = std::to_string(free_port());
+  // A whole node lost: --nnodes 1:2 (elastic, c10d) lets one go on; node 0
+  // starts first, so it serves the store and is GROUP_RANK 0.
+  const std::vector<std::string> rendezvous =
+      node_lost ? std::vector<std::string>{"--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                           "127.0.0.1:" + port, "--rdzv-conf",
+                                           "last_call_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4"}
+                : std::vector<std::string>{"--nnodes", "2", "--master-port", port, "--rdzv-conf",
+                                           "keep_alive_interval=0.5,keep_alive_max_attempt=4"};
   std::vector<std::unique_ptr<Process>> nodes;
-  for (int node = 0; node < 2; ++node)
-    nodes.push_back(std::make_unique<Process>(
-        std::vector<std::string>{DDPRUN_BIN, "--nnodes", "2", "--node-rank", std::to_string(node), "--master-port",
-                                 port, "--nproc-per-node", "2", "--recover-in-process", "--rdzv-conf",
-                                 "keep_alive_interval=0.5,keep_alive_max_attempt=4", RECOVERY_WORKER_BIN, out, "6",
-                                 "3", "2", GetParam()},
-        Env{{"OMP_NUM_THREADS", "1"}}, dir_));
+  for (int node = 0; node < 2; ++node) {
+    std::vector<std::string> argv{DDPRUN_BIN};
+    argv.insert(argv.end(), rendezvous.begin(), rendezvous.end());
+    if (!node_lost) argv.insert(argv.end(), {"--node-rank", std::to_string(node)});
+    argv.insert(argv.end(), {"--nproc-per-node", "2", "--recover-in-process", RECOVERY_WORKER_BIN, out, "6", "3", "2",
+                             GetParam()});
+    nodes.push_back(std::make_unique<Process>(argv, Env{{"OMP_NUM_THREADS", "1"}}, dir_));
+    if (node_lost && node == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
   Result first = nodes[0]->wait(180);
   Result second = nodes[1]->wait(180);
   ASSERT_EQ(first.code, 0) << first.err << second.err;

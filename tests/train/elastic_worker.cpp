@@ -11,6 +11,10 @@
 //       --recover-in-process the group is a recoverable one
 //       (recovery_kit_test.cpp); ELASTIC_STEP_MS pauses every step while the
 //       group is smaller than WORLD_SIZE (time for a replacement to start).
+//       STOP_NODE=1: the rank SIGKILLs its ddprun first (its node is lost).
+//       STOP_IN_EVAL=E: the rank stops instead in epoch E's evaluation (a
+//       mean squared error over the data set, each rank its shard), at
+//       its first batch. Each epoch's line says "eval N samples".
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
 //   zero_train [training options]   ZeRO in an elastic job under ddprun
@@ -48,6 +52,8 @@ int scenario_train(int argc, char** argv) {
   ddp::DistributedSampler sampler(n, *pg, ddp::DistributedSamplerOptions().seed(opts.seed()));
   const int64_t batch = opts.per_process_batch(pg->size());
   auto loader = torch::data::make_data_loader(data, sampler, torch::data::DataLoaderOptions(batch));
+  ddp::DistributedSampler eval_sampler(n, *pg, ddp::DistributedSamplerOptions().shuffle(false).pad(false));
+  auto eval_loader = torch::data::make_data_loader(data, eval_sampler, torch::data::DataLoaderOptions(batch));
   torch::nn::Linear net(3, 1);
   ddp::DistributedDataParallel model(net, pg);
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(opts.lr()));
@@ -59,7 +65,11 @@ int scenario_train(int argc, char** argv) {
   // A worker started in place of a lost one (DDPRUN_REPLACEMENT) is not stopped again.
   const int stop_signal = env_int("STOP_SIGNAL", 0),
             stop_rank = std::getenv("DDPRUN_REPLACEMENT") ? -1 : env_int("STOP_RANK", -1),
-            stop_at = env_int("STOP_AT_STEP", -1);
+            stop_at = env_int("STOP_AT_STEP", -1), stop_in_eval = env_int("STOP_IN_EVAL", -1);
+  auto stop = [&] {
+    if (env_int("STOP_NODE", 0) == 1) ::kill(::getppid(), SIGKILL);
+    ::raise(stop_signal);
+  };
   int steps_here = 0;
   const int pause_ms = env_int("ELASTIC_STEP_MS", 0);
   for (int64_t epoch = state.epoch; epoch < opts.epochs(); ++epoch) {
@@ -72,11 +82,17 @@ int scenario_train(int argc, char** argv) {
       opt.zero_grad();
       auto loss = (model(b.data.narrow(1, 1, 3)) - b.target).pow(2).mean();
       loss.backward();
-      if (++steps_here == stop_at && pg->rank() == stop_rank) ::raise(stop_signal);
+      if (++steps_here == stop_at && pg->rank() == stop_rank) stop();
       ddp::optimizer_step(model, opt);
       return loss.detach();
     });
-    ddp::end_epoch(epoch, train, 0, 0, "ok", *net, opt, opts, state, run, *pg);
+    const auto eval = ddp::evaluate(net, *eval_loader, *pg, {"loss"}, [&](auto& b, ddp::MetricSums& sums) {
+      if (epoch == stop_in_eval && pg->rank() == stop_rank) stop();
+      sums.add("loss", (net->forward(b.data.narrow(1, 1, 3)) - b.target).pow(2).sum().template item<double>());
+      sums.add_count(b.data.size(0));
+    });
+    ddp::end_epoch(epoch, train, eval.mean("loss"), 0, "eval " + std::to_string(eval.count()) + " samples", *net, opt,
+                   opts, state, run, *pg);
   }
   ddp::destroy_process_group();
   return 0;

@@ -22,15 +22,15 @@ namespace {
 constexpr size_t kRecoverySamples = 50;  // elastic_worker.cpp's data set
 
 // How often each position of epoch `epoch`'s permutation was trained, from
-// the files `<run>/indices.rec.<rank>` ("epoch index" lines).
-std::map<size_t, int> positions_trained(const std::string& run, int64_t epoch) {
+// the files `<run>/indices.rec.<rank>` ("epoch index" lines) of `ranks` ranks.
+std::map<size_t, int> positions_trained(const std::string& run, int64_t epoch, int ranks = 3) {
   ddp::DistributedSampler one(kRecoverySamples, 1, 0);
   one.set_epoch(epoch);
   std::map<size_t, size_t> position_of;
   const auto order = one.indices();
   for (size_t p = 0; p < order.size(); ++p) position_of[order[p]] = p;
   std::map<size_t, int> counts;
-  for (int r = 0; r < 3; ++r) {
+  for (int r = 0; r < ranks; ++r) {
     std::ifstream in(run + "/indices.rec." + std::to_string(r));
     int64_t e;
     size_t index;
@@ -119,6 +119,79 @@ TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
     }
     // Epoch 0: the failed step's 12 again, padding at most 2 at each new size.
     EXPECT_LE(extra, epoch == 0 ? 16 : 2) << "epoch " << epoch << ": " << print_counts(got);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// Rank 1 is killed in the first epoch's evaluation: the two others re-form
+// and evaluate the whole data set again between them (their samplers follow
+// the group), and the second epoch trains at two ranks.
+TEST(RecoveryKitEval, ARankLostInTheEvaluationCostsTheEvaluationAgain) {
+  const auto dir = ddp::testing::temp_dir("recovery_kit_eval");
+  const std::string run = dir + "/run";
+  auto r = ddp::testing::run_program(
+      DDPRUN_BIN,
+      {"--standalone", "--nproc-per-node", "3", "--recover-in-process", DDP_ELASTIC_WORKER, "train", "--run-dir", run,
+       "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5"},
+      {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_IN_EVAL", "0"},
+       {"OMP_NUM_THREADS", "1"}},
+      std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the evaluation failed"), std::string::npos) << r.output;
+  const std::string log = ddp::testing::read_file(run + "/log.txt");
+  EXPECT_NE(log.find("epoch 1: eval 50 samples"), std::string::npos) << log;
+  EXPECT_NE(log.find("epoch 2: eval 50 samples"), std::string::npos) << log;
+  const std::string metrics = ddp::testing::read_file(run + "/metrics.csv");
+  EXPECT_NE(metrics.find("\n1,"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("\n2,"), std::string::npos) << metrics;
+  std::map<size_t, int> once;
+  for (size_t p = 0; p < kRecoverySamples; ++p) once[p] = 1;
+  EXPECT_EQ(positions_trained(run, 1), once) << print_counts(positions_trained(run, 1));
+  std::filesystem::remove_all(dir);
+}
+
+// Two nodes of two ranks, --nnodes 2: node 1 is lost as a whole (its worker
+// SIGKILLs its ddprun, then itself) in the third step. One node is fewer
+// than the minimum: node 0's ranks do not go on; the first of them saves
+// the last committed step as the run's checkpoint and both exit 75, which
+// ddprun passes on. Resumed from it at two ranks, the run trains every
+// position of the epoch, the failed step's twice.
+TEST(RecoveryKitTooFew, BelowTheMinimumTheWorkIsSavedAndTheRunExits75) {
+  const auto dir = ddp::testing::temp_dir("recovery_kit_few");
+  const std::string run = dir + "/run", port = std::to_string(ddp::testing::free_port());
+  const std::map<std::string, std::string> env{{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)},
+                                               {"STOP_RANK", "2"}, {"STOP_AT_STEP", "3"}, {"STOP_NODE", "1"},
+                                               {"OMP_NUM_THREADS", "1"}};
+  std::vector<pid_t> nodes;
+  for (int node = 0; node < 2; ++node)
+    nodes.push_back(ddp::testing::spawn(
+        DDPRUN_BIN,
+        {"--nnodes", "2", "--node-rank", std::to_string(node), "--master-port", port, "--nproc-per-node", "2",
+         "--recover-in-process", "--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=4", DDP_ELASTIC_WORKER,
+         "train", "--run-dir", run, "--epochs", "2", "--batch-size", "4", "--recovery-deadline", "5"},
+        env, dir + "/node" + std::to_string(node) + ".log"));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(180);
+  std::vector<int> codes;
+  for (pid_t pid : nodes) codes.push_back(ddp::testing::wait_exit_code(pid, until, [pid] { ::kill(-pid, SIGKILL); }));
+  for (pid_t pid : nodes) ::kill(-pid, SIGKILL);  // what node 1 left
+  const std::string out = ddp::testing::read_file(dir + "/node0.log");
+  ASSERT_EQ(codes[0], 75) << out;
+  EXPECT_NE(out.find("fewer than the minimum of 1 ranks on 2 nodes"), std::string::npos) << out;
+  EXPECT_NE(out.find("the last committed step is saved in " + run + "/checkpoint.pt"), std::string::npos) << out;
+
+  // Two committed steps of 4 x 4 (positions 0..31), the third (32..47) failed.
+  auto r = ddp::testing::run_program(
+      DDPRUN_BIN,
+      {"--standalone", "--nproc-per-node", "2", DDP_ELASTIC_WORKER, "train", "--run-dir", run, "--epochs", "2",
+       "--batch-size", "4", "--resume", run + "/checkpoint.pt"},
+      {{"ELASTIC_TAG", "rec"}, {"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(180));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed after 32 of 50 samples of epoch 1"), std::string::npos) << r.output;
+  const auto got = positions_trained(run, 0, 4);
+  for (size_t p = 0; p < kRecoverySamples; ++p) {
+    const int count = got.count(p) ? got.at(p) : 0;
+    if (p < 32 || p >= 48) EXPECT_EQ(count, 1) << "position " << p << ": " << print_counts(got);
+    else EXPECT_TRUE(count == 1 || count == 2) << "position " << p << ": " << print_counts(got);
   }
   std::filesystem::remove_all(dir);
 }

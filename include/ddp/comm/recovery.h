@@ -24,6 +24,7 @@
 // shards, ddp::Join, subgroups (dist::new_group), NCCL (docs/design.md).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -39,12 +40,22 @@ struct RecoveryOptions {
   // counts as gone: the inner group's timeout, and the wait for the
   // survivors when the group re-forms. Shorter than a group's usual timeout.
   std::chrono::milliseconds deadline = std::chrono::seconds(30);
-  // Below this many ranks the group does not re-form: reform() throws.
+  // Below this many ranks, or ranks on fewer than min_nodes nodes, the group
+  // does not re-form: reform() throws TooFewRanks. min_nodes 0: the
+  // launcher's --nnodes minimum (ddprun sets DDPRUN_MIN_NODES), else 1.
   int min_world_size = 1;
+  int min_nodes = 0;
   // How long a joining rank waits to be taken in.
   std::chrono::milliseconds join_timeout = std::chrono::minutes(30);
   // "gloo" (the one backend that re-forms so far) or "auto" (gloo).
   std::string backend = "auto";
+};
+
+// Where this rank stands in a recoverable group's current generation, kept
+// up to date as the group re-forms or grows, shared with what follows the
+// group (a DistributedSampler made on it) and valid after the group is gone.
+struct GroupPosition {
+  std::atomic<int> generation{0}, rank{0}, size{1};
 };
 
 // A ProcessGroup whose collectives run on the current generation's inner
@@ -58,10 +69,15 @@ class RecoverableGroup : public ProcessGroup {
   // stayed silent past the deadline; the same answer on every rank. Apply
   // the step's update only on true, and call reform() on false.
   virtual bool should_commit() = 0;
+  // The same vote for collectives between steps (an evaluation, the
+  // checkpoint at an epoch's end): whether every rank finished them. It
+  // never takes joining ranks in, so a rank joins only where a step is next.
+  virtual bool agree() = 0;
   // After a CommError or a step that did not commit: tells the others,
   // aborts this generation's group, meets the ranks still there through the
   // store and forms the next generation's. Throws CommError when this rank
-  // came too late to be taken in, or fewer than min_world_size remain.
+  // came too late to be taken in, TooFewRanks when fewer than the minimum
+  // remain.
   virtual void reform() = 0;
   // run_step(fn): grow() when due, fn(), then should_commit(); a CommError
   // from fn or a vote against re-forms the group and returns false (the
@@ -91,6 +107,23 @@ class RecoverableGroup : public ProcessGroup {
   virtual int slot() const = 0;
   // The slots of this generation's ranks, in rank order.
   virtual std::vector<int> members() const = 0;
+  // generation(), rank() and size(), as a shared handle (see GroupPosition).
+  virtual std::shared_ptr<const GroupPosition> position() const = 0;
+};
+
+// reform() found fewer ranks, or nodes, than RecoveryOptions' minimum: the
+// group ends. Every rank that was to be in the next generation throws it;
+// writer() is whether this rank is the first of them (its lowest launch
+// rank), the one to save what the others hold too (their states are equal:
+// the failed step committed nowhere). The training kit saves a checkpoint
+// there and exits with kPreemptedExitCode, as after a preemption.
+class TooFewRanks : public CommError {
+ public:
+  TooFewRanks(const std::string& message, bool writer) : CommError(message), writer_(writer) {}
+  bool writer() const { return writer_; }
+
+ private:
+  bool writer_;
 };
 
 // The process's group, made recoverable, and its default group: every rank

@@ -45,6 +45,7 @@
 namespace ddp {
 
 class ProcessGroup;
+struct GroupPosition;
 
 struct DistributedSamplerOptions {
   TORCH_ARG(bool, shuffle) = true;
@@ -79,6 +80,9 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // rank's shard from now on, shared with every copy, like the epoch. Then
   // set_epoch() and set_start() to where the ranks stand. UsageError for a
   // rank not in [0, num_replicas).
+  // A sampler made on a recoverable group follows it by itself: reset()
+  // (a loader's next pass) takes the group's new rank and size when it
+  // re-formed or grew since, keeping the epoch and the start.
   void set_replicas(int num_replicas, int rank);
 
   // This rank's indices for the current epoch, in order.
@@ -104,6 +108,8 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
     int64_t epoch = 0;
     size_t start = 0;
     int num_replicas = 1, rank = 0;
+    std::shared_ptr<const GroupPosition> group;  // the recoverable group followed, if any
+    int generation = 0;                          // the group's, when rank and num_replicas were set
   };
   std::shared_ptr<State> state_;  // shared between copies (see above)
   DistributedSamplerOptions options_;

@@ -75,6 +75,33 @@ class EvalModeGuard {
   bool was_training_;
 };
 
+namespace detail {
+
+// On a recoverable group (ddp/comm/recovery.h), after what the ranks just
+// ran (`what`: "the evaluation"): whether they must run it again, the group
+// re-formed, because a rank did not finish it (the group's vote), or,
+// inside a catch (in_catch), because the error was a peer's fault. False on
+// any other group; inside a catch, false means: rethrow. Where too few ranks
+// remain: a checkpoint, then ddp::Preempted (src/train/recovery_glue.h).
+bool run_again(ProcessGroup& pg, const char* what, bool in_catch);
+
+// fn() (a collective; not void) once every rank finished it: on a
+// recoverable group, a rank lost while it ran makes the others re-form and
+// run it again on the new group; on any other group, fn() once.
+template <typename F>
+auto until_agreed(ProcessGroup& pg, const char* what, F&& fn) -> decltype(fn()) {
+  for (;;) {
+    try {
+      auto result = fn();
+      if (!run_again(pg, what, false)) return result;
+    } catch (const std::exception&) {
+      if (!run_again(pg, what, true)) throw;
+    }
+  }
+}
+
+}  // namespace detail
+
 // The evaluation loop for any model: `net` (as EvalModeGuard takes it) in
 // eval mode under NoGradGuard, measure(batch, sums) for each batch of
 // `loader` (at most max_batches; < 0: all), then the sums of every rank in
@@ -82,19 +109,24 @@ class EvalModeGuard {
 // and means, as one process evaluating all of it would; with a pad(false)
 // sampler no sample is counted twice. Collective: every rank calls it with
 // the same names, whatever the size of its shard (an empty one too).
+// Under in-process recovery (ddp/comm/recovery.h) a rank lost during the
+// evaluation makes the others re-form and evaluate again, each its share of
+// the new group (a DistributedSampler made on the group follows it).
 template <typename Net, typename Loader, typename Measure>
 MetricSums evaluate(Net& net, Loader& loader, ProcessGroup& pg, std::vector<std::string> names, Measure&& measure,
                     int64_t max_batches = -1) {
-  MetricSums sums(std::move(names));
-  {
-    EvalModeGuard<Net> eval(net);
-    int64_t batches = 0;
-    for (auto& batch : loader) {
-      if (max_batches >= 0 && batches++ >= max_batches) break;
-      measure(batch, sums);
+  return detail::until_agreed(pg, "the evaluation", [&] {
+    MetricSums sums(names);
+    {
+      EvalModeGuard<Net> eval(net);
+      int64_t batches = 0;
+      for (auto& batch : loader) {
+        if (max_batches >= 0 && batches++ >= max_batches) break;
+        measure(batch, sums);
+      }
     }
-  }
-  return sums.all_reduced(pg);
+    return sums.all_reduced(pg);
+  });
 }
 
 struct ClassifierResult {

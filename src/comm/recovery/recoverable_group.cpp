@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -73,6 +74,11 @@ std::vector<int> split(const std::string& s) {
   return out;
 }
 
+int int_from_environment(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
 int round_from_environment() {
   for (const char* name : {"DDPRUN_RDZV_ROUND", "TORCHELASTIC_RESTART_COUNT"})
     if (const char* v = std::getenv(name); v && *v) return std::atoi(v);
@@ -95,7 +101,11 @@ bool poll_until(Clock::time_point until, F&& ready) {
 class Recoverable final : public RecoverableGroup {
  public:
   Recoverable(const LaunchEnv& env, const RecoveryOptions& options)
-      : env_(env), options_(options), round_(round_from_environment()), slot_(env.rank), rank_(env.rank) {
+      : env_(env), options_(options), round_(round_from_environment()),
+        slot_(env.rank),
+        node_(int_from_environment("GROUP_RANK", env.rank / std::max(1, env.local_world_size))),
+        min_nodes_(options.min_nodes > 0 ? options.min_nodes : int_from_environment("DDPRUN_MIN_NODES", 1)),
+        rank_(env.rank) {
     store_ = connect_store();
     watch_ = std::make_unique<detail::FaultWatch>(connect_store(), round_, slot_, options_.deadline,
                                                   [this] { abort_sockets(); });
@@ -103,6 +113,8 @@ class Recoverable final : public RecoverableGroup {
     // waits to be taken in (grow()), and says so.
     const char* replacement = std::getenv("DDPRUN_REPLACEMENT");
     joining_ = replacement && std::string(replacement) == "1";
+    position_->rank = rank_;
+    position_->size = env.world_size;
     if (joining_) {
       store_->set(joining_key(slot_), bytes(std::to_string(::getpid())));
       return;
@@ -157,6 +169,9 @@ class Recoverable final : public RecoverableGroup {
     try {
       const int g = joining_ ? wait_to_be_taken_in() : generation_ + 1;
       const std::string key = recovery_keys::generation(round_, g);
+      // The joining ranks connect only once the members are here, however
+      // long the members took between their vote and this step.
+      if (!joining_) store_->set(key + "growing", bytes("1"));
       std::vector<int> members;
       poll_until(Clock::now() + options_.deadline, [&] { return store_->check({key + "members"}); });
       members = split(text(store_->get(key + "members")));
@@ -188,45 +203,33 @@ class Recoverable final : public RecoverableGroup {
   int generation() const override { return generation_; }
   int slot() const override { return slot_; }
   std::vector<int> members() const override { return members_; }
+  std::shared_ptr<const GroupPosition> position() const override { return position_; }
 
-  bool should_commit() override {
-    const std::string step =
-        recovery_keys::generation(round_, generation_) + "step/" + std::to_string(step_++) + "/";
-    const std::string decision = step + "decision";
-    try {
-      if (store_->add(step + "done", 1) == size()) decide_commit(decision);
-      const auto until = Clock::now() + options_.deadline;
-      const bool decided = poll_until(until, [&] { return store_->check({decision}) || aborted_.load(); });
-      if (!decided || !store_->check({decision})) decide(decision, "abort");
-      const std::string verdict = text(store_->get(decision));
-      grow_pending_ = verdict == "grow";  // committed, and the next step takes joining ranks in
-      const bool commit = verdict == "commit" || verdict == "grow";
-      if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
-      return commit;
-    } catch (const std::exception& e) {
-      throw CommError(who() + "in-process recovery lost the launcher's store while the ranks voted on step " +
-                      std::to_string(step_ - 1) + ": " + first_line(e.what()) +
-                      "; the store lives in ddprun (of node 0): it has stopped or its host is unreachable");
-    }
-  }
+  bool should_commit() override { return vote(true); }
+  bool agree() override { return vote(false); }
 
   void reform() override {
     if (++reforms_without_loss_ > kFailuresWithoutLoss)
       throw CommError(who() + "the step failed " + std::to_string(kFailuresWithoutLoss) + " times in a row with every "
                       "rank still there: the failure is the program's own, not a lost peer (see the errors above)");
     const auto give_up = Clock::now() + 3 * options_.deadline;
+    // A vote took joining ranks in and the group failed before it grew: the
+    // next generation's number is the grown one's, which never formed.
+    int skip = grow_pending_ ? 1 : 0;
+    grow_pending_ = false;
     for (;;) {
       try {
         watch_->pause();
         store_->add(recovery_keys::faults(round_, generation_), 1);  // the others abort too
         abort_inner();
-        meet(generation_ + 1);
+        meet(generation_ + 1 + skip);
+        skip = 0;
         form_inner();
         return;
       } catch (const UsageError&) {
         throw;
       } catch (const CommError& e) {
-        if (excluded_ || Clock::now() >= give_up) throw;
+        if (excluded_ || Clock::now() >= give_up) throw;  // TooFewRanks is excluded_
         std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
       }
     }
@@ -256,14 +259,38 @@ class Recoverable final : public RecoverableGroup {
     return inner_;
   }
 
+  // The vote of should_commit() (admit: joining ranks may be taken in) and
+  // agree() (never): each rank adds itself to the count, the last one
+  // decides, and a rank that waited the deadline in vain decides "abort".
+  bool vote(bool admit) {
+    const std::string step =
+        recovery_keys::generation(round_, generation_) + "step/" + std::to_string(step_++) + "/";
+    const std::string decision = step + "decision";
+    try {
+      if (store_->add(step + "done", 1) == size()) decide_commit(decision, admit);
+      const auto until = Clock::now() + options_.deadline;
+      const bool decided = poll_until(until, [&] { return store_->check({decision}) || aborted_.load(); });
+      if (!decided || !store_->check({decision})) decide(decision, "abort");
+      const std::string verdict = text(store_->get(decision));
+      grow_pending_ = verdict == "grow";  // committed, and the next step takes joining ranks in
+      const bool commit = verdict == "commit" || verdict == "grow";
+      if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
+      return commit;
+    } catch (const std::exception& e) {
+      throw CommError(who() + "in-process recovery lost the launcher's store while the ranks voted on step " +
+                      std::to_string(step_ - 1) + ": " + first_line(e.what()) +
+                      "; the store lives in ddprun (of node 0): it has stopped or its host is unreachable");
+    }
+  }
+
   void decide(const std::string& key, const std::string& what) { store_->compareSet(key, {}, bytes(what)); }
   std::string joining_key(int slot) const { return recovery_keys::joining(round_, slot); }
 
-  // The last rank to vote: "commit", or "grow" when ranks wait to join (the
-  // step commits, and the next generation is this one's and theirs).
-  void decide_commit(const std::string& decision) {
+  // The last rank to vote: "commit", or (admit) "grow" when ranks wait to
+  // join (the step commits, and the next generation is this one's and theirs).
+  void decide_commit(const std::string& decision, bool admit) {
     std::vector<int> joiners;
-    for (int s = 0; s < env_.world_size; ++s)
+    for (int s = 0; admit && s < env_.world_size; ++s)
       if (std::find(members_.begin(), members_.end(), s) == members_.end() && store_->check({joining_key(s)}))
         joiners.push_back(s);
     if (joiners.empty()) return decide(decision, "commit");
@@ -277,15 +304,18 @@ class Recoverable final : public RecoverableGroup {
     store_->set(recovery_keys::root(round_) + "grown", bytes(std::to_string(generation_ + 1)));
   }
 
-  // A joining rank: the generation that takes it in, once the others grew.
+  // A joining rank: the generation that takes it in, once the others began
+  // to grow into it (a later one, if they re-formed before they could).
   int wait_to_be_taken_in() {
     const std::string grown = recovery_keys::root(round_) + "grown";
     int taken = -1;
     const bool in = poll_until(Clock::now() + options_.join_timeout, [&] {
       if (!store_->check({grown})) return false;
       const int g = std::stoi(text(store_->get(grown)));
-      const auto members = split(text(store_->get(recovery_keys::generation(round_, g) + "members")));
+      const std::string key = recovery_keys::generation(round_, g);
+      const auto members = split(text(store_->get(key + "members")));
       if (std::find(members.begin(), members.end(), slot_) == members.end()) return false;
+      if (!store_->check({key + "growing"})) return false;
       taken = g;
       return true;
     });
@@ -333,6 +363,9 @@ class Recoverable final : public RecoverableGroup {
       aborted_ = false;
     }
     step_ = 0;
+    position_->generation = generation_;
+    position_->rank = rank_;
+    position_->size = size();
     watch_->watch(generation_, members_);
   }
 
@@ -360,8 +393,9 @@ class Recoverable final : public RecoverableGroup {
   // the first rank to get there wrote.
   void meet(int g) {
     const std::string key = recovery_keys::generation(round_, g);
-    store_->set(key + "arrived/" + std::to_string(slot_), bytes("1"));
-    auto arrived = [&](int s) { return store_->check({key + "arrived/" + std::to_string(s)}); };
+    auto arrival = [&](int s) { return key + "arrived/" + std::to_string(s); };
+    store_->set(arrival(slot_), bytes(std::to_string(node_)));  // the node it runs on
+    auto arrived = [&](int s) { return store_->check({arrival(s)}); };
     auto lost = [&](int s) { return store_->check({recovery_keys::lost(round_, s)}); };
     poll_until(Clock::now() + options_.deadline, [&] {
       for (int s : members_)
@@ -379,9 +413,16 @@ class Recoverable final : public RecoverableGroup {
       throw CommError(who() + "came to generation " + std::to_string(g) + " after the others had formed it without "
                       "this rank (" + join(decided) + "); it took longer than the deadline to notice the fault");
     }
-    if (static_cast<int>(decided.size()) < options_.min_world_size)
-      throw UsageError(who() + "only " + std::to_string(decided.size()) + " ranks remain (" + join(decided) +
-                       "), fewer than min_world_size " + std::to_string(options_.min_world_size));
+    std::set<std::string> nodes;
+    for (int s : decided) nodes.insert(text(store_->get(arrival(s))));
+    if (static_cast<int>(decided.size()) < options_.min_world_size || static_cast<int>(nodes.size()) < min_nodes_) {
+      excluded_ = true;
+      throw TooFewRanks(who() + "only " + std::to_string(decided.size()) + " ranks on " +
+                            std::to_string(nodes.size()) + " nodes remain (launch ranks " + join(decided) +
+                            "), fewer than the minimum of " + std::to_string(options_.min_world_size) + " ranks on " +
+                            std::to_string(min_nodes_) + " nodes (--nnodes MIN, RecoveryOptions); the group ends",
+                        slot_ == decided.front());
+    }
     generation_ = g;
     members_ = decided;
     rank_ = static_cast<int>(me - decided.begin());
@@ -392,6 +433,8 @@ class Recoverable final : public RecoverableGroup {
   const RecoveryOptions options_;
   const int round_;
   const int slot_;
+  const int node_;       // GROUP_RANK: the launcher's node
+  const int min_nodes_;  // RecoveryOptions::min_nodes, resolved
   c10::intrusive_ptr<c10d::Store> store_;  // votes and meetings (main thread)
   std::unique_ptr<detail::FaultWatch> watch_;
   std::vector<int> members_;
@@ -405,6 +448,7 @@ class Recoverable final : public RecoverableGroup {
   std::function<void(const std::string&)> load_;
   int reforms_without_loss_ = 0;
   std::atomic<bool> aborted_{false};
+  std::shared_ptr<GroupPosition> position_ = std::make_shared<GroupPosition>();
   mutable std::mutex mutex_;  // inner_ and sockets_
   std::shared_ptr<ProcessGroup> inner_;
   std::vector<int> sockets_;
