@@ -1,4 +1,5 @@
 #include "ddp/optim/zero_redundancy_optimizer.h"
+#include "ddp/comm/recovery.h"
 
 #include <algorithm>
 #include <numeric>
@@ -65,6 +66,10 @@ std::string describe_param(const torch::Tensor& p) {
 std::vector<OptimizerParamGroup> checked(std::vector<OptimizerParamGroup> groups, const ProcessGroup* pg) {
   check_usage(pg != nullptr, "ZeroRedundancyOptimizer: the process group is null; call ddp::init_process_group() first");
   const std::string who = "ZeroRedundancyOptimizer on " + rank_tag(*pg) + ": ";
+  check_usage(!dynamic_cast<const RecoverableGroup*>(pg), who,
+              "a recoverable group (ddprun --recover-in-process) cannot go on exactly with it: each rank holds the "
+              "only copy of its shard of the optimizer state, which a lost rank takes with it. Use a replicated "
+              "optimizer there (in-process recovery keeps every replica equal), or ZeRO without in-process recovery");
   std::set<const void*> seen;
   size_t count = 0;
   for (size_t g = 0; g < groups.size(); ++g) {

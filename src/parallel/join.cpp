@@ -1,4 +1,5 @@
 #include "ddp/parallel/join.h"
+#include "ddp/comm/recovery.h"
 
 #include "usage_check.h"
 
@@ -28,6 +29,10 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     check_usage(pg == pg_, "rank ", pg_->rank(),
                 ": ddp::Join: the joinables use different process groups; Join works over one group");
   }
+  check_usage(!dynamic_cast<RecoverableGroup*>(pg_), "rank ", pg_->rank(),
+              ": ddp::Join on a recoverable group (ddprun --recover-in-process): a rank that ran out of inputs "
+              "would cast no vote on the others' steps, and no step could commit. Give every rank as many batches "
+              "(a DistributedSampler pads the shards to one length), or use Join without in-process recovery");
   for (auto* j : joinables_) hooks_.push_back(j->join_hook(options_));
   bool first = true;
   for (auto* j : joinables_) {

@@ -59,6 +59,8 @@ TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
     EXPECT_EQ(result["committed"], "6") << "slot " << s;
     EXPECT_EQ(result["attempts"], "7") << "slot " << s << ": one step trained again";
     EXPECT_LT(std::stod(result["diff"]), 1e-12) << "slot " << s << ": not the same steps as in one process";
+    // A ZeroRedundancyOptimizer and ddp::Join on the group: refused, saying why.
+    EXPECT_EQ(result["refused"], "zero:1 join:1") << "slot " << s;
   }
   EXPECT_EQ(read_file(out + "/params." + std::to_string(survivors[0])),
             read_file(out + "/params." + std::to_string(survivors[1])));

@@ -10,15 +10,19 @@
 // launch rank FAULT_RANK + 1 does at the same step's retry (a second fault
 // right after the group re-formed).
 // RECOVERY_WORKER_STEP_MS: a pause in every step while the group is smaller
-// than at the start (time for a replacement to start). A replacement (ddprun --max-restarts) takes the step count and
-// the parameters from the group when it is taken in (set_state).
+// than at the start (time for a replacement to start). A replacement
+// (ddprun --max-restarts) takes the step count and the parameters from the
+// group when it is taken in (set_state).
 // DIR/starts.<slot>: a line per start of that slot's process (one, but for
-// a slot whose worker was replaced). DIR/result.<slot>: generation, size, members, the
-// steps committed, and the largest difference from the same steps trained
-// in one process on the whole batch. DIR/params.<slot>: the parameters'
-// bytes, for the bitwise comparison across ranks.
+// a slot whose worker was replaced). DIR/result.<slot>: generation, size,
+// members, the steps committed, the largest difference from the same steps
+// trained in one process on the whole batch, and what the group refused
+// (ZeRO, Join: "zero:1 join:1"). DIR/params.<slot>: the parameters' bytes,
+// for the bitwise comparison across ranks.
 #include <ddp/comm/recovery.h>
+#include <ddp/optim/zero_redundancy_optimizer.h>
 #include <ddp/parallel/distributed_data_parallel.h>
+#include <ddp/parallel/join.h>
 #include <ddp/runtime/main_guard.h>
 
 #include <unistd.h>
@@ -143,9 +147,21 @@ int train(int argc, char** argv) {
   }
   std::string members;
   for (int m : group->members()) members += (members.empty() ? "" : ",") + std::to_string(m);
+  // What a recoverable group cannot carry, refused at once.
+  std::string refused;
+  try {
+    ddp::ZeroRedundancyOptimizer zero(net->parameters(), torch::optim::SGDOptions(0.1), group);
+  } catch (const ddp::UsageError& e) {
+    refused += std::string(" zero:") + (std::string(e.what()).find("only copy of its shard") != std::string::npos ? "1" : "0");
+  }
+  try {
+    ddp::Join join({&model});
+  } catch (const ddp::UsageError& e) {
+    refused += std::string(" join:") + (std::string(e.what()).find("cast no vote") != std::string::npos ? "1" : "0");
+  }
   std::ofstream(dir + "/result." + std::to_string(slot))
       << "generation " << group->generation() << "\nsize " << group->size() << "\nmembers " << members
-      << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\n";
+      << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\nrefused" << refused << "\n";
   ddp::destroy_process_group();
   return 0;
 }
