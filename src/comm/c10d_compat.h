@@ -128,6 +128,15 @@ inline void shutdown_backend(Backend& backend) { backend.shutdown(); }
 inline void shutdown_backend(Backend&) {}
 #endif
 
+// Aborts the backend's communicators from any thread (NCCL's
+// ncclCommAbort): 2.x's Backend::abort(); 1.13 has no NCCL here and no such
+// call.
+#if TORCH_VERSION_MAJOR >= 2
+inline void abort_backend(Backend& backend) { backend.abort(); }
+#else
+inline void abort_backend(Backend&) {}
+#endif
+
 // _amp_foreach_non_finite_check_and_unscale_ has a CPU kernel from 2.3 on
 // (GradScaler("cpu")); before, on CUDA only.
 constexpr bool kAmpUnscaleKernelOnCpu =

@@ -75,15 +75,16 @@ bool TrainOptions::checkpoint_due(int64_t completed) const {
 
 std::shared_ptr<ProcessGroup> TrainOptions::init_process_group() const {
   if (!recovery_launched()) return ddp::init_process_group(process_group_options());
-  if (backend() != "auto" && backend() != "gloo")
-    throw UsageError("--backend " + backend() + " under ddprun --recover-in-process: in-process recovery re-forms "
-                     "Gloo groups only; use --backend gloo (or auto)");
+  if (backend() == "mpi")
+    throw UsageError("--backend mpi under ddprun --recover-in-process: in-process recovery re-forms Gloo and NCCL "
+                     "groups, not MPI's (an MPI job cannot lose a process and go on); use --backend auto, gloo or nccl");
   if (workers() > 0)
     throw UsageError("--workers " + std::to_string(workers()) + " under ddprun --recover-in-process: a re-formed "
                      "group starts the epoch's data again, which LibTorch's DataLoader cannot while its workers "
                      "hold batches; use --workers 0");
   RecoveryOptions recovery;
   recovery.deadline = std::chrono::milliseconds(static_cast<int64_t>(recovery_deadline_s() * 1000));
+  recovery.backend = backend();
   return init_recoverable_group(recovery);
 }
 

@@ -131,6 +131,18 @@ void compare_with_pytorch(const std::string& scenario, const std::string& backen
 // Every visible GPU one rank of an nccl group: all-reduce, broadcast,
 // all-gather, barrier and a 64 MiB all-reduce of CUDA tensors; the group's
 // device is cuda:LOCAL_RANK.
+// In-process recovery on NCCL (ddprun --recover-in-process, one rank: one
+// GPU): its communicators aborted and a new generation's made, DDP going on
+// over it bitwise (gpu_worker.cpp's recovery_nccl).
+TEST(GpuRecovery, NcclCommunicatorsAbortedAndTheGroupReformed) {
+  SKIP_WITHOUT_GPU();
+  auto r = run_program(DDPRUN_BIN, {"--standalone", "--nproc-per-node", "1", "--recover-in-process", DDP_GPU_WORKER,
+                                    "recovery_nccl"},
+                       {}, std::chrono::seconds(300));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("bitwise the plain steps"), std::string::npos) << r.output;
+}
+
 TEST(GpuNccl, CollectivesOnEveryVisibleGpu) {
   SKIP_WITHOUT_GPU();
   expect_all_ok(run_worker(gpu_count(), {"nccl_collectives", "--backend", "nccl"}));

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../support/worker_common.h"  // EXPECT_OR_FAIL
+#include "ddp/comm/recovery.h"
 
 namespace {
 
@@ -257,6 +258,51 @@ int amp_parity(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr)
   return 0;
 }
 
+// Under ddprun --recover-in-process: an NCCL recoverable group on this
+// rank's GPU, three DDP steps, then the group re-formed as after a fault
+// (reform(): its NCCL communicators aborted, a new generation's made), three
+// more. The parameters are bitwise those of the same six steps without DDP
+// on the same GPU (a group of one: its average is the gradient itself).
+int recovery_nccl() {
+  ddp::RecoveryOptions options;
+  options.backend = "nccl";
+  options.deadline = std::chrono::seconds(30);
+  auto group = ddp::init_recoverable_group(options);
+  const torch::Device device = group->device();
+  EXPECT_OR_FAIL(group->backend_name() == "nccl" && device.is_cuda(), "an nccl group on this rank's GPU");
+  auto make = [&] {
+    torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 4));
+    init_parameters(*net, device);
+    net->to(device);
+    return net;
+  };
+  auto net = make(), ref = make();
+  ddp::DistributedDataParallel model(net, group);
+  torch::optim::SGD opt(net->parameters(), 0.1), ref_opt(ref->parameters(), 0.1);
+  for (int step = 0; step < 6;) {
+    const auto x = wave({12, 8}, 0.3, step).to(device), y = wave({12, 4}, 0.5, step).to(device);
+    if (step == 3 && group->generation() == 0) {
+      group->reform();  // as a failed step would
+      continue;
+    }
+    const bool committed = group->run_step([&] {
+      opt.zero_grad();
+      torch::mse_loss(model(x), y).backward();
+    });
+    EXPECT_OR_FAIL(committed, "step " + std::to_string(step) + " committed");
+    opt.step();
+    ref_opt.zero_grad();
+    torch::mse_loss(ref->forward(x), y).backward();
+    ref_opt.step();
+    ++step;
+  }
+  EXPECT_OR_FAIL(group->generation() == 1, "one re-forming");
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    EXPECT_OR_FAIL(torch::equal(net->parameters()[i], ref->parameters()[i]), "parameter " + std::to_string(i));
+  std::cout << "recovery_nccl: six steps over two generations, bitwise the plain steps" << std::endl;
+  return 0;
+}
+
 #endif  // DDP_WITH_CUDA
 
 }  // namespace
@@ -278,6 +324,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   try {
+    if (scenario == "recovery_nccl") return recovery_nccl();
     auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend(flag(flags, "--backend", "nccl")));
     int rc = 2;
     if (scenario == "nccl_collectives") rc = nccl_collectives(*pg);

@@ -150,6 +150,11 @@ class ProcessGroup {
   // program's exit for a group still up (before the CUDA runtime unloads).
   // The default does nothing (a group of one's own, e.g. a test's).
   virtual void shutdown() {}
+  // Ends the collectives in flight with an error now, from any thread, and
+  // leaves the group unusable: NCCL's communicator abort (LibTorch 2.x), as
+  // PyTorch's ProcessGroup.abort(). LibTorch's Gloo has none (a recoverable
+  // group shuts its connections down instead); the default does nothing.
+  virtual void abort() {}
 };
 
 struct ProcessGroupOptions {

@@ -20,8 +20,9 @@
 // allows) joins at a step boundary: the step's vote takes it in, and it
 // receives the running ranks' state (set_state) when the group grows.
 //
-// What the group does not yet carry over: a ZeroRedundancyOptimizer's
-// shards, ddp::Join, subgroups (dist::new_group), NCCL (docs/design.md).
+// What the group refuses, saying why: a ZeroRedundancyOptimizer (a lost
+// rank's shard has no other copy), ddp::Join (a joined rank would not vote),
+// subgroups (dist::new_group: they would not re-form with it).
 #pragma once
 
 #include <atomic>
@@ -47,7 +48,9 @@ struct RecoveryOptions {
   int min_nodes = 0;
   // How long a joining rank waits to be taken in.
   std::chrono::milliseconds join_timeout = std::chrono::minutes(30);
-  // "gloo" (the one backend that re-forms so far) or "auto" (gloo).
+  // "gloo", "nccl" (its communicators aborted on a fault: LibTorch 2.x) or
+  // "auto" (NCCL where a GPU is visible, else Gloo), as init_process_group.
+  // Not "mpi": an MPI job cannot lose a process and go on.
   std::string backend = "auto";
 };
 

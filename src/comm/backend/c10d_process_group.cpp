@@ -103,6 +103,10 @@ void C10dProcessGroup::shutdown() {
   backend_.reset();
 }
 
+void C10dProcessGroup::abort() {
+  if (auto backend = backend_) compat::abort_backend(*backend);
+}
+
 Work C10dProcessGroup::wrap(c10::intrusive_ptr<c10d::Work> work, const char* op) {
   return detail::make_work(std::move(work), name_ + " " + op, rank());
 }

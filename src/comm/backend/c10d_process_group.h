@@ -49,6 +49,8 @@ class C10dProcessGroup final : public ProcessGroup {
   // Shuts the backend down (2.x: c10d's Backend::shutdown, the normal exit
   // NCCL expects) and lets it go, with every subgroup this group made.
   void shutdown() override;
+  // c10d's Backend::abort() (NCCL's communicators; Gloo's is a no-op).
+  void abort() override;
 
  private:
   // The backend, or a UsageError where shutdown() has let it go.

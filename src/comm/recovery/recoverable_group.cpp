@@ -23,6 +23,8 @@
 #include <sstream>
 #include <thread>
 
+#include <torch/cuda.h>
+
 #include "comm/backend/connect.h"
 #include "comm/c10d_compat.h"
 #include "comm/group/registry.h"
@@ -74,6 +76,17 @@ std::vector<int> split(const std::string& s) {
   return out;
 }
 
+// NCCL's error handling that aborts the communicators and leaves the
+// process running (2.x: CleanUpOnly), not the default that ends it: the
+// group re-forms instead.
+void keep_process_on_nccl_errors() {
+  const char* was = std::getenv(compat::kNcclAsyncErrorHandling);
+  if (was && std::string(was) != "2")
+    std::cerr << "libddp: " << compat::kNcclAsyncErrorHandling << "=" << was << " set to 2 for in-process recovery "
+              << "(abort NCCL's communicators on an error, keep the process)" << std::endl;
+  ::setenv(compat::kNcclAsyncErrorHandling, "2", 1);
+}
+
 int int_from_environment(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
@@ -100,12 +113,17 @@ bool poll_until(Clock::time_point until, F&& ready) {
 
 class Recoverable final : public RecoverableGroup {
  public:
-  Recoverable(const LaunchEnv& env, const RecoveryOptions& options)
+  Recoverable(const LaunchEnv& env, const RecoveryOptions& options, std::string backend)
       : env_(env), options_(options), round_(round_from_environment()),
         slot_(env.rank),
         node_(int_from_environment("GROUP_RANK", env.rank / std::max(1, env.local_world_size))),
         min_nodes_(options.min_nodes > 0 ? options.min_nodes : int_from_environment("DDPRUN_MIN_NODES", 1)),
-        rank_(env.rank) {
+        rank_(env.rank),
+        backend_(std::move(backend)),
+        device_(backend_ == "nccl" ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                                    env.local_rank % std::max<int64_t>(1, torch::cuda::device_count())))
+                                   : torch::Device(torch::kCPU)) {
+    if (backend_ == "nccl") keep_process_on_nccl_errors();
     store_ = connect_store();
     watch_ = std::make_unique<detail::FaultWatch>(connect_store(), round_, slot_, options_.deadline,
                                                   [this] { abort_sockets(); });
@@ -129,8 +147,8 @@ class Recoverable final : public RecoverableGroup {
   // ---- ProcessGroup: the current generation's inner group
   int rank() const override { return rank_; }
   int size() const override { return joining_ ? env_.world_size : static_cast<int>(members_.size()); }
-  std::string backend_name() const override { return "gloo"; }
-  torch::Device device() const override { return torch::kCPU; }
+  std::string backend_name() const override { return backend_; }
+  torch::Device device() const override { return device_; }
   std::chrono::milliseconds timeout() const override { return options_.deadline; }
   Work allreduce(at::Tensor& t) override { return inner()->allreduce(t); }
   Work broadcast(at::Tensor& t, int root) override { return inner()->broadcast(t, root); }
@@ -345,7 +363,8 @@ class Recoverable final : public RecoverableGroup {
   // any collective blocked on them.
   void form_inner() {
     detail::BackendRequest request;
-    request.backend = request.asked = "gloo";
+    request.backend = backend_;
+    request.asked = options_.backend;
     request.env = env_;
     request.env.rank = rank_;
     request.env.world_size = size();
@@ -358,8 +377,10 @@ class Recoverable final : public RecoverableGroup {
     auto made = detail::connect_backend(std::move(request));
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      device_ = made->device();
       inner_ = std::move(made);
-      sockets_ = connected_sockets(store_deadline::opened_since(before));
+      // NCCL's own connections are its communicator's, which abort() ends.
+      sockets_ = backend_ == "gloo" ? connected_sockets(store_deadline::opened_since(before)) : std::vector<int>{};
       aborted_ = false;
     }
     step_ = 0;
@@ -370,9 +391,11 @@ class Recoverable final : public RecoverableGroup {
   }
 
   // From the FaultWatch's thread too: every collective blocked on the inner
-  // group fails at once.
+  // group fails at once (Gloo: its connections shut down; NCCL: its
+  // communicators aborted).
   void abort_sockets() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (inner_ && !aborted_ && backend_ == "nccl") inner_->abort();
     for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
     sockets_.clear();
     aborted_ = true;
@@ -439,6 +462,8 @@ class Recoverable final : public RecoverableGroup {
   std::unique_ptr<detail::FaultWatch> watch_;
   std::vector<int> members_;
   int rank_ = 0;
+  const std::string backend_;  // gloo or nccl
+  torch::Device device_;       // the inner group's
   int generation_ = 0;
   int64_t step_ = 0;
   bool excluded_ = false;
@@ -487,11 +512,11 @@ std::shared_ptr<RecoverableGroup> init_recoverable_group(const RecoveryOptions& 
                      "ddprun --recover-in-process, whose store outlives any worker");
   if (options.deadline.count() <= 0) throw UsageError(who + "RecoveryOptions::deadline must be positive");
   if (options.min_world_size < 1) throw UsageError(who + "RecoveryOptions::min_world_size must be at least 1");
-  const std::string backend = detail::parse_backend_name(options.backend, true, who);
-  if (backend != "gloo" && backend != "auto")
-    throw UsageError(who + "in-process recovery re-forms Gloo groups only, not " + backend +
-                     "; set RecoveryOptions::backend to \"gloo\"");
-  auto group = std::make_shared<Recoverable>(env, options);
+  const std::string backend = detail::resolve_backend(detail::parse_backend_name(options.backend, true, who));
+  if (backend == "mpi")
+    throw UsageError(who + "in-process recovery re-forms Gloo and NCCL groups, not MPI's (an MPI job cannot lose a "
+                     "process and go on); set RecoveryOptions::backend to \"gloo\" or \"nccl\"");
+  auto group = std::make_shared<Recoverable>(env, options, backend);
   detail::GroupRegistry::instance().adopt_default(group, env);
   return group;
 }
