@@ -177,7 +177,11 @@ Agent::State Agent::start_workers() {
   workers_.resize(static_cast<size_t>(o_.nproc));
   std::string attempt_dir;
   if (!run_dir_.empty()) attempt_dir = run_dir_ + "/attempt_" + std::to_string(round_);
+  if (assignment_.replacing)
+    say("took the place of lost node " + std::to_string(assignment_.group_rank) + " in the running round " +
+        std::to_string(round_) + "; its workers join the others at a step boundary (--recover-in-process)");
   for (int lr = 0; lr < o_.nproc; ++lr) {
+    workers_[static_cast<size_t>(lr)].replacement = assignment_.replacing;
     try {
       start_worker(lr, attempt_dir);
     } catch (const LaunchError& e) {

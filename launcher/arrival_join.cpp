@@ -29,14 +29,16 @@ class ArrivalJoin : public StoreJoin {
       int idx = static_cast<int>(store.add(round.joined(), 1)) - 1;
       int n = 0;
       if (closed_count(store, round, n) && idx >= n) {
-        // The round runs already: wait to be let in at a later one.
-        wait_for_admission(store, round, n, deadline, tick);
+        // The round runs already: take a lost node's place in it, or wait
+        // to be let in at a later one.
+        if (take_vacancy(store, round, n, line)) return;
+        wait_for_admission(store, round, n, line, deadline, tick);
         continue;
       }
       store.set(round.node(idx), store_bytes(line));
       n = wait_for_close(store, round, started, deadline, tick);
       if (idx >= n) {
-        wait_for_admission(store, round, n, deadline, tick);
+        wait_for_admission(store, round, n, line, deadline, tick);
         continue;
       }
       round.size = n;
@@ -74,8 +76,10 @@ class ArrivalJoin : public StoreJoin {
 
   int wait_for_close(c10d::TCPStore& store, const RoundState& round, Clock::time_point started,
                      Clock::time_point deadline, const Tick& tick) const;
-  void wait_for_admission(c10d::TCPStore& store, RoundState& round, int n, Clock::time_point deadline,
-                          const Tick& tick) const;
+  bool vacancy_open(c10d::TCPStore& store, const RoundState& round, int n, const std::string& line) const;
+  bool take_vacancy(c10d::TCPStore& store, RoundState& round, int n, const std::string& line) const;
+  void wait_for_admission(c10d::TCPStore& store, RoundState& round, int n, const std::string& line,
+                          Clock::time_point deadline, const Tick& tick) const;
   std::string nnodes() const { return "--nnodes " + std::to_string(c_.min_nodes) + ":" + std::to_string(c_.max_nodes); }
   std::string join_timeout_s() const { return std::to_string(static_cast<int>(c_.conf.join_timeout)); }
 
@@ -118,11 +122,41 @@ int ArrivalJoin::wait_for_close(c10d::TCPStore& store, const RoundState& round, 
   return n;
 }
 
+// --recover-in-process: a node of the running round that was lost, with as
+// many workers as this one (`line`'s count): its place, which a node takes
+// by one compare-and-set.
+bool ArrivalJoin::vacancy_open(c10d::TCPStore& store, const RoundState& round, int n, const std::string& line) const {
+  if (!c_.recover_in_process) return false;
+  const std::string count = line.substr(0, line.find(' ')) + " ";
+  for (int i = 0; i < n; ++i)
+    if (store.check({round.vacant(i)}) && store_text(store.get(round.vacant(i))) == RoundState::kVacant &&
+        store_text(store.get(round.node(i))).rfind(count, 0) == 0)
+      return true;
+  return false;
+}
+
+bool ArrivalJoin::take_vacancy(c10d::TCPStore& store, RoundState& round, int n, const std::string& line) const {
+  if (!vacancy_open(store, round, n, line)) return false;
+  const std::string count = line.substr(0, line.find(' ')) + " ";
+  for (int i = 0; i < n; ++i) {
+    if (!store.check({round.vacant(i)}) || store_text(store.get(round.node(i))).rfind(count, 0) != 0) continue;
+    if (store_text(store.compareSet(round.vacant(i), store_bytes(RoundState::kVacant), store_bytes(line))) != line)
+      continue;  // not vacant, or another node took it first
+    store.set(round.node(i), store_bytes(line));
+    round.size = n;
+    round.rank = i;
+    round.replacing = true;
+    return true;
+  }
+  return false;
+}
+
 // This node came after the round closed with n nodes: it is on that round's
 // waiting list until the running nodes restart into the next round (which
-// moves `round` there), the run ends, or `deadline`.
-void ArrivalJoin::wait_for_admission(c10d::TCPStore& store, RoundState& round, int n, Clock::time_point deadline,
-                                     const Tick& tick) const {
+// moves `round` there), a lost node's place opens (--recover-in-process),
+// the run ends, or `deadline`.
+void ArrivalJoin::wait_for_admission(c10d::TCPStore& store, RoundState& round, int n, const std::string& line,
+                                     Clock::time_point deadline, const Tick& tick) const {
   store.add(round.waiting(), 1);
   const bool full = n >= c_.max_nodes;
   say(full ? "run '" + c_.run_id + "' runs with its maximum of " + std::to_string(n) + " nodes (" + nnodes() +
@@ -133,10 +167,12 @@ void ArrivalJoin::wait_for_admission(c10d::TCPStore& store, RoundState& round, i
   int next = round.number();
   bool finished = false;
   std::string gone;
+  bool vacancy = false;
   auto admitted = [&] {
     try {
       next = round.stored_number(store, round.round_key(), 0, INT_MAX);
       if (next > round.number()) return true;
+      if ((vacancy = vacancy_open(store, round, n, line))) return true;
       finished = store.add(round.done(), 0) >= n;
       return finished;
     } catch (const LaunchError&) {
@@ -159,6 +195,10 @@ void ArrivalJoin::wait_for_admission(c10d::TCPStore& store, RoundState& round, i
   if (!gone.empty())
     throw LaunchError("the rendezvous store at " + round.where() + " went away while this node waited to join run '" +
                       c_.run_id + "' (the run ended, or its store host stopped): " + gone);
+  if (vacancy) {
+    store.add(round.waiting(), -1);  // off the list: no restart to admit it
+    return;
+  }
   round.move_to(next);
 }
 

@@ -45,6 +45,9 @@ struct Assignment {
   // Every node of the group in node-rank order, as "host[ddprun pid]": what
   // a membership change compares (membership.h).
   std::vector<std::string> nodes;
+  // --recover-in-process: this node took a lost node's place in the running
+  // round; its workers join the others (DDPRUN_REPLACEMENT=1).
+  bool replacing = false;
 };
 
 // How a round ended, as the store carries it to every node: the first one

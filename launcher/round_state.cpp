@@ -23,6 +23,7 @@ void RoundState::enter(c10d::TCPStore& store, int round) {
   const std::string round_at = round_key();
   if (store.check({round_at})) round = std::max(round, stored_number(store, round_at, 0, INT_MAX));
   number_ = round;
+  replacing = false;
   store.set(round_at, store_bytes(std::to_string(round)));
 }
 

@@ -31,7 +31,9 @@ class RoundState {
   // PORT"; failed: the round's end (RoundEnd); alive/<i>: node i's
   // keep-alive count; done: nodes whose workers all succeeded; left: nodes
   // that know the outcome; finished: workers that succeeded, over every
-  // node (--recover-in-process, where a node may lose them all).
+  // node (--recover-in-process, where a node may lose them all); vacant/<i>:
+  // kVacant once node i was lost under --recover-in-process, then the line
+  // of the node that took its place (c10d).
   std::string joined() const { return key("joined"); }
   std::string closed() const { return key("closed"); }
   std::string waiting() const { return key("waiting"); }
@@ -42,6 +44,8 @@ class RoundState {
   std::string done() const { return key("done"); }
   std::string left() const { return key("left"); }
   std::string finished() const { return key("finished"); }
+  std::string vacant(int i) const { return key("vacant/" + std::to_string(i)); }
+  static constexpr const char* kVacant = "lost";
 
   // Takes round `round`, or the later one the run is in already (a node
   // arriving while the others restart joins their round), and records it.
@@ -53,6 +57,9 @@ class RoundState {
   // This node's place in the round's group, once it has joined.
   int rank = 0;
   int size = 1;
+  // This node took a lost node's place in the running round
+  // (--recover-in-process): its workers join the others as replacements.
+  bool replacing = false;
   std::vector<std::string> hosts;  // by node rank, for messages
 
   // The line a node writes under node/<i>: its worker count, host, ddprun's

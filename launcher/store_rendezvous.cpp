@@ -51,6 +51,7 @@ class StoreRendezvous : public Rendezvous {
       // A node whose ddprun died without a word (SIGKILL, power) stops
       // counting; after keep_alive_max_attempt intervals it is declared gone.
       for (int i = 0; i < round_.size; ++i) {
+        if (gone_nodes_[static_cast<size_t>(i)] && c_.recover_in_process) take_back(watch, i, now);
         if (i == round_.rank || gone_nodes_[static_cast<size_t>(i)] || !keep_alive_.lapsed(i, now)) continue;
         ++gone_;  // it will never acknowledge the end either
         gone_nodes_[static_cast<size_t>(i)] = true;
@@ -165,7 +166,26 @@ class StoreRendezvous : public Rendezvous {
     for (int r = first; r < first + count; ++r)
       watch.set(ddp::recovery_keys::lost(round_.number(), r), store_bytes(why));
     watch.add(ddp::recovery_keys::lost_count(round_.number()), 1);
+    // Its place opens to a node that arrives later (arrival_join.cpp); a
+    // node that took it before and is lost now opens it again.
+    const std::string line = store_text(watch.get(round_.node(i)));
+    const std::string was = watch.check({round_.vacant(i)}) ? store_text(watch.get(round_.vacant(i))) : "";
+    if (was.empty() || was == line)
+      watch.compareSet(round_.vacant(i), store_bytes(was), store_bytes(RoundState::kVacant));
     say(why + "; its workers are lost and the others go on without them (--recover-in-process)");
+  }
+
+  // A node took lost node i's place (vacant/<i> holds its line) and beats
+  // its keep-alive: it counts again, its workers joining the others.
+  void take_back(c10d::TCPStore& watch, int i, Clock::time_point now) {
+    if (!watch.check({round_.vacant(i)})) return;
+    const std::string line = store_text(watch.get(round_.vacant(i)));
+    if (line == RoundState::kVacant || keep_alive_.lapsed(i, now)) return;
+    gone_nodes_[static_cast<size_t>(i)] = false;
+    --gone_;
+    round_.hosts[static_cast<size_t>(i)] = RoundState::host_in(line);
+    say("node " + std::to_string(i) + " (" + round_.hosts[static_cast<size_t>(i)] + ") took the lost node's "
+        "place; its workers join the others (--recover-in-process)");
   }
 
   // Writes `end` unless another node's came first; returns the winner.
@@ -180,6 +200,7 @@ class StoreRendezvous : public Rendezvous {
     join_->take_place(link_, round_, RoundState::node_line(nproc), started, deadline, tick);
     wait_for_every_node(started, deadline, tick);
     Assignment a = assignment();
+    a.replacing = round_.replacing;
     agree_on_master(a, deadline, tick);
     a.store_host = c_.host;
     a.store_port = c_.port;
@@ -234,7 +255,7 @@ class StoreRendezvous : public Rendezvous {
   void agree_on_master(Assignment& a, Clock::time_point deadline, const Tick& tick) {
     c10d::TCPStore& store = link_.store();
     const std::string master_key = round_.master();
-    if (round_.rank == 0)
+    if (round_.rank == 0 && !round_.replacing)
       store.set(master_key, store_bytes(join_->master_address() + " " + std::to_string(free_port())));
     if (!wait_until(deadline, tick, kStorePoll, [&] { return store.check({master_key}); }))
       throw LaunchError("node 0 of run '" + c_.run_id + "' did not publish the workers' master address in time");

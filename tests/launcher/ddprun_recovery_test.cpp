@@ -154,6 +154,39 @@ TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
 INSTANTIATE_TEST_SUITE_P(Lost, TwoNodeRecovery, ::testing::Values("kill", "node"),
                          [](const auto& info) { return info.param == "kill" ? std::string("Worker") : "Node"; });
 
+// Two nodes of one worker (c10d, --nnodes 1:2); node 1 is lost as a whole
+// at step 2, and node 0's worker goes on alone. A ddprun started later takes
+// the lost node's place in the running round: its worker joins at a step
+// boundary with the state of the others, and both end equal, every step
+// committed once, node 0's worker never restarted.
+TEST_F(LauncherTest, ANodeArrivingLaterTakesTheLostNodesPlace) {
+  const std::string out = sub("out");
+  const std::vector<std::string> flags{
+      DDPRUN_BIN, "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+      "127.0.0.1:" + std::to_string(free_port()), "--rdzv-conf",
+      "last_call_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4", "--nproc-per-node", "1",
+      "--recover-in-process", RECOVERY_WORKER_BIN, out, "10", "1", "2", "node"};
+  const Env env{{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "1500"}};
+  Process first(flags, env, dir_);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 0 serves the store
+  Result lost = Process(flags, env, dir_).wait(120);
+  EXPECT_EQ(lost.code, 128 + SIGKILL) << lost.err;
+  Result late = Process(flags, env, dir_).wait(120);
+  Result kept = first.wait(120);
+  ASSERT_EQ(kept.code, 0) << kept.err << late.err;
+  ASSERT_EQ(late.code, 0) << late.err << kept.err;
+  EXPECT_NE(late.err.find("took the place of lost node 1"), std::string::npos) << late.err;
+  EXPECT_NE(kept.err.find("took the lost node's place"), std::string::npos) << kept.err;
+  EXPECT_EQ(lines_of(read_file(out + "/starts.0")).size(), 1u) << "node 0's worker restarted";
+  EXPECT_EQ(lines_of(read_file(out + "/starts.1")).size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const std::string result = read_file(out + "/result." + std::to_string(s));
+    EXPECT_NE(result.find("members 0,1\n"), std::string::npos) << "slot " << s << ": " << result;
+    EXPECT_NE(result.find("committed 10\n"), std::string::npos) << "slot " << s << ": " << result;
+  }
+  EXPECT_EQ(read_file(out + "/params.1"), read_file(out + "/params.0"));
+}
+
 // A program on a plain init_process_group under --recover-in-process: every
 // rank, rank 0 too, joins ddprun's store (TORCHELASTIC_USE_AGENT_STORE=True)
 // instead of rank 0 serving one at MASTER_PORT, which ddprun's holds.
