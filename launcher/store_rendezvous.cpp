@@ -160,27 +160,48 @@ class StoreRendezvous : public Rendezvous {
   // --recover-in-process: node i went silent; its workers are lost to the
   // others, who re-form without them, and the round goes on.
   void lose_node(c10d::TCPStore& watch, int i) {
-    const auto [first, count] = node_ranks_[static_cast<size_t>(i)];
+    // Another node took its place before this one saw it lapse (the nodes
+    // look a keep-alive interval apart): that one counts once it beats.
+    const std::string line = store_text(watch.get(round_.node(i)));
+    if (line != node_lines_[static_cast<size_t>(i)]) return;
     const std::string why = "node " + std::to_string(i) + " (" + round_.hosts[static_cast<size_t>(i)] +
                             ") sent no keep-alive for " + std::to_string(keep_alive_.limit_s()) + " s";
-    for (int r = first; r < first + count; ++r)
-      watch.set(ddp::recovery_keys::lost(round_.number(), r), store_bytes(why));
-    watch.add(ddp::recovery_keys::lost_count(round_.number()), 1);
+    mark_lost(watch, i, why);
     // Its place opens to a node that arrives later (arrival_join.cpp); a
     // node that took it before and is lost now opens it again.
-    const std::string line = store_text(watch.get(round_.node(i)));
     const std::string was = watch.check({round_.vacant(i)}) ? store_text(watch.get(round_.vacant(i))) : "";
     if (was.empty() || was == line)
       watch.compareSet(round_.vacant(i), store_bytes(was), store_bytes(RoundState::kVacant));
     say(why + "; its workers are lost and the others go on without them (--recover-in-process)");
   }
 
+  // Node i's workers lost to the others, and none of them to be taken in.
+  void mark_lost(c10d::TCPStore& watch, int i, const std::string& why) {
+    const auto [first, count] = node_ranks_[static_cast<size_t>(i)];
+    for (int r = first; r < first + count; ++r) {
+      watch.set(ddp::recovery_keys::lost(round_.number(), r), store_bytes(why));
+      watch.deleteKey(ddp::recovery_keys::joining(round_.number(), r));
+    }
+    watch.add(ddp::recovery_keys::lost_count(round_.number()), 1);
+  }
+
   // A node took lost node i's place (vacant/<i> holds its line) and beats
   // its keep-alive: it counts again, its workers joining the others.
+  // One that took it and never beat within the keep-alive limit is lost in
+  // turn, and the place opens again.
   void take_back(c10d::TCPStore& watch, int i, Clock::time_point now) {
     if (!watch.check({round_.vacant(i)})) return;
     const std::string line = store_text(watch.get(round_.vacant(i)));
-    if (line == RoundState::kVacant || keep_alive_.lapsed(i, now)) return;
+    auto& claim = claims_[static_cast<size_t>(i)];
+    if (line == RoundState::kVacant) return;
+    if (keep_alive_.lapsed(i, now)) {
+      if (claim.first != line) claim = {line, now};
+      if (now - claim.second < seconds(keep_alive_.limit_s())) return;
+      mark_lost(watch, i, "the node that took node " + std::to_string(i) + "'s place sent no keep-alive");
+      watch.compareSet(round_.vacant(i), store_bytes(line), store_bytes(RoundState::kVacant));
+      return;
+    }
+    node_lines_[static_cast<size_t>(i)] = line;
     gone_nodes_[static_cast<size_t>(i)] = false;
     --gone_;
     round_.hosts[static_cast<size_t>(i)] = RoundState::host_in(line);
@@ -206,6 +227,7 @@ class StoreRendezvous : public Rendezvous {
     a.store_port = c_.port;
     gone_ = 0;
     gone_nodes_.assign(static_cast<size_t>(round_.size), false);
+    claims_.assign(static_cast<size_t>(round_.size), {});
     link_.contact_restored();  // this round's store answered
     keep_alive_.start();
     return a;
@@ -236,10 +258,12 @@ class StoreRendezvous : public Rendezvous {
     a.num_nodes = round_.size;
     a.world_size = 0;
     node_ranks_.clear();
+    node_lines_.assign(static_cast<size_t>(round_.size), "");
     round_.hosts.assign(round_.size, "");
     for (int i = 0; i < round_.size; ++i) {
       const std::string key = round_.node(i);
       std::string line = store_text(link_.store().get(key));
+      node_lines_[static_cast<size_t>(i)] = line;
       int count = round_.number_in(key, line.substr(0, line.find(' ')), 1, INT_MAX);
       round_.hosts[i] = RoundState::host_in(line);
       a.nodes.push_back(round_.hosts[i] + "[" + RoundState::pid_in(line) + "]");
@@ -276,6 +300,10 @@ class StoreRendezvous : public Rendezvous {
   int gone_ = 0;  // nodes declared gone this round
   std::vector<bool> gone_nodes_;
   std::vector<std::pair<int, int>> node_ranks_;  // each node's first rank and worker count
+  std::vector<std::string> node_lines_;           // each node's line, as this node last accepted it
+  // --recover-in-process: a line that took a lost node's place, and since
+  // when it has been seen without a keep-alive.
+  std::vector<std::pair<std::string, Clock::time_point>> claims_;
 };
 
 }  // namespace

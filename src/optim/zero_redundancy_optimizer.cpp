@@ -1,5 +1,4 @@
 #include "ddp/optim/zero_redundancy_optimizer.h"
-#include "ddp/comm/recovery.h"
 
 #include <algorithm>
 #include <numeric>
@@ -9,6 +8,7 @@
 #include <type_traits>
 
 #include "comm/objects/object_exchange.h"
+#include "ddp/comm/recovery.h"
 #include "usage_check.h"
 
 namespace ddp {

@@ -1,6 +1,6 @@
 #include "ddp/parallel/join.h"
-#include "ddp/comm/recovery.h"
 
+#include "ddp/comm/recovery.h"
 #include "usage_check.h"
 
 #include <exception>

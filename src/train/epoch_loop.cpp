@@ -228,6 +228,7 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   const auto& groups = optimizer.param_groups();
   detail::write_epoch_records(run, m, state.step, groups.empty() ? 0.0 : groups[0].options().get_lr(), state.scaler);
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
+  detail::forget_epoch_trained();  // the state says where the next epoch starts
   if (opts.checkpoint_due(state.epoch)) {
     // A rank lost while it is written: the ranks left write it again.
     detail::until_agreed(pg, "the checkpoint", [&] {
@@ -238,7 +239,6 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
     state.last_checkpoint = run.checkpoint_path();
     state.last_checkpoint_epoch = state.epoch;
   }
-  detail::forget_epoch_trained();
 }
 
 std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval) {
@@ -260,7 +260,7 @@ void save_ddp_logging_data(RunDir& run, const DistributedDataParallelBase& model
 }
 
 void finish_run(RunDir& run, const torch::nn::Module& model, const ProcessGroup& pg, const std::string& summary) {
-  run.follow(pg, 0);
+  detail::forget_live_state();
   if (pg.rank() == 0) save_state_dict(model, run.model_path());
   if (!summary.empty()) run.log(summary);
   run.draw_charts();

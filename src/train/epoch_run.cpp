@@ -106,6 +106,7 @@ EpochRun::EpochRun(DistributedSampler& sampler, int64_t epoch, int64_t batch_siz
     : s_(std::make_unique<State>(start_epoch(sampler, epoch, batch_size, state, pg), epoch, batch_size, opts, state,
                                  pg)) {
   if (s_->recoverable) track_live_state(state);
+  forget_epoch_trained();
   if (opts.log_samples()) s_->sample_log.emplace(opts, sampler, epoch, state, pg);
 }
 

@@ -1,5 +1,6 @@
 #include "train/recovery_glue.h"
 
+#include <chrono>
 #include <iostream>
 #include <optional>
 
@@ -9,6 +10,9 @@
 
 namespace ddp::detail {
 namespace {
+
+// How long the others wait for the first rank left to save the state.
+constexpr std::chrono::minutes kWriterTimeout{30};
 
 TrainState* g_live = nullptr;
 struct EpochTrained {
@@ -34,9 +38,33 @@ std::string save_live_state() {
 
 }  // namespace
 
+// Too few ranks left: the first saves the live state, the others wait for
+// it (their launcher would stop it mid-save once they end), then every one
+// throws Preempted (exit 75).
+[[noreturn]] void stop_too_few(const TooFewRanks& e) {
+  std::string kept = "this rank keeps nothing: the first rank left saves the state";
+  if (e.writer()) {
+    try {
+      const std::string path = save_live_state();
+      kept = path.empty() ? "no checkpoint: the program did not call resume_or_start"
+                          : "the last committed step is saved in " + path + "; resume from it (--resume " + path +
+                                ") with enough ranks";
+    } catch (const std::exception& save) {
+      kept = std::string("saving the last committed step failed: ") + save.what();
+    }
+    e.saved();
+  } else if (!e.wait_for_writer(kWriterTimeout)) {
+    kept = "the first rank left did not say within " + std::to_string(kWriterTimeout.count()) +
+           " min that it saved the state";
+  }
+  throw Preempted(std::string(e.what()) + "; " + kept + " (exit " + std::to_string(kPreemptedExitCode) + ")");
+}
+
 bool peer_fault(const ProcessGroup& pg, const std::string& what) {
   try {
     throw;
+  } catch (const TooFewRanks& e) {
+    stop_too_few(e);
   } catch (const UsageError&) {
     return false;
   } catch (const Preempted&) {
@@ -59,22 +87,16 @@ void reform_or_stop(RecoverableGroup& group) {
   try {
     group.reform();
   } catch (const TooFewRanks& e) {
-    std::string kept = "this rank keeps nothing: the first rank left saves the state";
-    if (e.writer()) {
-      try {
-        const std::string path = save_live_state();
-        kept = path.empty() ? "no checkpoint: the program did not call resume_or_start"
-                            : "the last committed step is saved in " + path + "; resume from it (--resume " + path +
-                                  ") with enough ranks";
-      } catch (const std::exception& save) {
-        kept = std::string("saving the last committed step failed: ") + save.what();
-      }
-    }
-    throw Preempted(std::string(e.what()) + "; " + kept + " (exit " + std::to_string(kPreemptedExitCode) + ")");
+    stop_too_few(e);
   }
 }
 
 void track_live_state(TrainState& state) { g_live = &state; }
+
+void forget_live_state() {
+  g_live = nullptr;
+  g_trained.reset();
+}
 
 void note_epoch_trained(int64_t epoch, int64_t epoch_step, int64_t epoch_samples) {
   g_trained = EpochTrained{epoch, epoch_step, epoch_samples};
@@ -85,6 +107,9 @@ void forget_epoch_trained() { g_trained.reset(); }
 bool run_again(ProcessGroup& pg, const char* what, bool in_catch) {
   auto* group = dynamic_cast<RecoverableGroup*>(&pg);
   if (!group) return false;
+  if (group->joining())
+    throw UsageError("rank " + std::to_string(group->slot()) + " (launch rank): " + what + " on a recoverable group "
+                     "this rank is still joining: call grow() (the kit: resume_or_start) before any collective");
   if (in_catch) {
     if (!peer_fault(pg, what)) return false;
   } else if (group->agree()) {

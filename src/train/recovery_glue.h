@@ -18,7 +18,8 @@ namespace ddp::detail {
 // failed collective, a step that did not commit), said on stderr with
 // `what` ("step 12", "the evaluation") and the error's first line. The
 // program's own errors (UsageError, DataError, CheckpointError, Preempted,
-// NonFiniteLoss) are not.
+// NonFiniteLoss) are not. TooFewRanks: the state saved and Preempted thrown,
+// as reform_or_stop.
 bool peer_fault(const ProcessGroup& pg, const std::string& what);
 
 // group.reform(); where too few ranks remain (TooFewRanks): the state
@@ -27,8 +28,9 @@ bool peer_fault(const ProcessGroup& pg, const std::string& what);
 void reform_or_stop(RecoverableGroup& group);
 
 // The TrainState of the running loop (train_epoch's and end_epoch's): what
-// reform_or_stop saves. Not owned; it outlives the loop in every program.
+// reform_or_stop saves. Not owned: finish_run() forgets it.
 void track_live_state(TrainState& state);
+void forget_live_state();
 
 // An epoch's steps all taken (EpochRun::finish, before its counts reset):
 // the position a checkpoint written before end_epoch() resumes at, where

@@ -64,6 +64,27 @@ torch::nn::Sequential reference(int steps) {
   return net;
 }
 
+// What a recoverable group cannot carry, refused at once, saying why:
+// " zero:1 join:1".
+std::string refusals(torch::nn::Sequential& net, ddp::DistributedDataParallelBase& model,
+                     const std::shared_ptr<ddp::RecoverableGroup>& group) {
+  auto said = [](const ddp::UsageError& e, const char* why) {
+    return std::string(e.what()).find(why) != std::string::npos ? "1" : "0";
+  };
+  std::string refused;
+  try {
+    ddp::ZeroRedundancyOptimizer zero(net->parameters(), torch::optim::SGDOptions(0.1), group);
+  } catch (const ddp::UsageError& e) {
+    refused += std::string(" zero:") + said(e, "only copy of its shard");
+  }
+  try {
+    ddp::Join join({&model});
+  } catch (const ddp::UsageError& e) {
+    refused += std::string(" join:") + said(e, "cast no vote");
+  }
+  return refused;
+}
+
 void fault(const std::string& how) {
   if (how == "kill") ::kill(::getpid(), SIGKILL);
   if (how == "stop") ::kill(::getpid(), SIGSTOP);
@@ -147,18 +168,7 @@ int train(int argc, char** argv) {
   }
   std::string members;
   for (int m : group->members()) members += (members.empty() ? "" : ",") + std::to_string(m);
-  // What a recoverable group cannot carry, refused at once.
-  std::string refused;
-  try {
-    ddp::ZeroRedundancyOptimizer zero(net->parameters(), torch::optim::SGDOptions(0.1), group);
-  } catch (const ddp::UsageError& e) {
-    refused += std::string(" zero:") + (std::string(e.what()).find("only copy of its shard") != std::string::npos ? "1" : "0");
-  }
-  try {
-    ddp::Join join({&model});
-  } catch (const ddp::UsageError& e) {
-    refused += std::string(" join:") + (std::string(e.what()).find("cast no vote") != std::string::npos ? "1" : "0");
-  }
+  const std::string refused = refusals(net, model, group);
   std::ofstream(dir + "/result." + std::to_string(slot))
       << "generation " << group->generation() << "\nsize " << group->size() << "\nmembers " << members
       << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\nrefused" << refused << "\n";

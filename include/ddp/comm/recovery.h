@@ -120,13 +120,23 @@ class RecoverableGroup : public ProcessGroup {
 // rank), the one to save what the others hold too (their states are equal:
 // the failed step committed nowhere). The training kit saves a checkpoint
 // there and exits with kPreemptedExitCode, as after a preemption.
+// The writer calls saved() once it saved (or failed to); the others call
+// wait_for_writer() before they end, so that their launcher does not stop
+// the writer in the middle of its save.
 class TooFewRanks : public CommError {
  public:
-  TooFewRanks(const std::string& message, bool writer) : CommError(message), writer_(writer) {}
+  TooFewRanks(const std::string& message, bool writer, std::function<void()> saved,
+              std::function<bool(std::chrono::milliseconds)> wait_for_writer)
+      : CommError(message), writer_(writer), saved_(std::move(saved)), wait_(std::move(wait_for_writer)) {}
   bool writer() const { return writer_; }
+  void saved() const { saved_(); }
+  // Whether the writer said so within `timeout`.
+  bool wait_for_writer(std::chrono::milliseconds timeout) const { return wait_(timeout); }
 
  private:
   bool writer_;
+  std::function<void()> saved_;
+  std::function<bool(std::chrono::milliseconds)> wait_;
 };
 
 // The process's group, made recoverable, and its default group: every rank

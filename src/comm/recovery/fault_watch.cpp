@@ -41,6 +41,7 @@ void FaultWatch::watch(int generation, const std::vector<int>& members) {
     neighbor_ = members[static_cast<size_t>(me - members.begin() + 1) % members.size()];
   neighbor_beat_ = -1;
   neighbor_since_ = Clock::now();
+  lost_seen_ = -1;  // a member lost before this generation formed is looked for at once
 }
 
 void FaultWatch::pause() {
@@ -89,18 +90,22 @@ void FaultWatch::beat() {
 // One look at the counters, then at the neighbour's heartbeat.
 void FaultWatch::look(int epoch) {
   int generation;
-  int64_t generation_faults;
+  int64_t generation_faults, lost_seen;
   std::vector<int> members;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     generation = generation_;
     generation_faults = generation_faults_;
     members = members_;
+    lost_seen = lost_seen_;
   }
   if (store_->add(recovery_keys::faults(round_, generation), 0) > generation_faults) return fire(epoch);
   const int64_t lost = store_->add(recovery_keys::lost_count(round_), 0);
-  if (lost != lost_seen_) {
-    lost_seen_ = lost;
+  if (lost != lost_seen) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      lost_seen_ = lost;
+    }
     // ddprun's reports of workers already left out (a rank that ended after
     // the others re-formed without it) are no fault of this generation.
     for (int m : members)

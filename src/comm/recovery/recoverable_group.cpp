@@ -184,8 +184,9 @@ class Recoverable final : public RecoverableGroup {
 
   void grow() override {
     if (!grow_pending()) return;
+    int g = -1;
     try {
-      const int g = joining_ ? wait_to_be_taken_in() : generation_ + 1;
+      g = joining_ ? wait_to_be_taken_in() : generation_ + 1;
       const std::string key = recovery_keys::generation(round_, g);
       // The joining ranks connect only once the members are here, however
       // long the members took between their vote and this step.
@@ -212,7 +213,7 @@ class Recoverable final : public RecoverableGroup {
       throw;
     } catch (const std::exception& e) {
       if (joining_ || excluded_) throw CommError(who() + "could not join the running group: " + first_line(e.what()));
-      grow_pending_ = false;
+      grow_pending_ = generation_ + 1 == g;  // not yet in generation g: reform() skips its number
       std::cerr << who() << "growing failed (" << first_line(e.what()) << "); re-forming" << std::endl;
       reform();
     }
@@ -248,6 +249,10 @@ class Recoverable final : public RecoverableGroup {
         throw;
       } catch (const CommError& e) {
         if (excluded_ || Clock::now() >= give_up) throw;  // TooFewRanks is excluded_
+        std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
+      } catch (const std::exception& e) {  // the store's own errors (a timeout)
+        if (Clock::now() >= give_up)
+          throw CommError(who() + "could not re-form the group: " + first_line(e.what()));
         std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
       }
     }
@@ -285,12 +290,16 @@ class Recoverable final : public RecoverableGroup {
         recovery_keys::generation(round_, generation_) + "step/" + std::to_string(step_++) + "/";
     const std::string decision = step + "decision";
     try {
-      if (store_->add(step + "done", 1) == size()) decide_commit(decision, admit);
+      // On a GPU the step's reduction must be complete on this rank before
+      // it says so: a communicator aborted later would leave partial sums.
+      if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
+      if (aborted_) decide(decision, "abort");  // this generation is broken already
+      else if (store_->add(step + "done", 1) == size()) decide_commit(decision, admit);
       const auto until = Clock::now() + options_.deadline;
       const bool decided = poll_until(until, [&] { return store_->check({decision}) || aborted_.load(); });
       if (!decided || !store_->check({decision})) decide(decision, "abort");
       const std::string verdict = text(store_->get(decision));
-      grow_pending_ = verdict == "grow";  // committed, and the next step takes joining ranks in
+      if (admit) grow_pending_ = verdict == "grow";  // committed, and the next step takes joining ranks in
       const bool commit = verdict == "commit" || verdict == "grow";
       if (commit) reforms_without_loss_ = 0;  // the failures before were not the program's
       return commit;
@@ -437,14 +446,18 @@ class Recoverable final : public RecoverableGroup {
                       "this rank (" + join(decided) + "); it took longer than the deadline to notice the fault");
     }
     std::set<std::string> nodes;
-    for (int s : decided) nodes.insert(text(store_->get(arrival(s))));
+    for (int s : decided)
+      if (arrived(s)) nodes.insert(text(store_->get(arrival(s))));
     if (static_cast<int>(decided.size()) < options_.min_world_size || static_cast<int>(nodes.size()) < min_nodes_) {
       excluded_ = true;
       throw TooFewRanks(who() + "only " + std::to_string(decided.size()) + " ranks on " +
                             std::to_string(nodes.size()) + " nodes remain (launch ranks " + join(decided) +
                             "), fewer than the minimum of " + std::to_string(options_.min_world_size) + " ranks on " +
                             std::to_string(min_nodes_) + " nodes (--nnodes MIN, RecoveryOptions); the group ends",
-                        slot_ == decided.front());
+                        slot_ == decided.front(), [store = store_, key] { store->set(key + "saved", bytes("1")); },
+                        [store = store_, key](std::chrono::milliseconds timeout) {
+                          return poll_until(Clock::now() + timeout, [&] { return store->check({key + "saved"}); });
+                        });
     }
     generation_ = g;
     members_ = decided;
