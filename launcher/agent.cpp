@@ -160,6 +160,7 @@ Agent::State Agent::start_workers() {
   const Assignment before = assignment_;
   assignment_ = rdzv_->join(round_, o_.nproc, [this] { tick(); });
   round_ = assignment_.round;
+  lost_seen_ = -1;
   if (!before.nodes.empty()) {
     const std::string line = membership_change(before, assignment_, round_end_ ? round_end_->text : "a restart");
     if (!line.empty()) say(line);

@@ -141,6 +141,7 @@ class Agent {
   State state_ = State::Initial;
   int round_ = 0;     // the rendezvous round: every restart, membership changes included
   int restarts_ = 0;  // restarts after failures (TORCHELASTIC_RESTART_COUNT, --max-restarts)
+  int64_t lost_seen_ = -1;  // --recover-in-process: the round's lost count at the last look
   Assignment assignment_;
   std::vector<Worker> workers_;
   OutputRouter output_;

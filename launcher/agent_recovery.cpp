@@ -106,6 +106,17 @@ bool Agent::keep_recovering(const Events& e) {
 // The workers declared a worker of this node lost (its heartbeat stopped:
 // stopped, hung, its link cut): it is ended, as they go on without it.
 void Agent::end_declared_lost() {
+  // One read a look: each worker's key only when the count moved, or while a
+  // replacement waits to be taken in (it removes its predecessor's key then).
+  bool waiting = false;
+  for (const auto& w : workers_) waiting = waiting || (w.replacement && !w.taken_in && !w.process->exited());
+  try {
+    const int64_t count = rdzv_->lost_count(round_);
+    if (count == lost_seen_ && !waiting) return;
+    lost_seen_ = count;
+  } catch (const LaunchError&) {
+    return;  // the store is lost; the round's end says so
+  }
   for (auto& w : workers_) {
     if (w.process->exited() || w.lost) continue;
     std::optional<std::string> why;

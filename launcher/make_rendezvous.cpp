@@ -26,6 +26,7 @@ class LocalRendezvous : public Rendezvous {
   RoundEnd report_failure(const RoundEnd& r) override { return r; }
   void report_lost_worker(int, int, const std::string&) override {}
   std::optional<std::string> lost_reason(int, int) override { return std::nullopt; }
+  int64_t lost_count(int) override { return 0; }
   bool still_joining(int, int) override { return false; }
   void forget_joining(int, int) override {}
   void note_finished(int) override {}

@@ -19,6 +19,7 @@
 // lists the keys.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -101,6 +102,9 @@ class Rendezvous {
   // Why the workers declared the worker of `rank` lost (its heartbeat
   // stopped), if they did: ddprun then ends it.
   virtual std::optional<std::string> lost_reason(int round, int rank) = 0;
+  // How many workers were reported lost in `round` so far: it moves with
+  // every lost/ key written, so lost_reason() is worth asking only then.
+  virtual int64_t lost_count(int round) = 0;
   // Whether the replacement of `rank` still waits to be taken in.
   virtual bool still_joining(int round, int rank) = 0;
   // A replacement lost while it waited: the others must not take it in.

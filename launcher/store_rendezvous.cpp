@@ -80,6 +80,10 @@ class StoreRendezvous : public Rendezvous {
     });
   }
 
+  int64_t lost_count(int round) override {
+    return link_.guarded([&] { return link_.watch().add(ddp::recovery_keys::lost_count(round), 0); });
+  }
+
   void forget_joining(int round, int rank) override {
     link_.guarded([&] { return link_.watch().deleteKey(ddp::recovery_keys::joining(round, rank)); });
   }
