@@ -58,6 +58,16 @@ def committed_lines(path):
     return [l for l in lines if l and not l.startswith("#")], [l for l in lines if l.startswith("#")]
 
 
+def write_csv(path, rows):
+    """Every run as a CSV row (nothing without a path or a row)."""
+    if not path or not rows:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def run_once(args, mode, fault, fault_step, victim, run_dir):
     example = os.path.join(args.build, "examples", EXAMPLES[args.model], EXAMPLES[args.model])
     cmd = [os.path.join(args.build, "launcher", "ddprun"), "--standalone", "--nproc-per-node", str(args.nproc)]
@@ -143,11 +153,7 @@ def main():
             if got:
                 print(f"{args.model} {mode:8s} {fault}: seconds to the next step {min(got):.2f} .. {max(got):.2f} "
                       f"(median {statistics.median(got):.2f}, {len(got)} runs); steps trained again {again}")
-    if args.out:
-        with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(args.out, rows)
     return 0
 
 

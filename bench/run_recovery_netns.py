@@ -59,7 +59,6 @@ lenet_fmnist and resnet18_fmnist, so that a rebuild does not replace them
 under a run.
 """
 import argparse
-import csv
 import os
 import random
 import shutil
@@ -71,7 +70,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_recovery_bench import EXAMPLES, committed_lines  # noqa: E402
+from run_recovery_bench import EXAMPLES, committed_lines, write_csv  # noqa: E402
 
 NS_PREFIX = "ddprun_b"  # the launcher tests sweep ddprun_t*; this bench's own prefix
 
@@ -404,11 +403,7 @@ def main():
                       f"{min(got):.2f} .. {max(got):.2f} (median {statistics.median(got):.2f}, {len(got)} runs); "
                       f"steps trained again {[r['steps_again'] for r in sel]}; survivors restarted "
                       f"{[r['survivors_restarted'] for r in sel]}")
-    if args.out and rows:
-        with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(args.out, rows)
     return 0
 
 

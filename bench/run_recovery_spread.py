@@ -55,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_recovery_bench import committed_lines, worker_pid  # noqa: E402
+from run_recovery_bench import committed_lines, worker_pid, write_csv  # noqa: E402
 
 
 def final_metrics(run_dir):
@@ -236,11 +236,7 @@ def main():
                 shutil.rmtree(run_dir, ignore_errors=True)
             rows.append(row)
             print(row, flush=True)
-    if args.out:
-        with open(args.out, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-            w.writeheader()
-            w.writerows(rows)
+    write_csv(args.out, rows)
     report(rows)
     return 1 if failures else 0
 

@@ -36,8 +36,6 @@ std::string save_live_state() {
   return path;
 }
 
-}  // namespace
-
 // Too few ranks left: the first saves the live state, the others wait for
 // it (their launcher would stop it mid-save once they end), then every one
 // throws Preempted (exit 75).
@@ -59,6 +57,8 @@ std::string save_live_state() {
   }
   throw Preempted(std::string(e.what()) + "; " + kept + " (exit " + std::to_string(kPreemptedExitCode) + ")");
 }
+
+}  // namespace
 
 bool peer_fault(const ProcessGroup& pg, const std::string& what) {
   try {
