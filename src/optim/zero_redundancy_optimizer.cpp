@@ -1,14 +1,15 @@
 #include "ddp/optim/zero_redundancy_optimizer.h"
 
 #include <algorithm>
+#include <iostream>
 #include <numeric>
 #include <optional>
 #include <set>
 #include <sstream>
-#include <type_traits>
 
 #include "comm/objects/object_exchange.h"
 #include "ddp/comm/recovery.h"
+#include "optim/zero_state.h"
 #include "usage_check.h"
 
 namespace ddp {
@@ -16,44 +17,6 @@ namespace {
 
 using torch::optim::Optimizer;
 using torch::optim::OptimizerParamGroup;
-
-// The key of `param` in an optimizer's state(): LibTorch 1.13 to 2.x key it
-// by the TensorImpl's address written as text (c10::guts::to_string); later
-// versions by the address itself.
-template <typename Map>
-typename Map::key_type state_key(const Map&, const torch::Tensor& param) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream s;
-    s << param.unsafeGetTensorImpl();
-    return s.str();
-  } else {
-    return reinterpret_cast<Key>(param.unsafeGetTensorImpl());
-  }
-}
-
-// Moves `param`'s state, if it has any, from one optimizer to another.
-void move_state(Optimizer& from, Optimizer& to, const torch::Tensor& param) {
-  auto& src = from.state();
-  auto it = src.find(state_key(src, param));
-  if (it == src.end()) return;
-  to.state()[state_key(to.state(), param)] = std::move(it->second);
-  src.erase(it);
-}
-
-std::string archive_bytes(const Optimizer& opt) {
-  torch::serialize::OutputArchive archive;
-  opt.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_bytes(Optimizer& opt, const std::string& bytes, torch::Device device) {
-  torch::serialize::InputArchive archive;
-  archive.load_from(bytes.data(), bytes.size(), device);
-  opt.load(archive);
-}
 
 std::string describe_param(const torch::Tensor& p) {
   std::ostringstream s;
@@ -66,10 +29,6 @@ std::string describe_param(const torch::Tensor& p) {
 std::vector<OptimizerParamGroup> checked(std::vector<OptimizerParamGroup> groups, const ProcessGroup* pg) {
   check_usage(pg != nullptr, "ZeroRedundancyOptimizer: the process group is null; call ddp::init_process_group() first");
   const std::string who = "ZeroRedundancyOptimizer on " + rank_tag(*pg) + ": ";
-  check_usage(!dynamic_cast<const RecoverableGroup*>(pg), who,
-              "a recoverable group (ddprun --recover-in-process) cannot go on exactly with it: each rank holds the "
-              "only copy of its shard of the optimizer state, which a lost rank takes with it. Use a replicated "
-              "optimizer there (in-process recovery keeps every replica equal), or ZeRO without in-process recovery");
   std::set<const void*> seen;
   size_t count = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -153,6 +112,14 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
   } catch (const std::exception& e) {
     error = std::string("the wrapped optimizer could not be made: ") + e.what();
   }
+  // A rank joining a running recoverable group cannot meet the others yet:
+  // it takes its shards when taken in (regroup()).
+  auto* recoverable = dynamic_cast<RecoverableGroup*>(pg_.get());
+  if (recoverable && recoverable->joining()) {
+    if (!error.empty()) throw UsageError(who + error);
+    follow_regroups(true);
+    return;
+  }
   // One collective: every rank's error (or "") and signature.
   const auto all = detail::all_gather_bytes(*pg_, (error.empty() ? "0" : "1" + error + "\x01") + signature.str());
   for (int r = 0; r < pg_->size(); ++r) {
@@ -172,13 +139,18 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
                      la + "\", rank " + std::to_string(r) + " \"" + lb +
                      "\"; every rank must build the same model and pass its parameters in the same order");
   }
+  if (recoverable) follow_regroups(false);
 }
 
 std::vector<OptimizerParamGroup> ZeroRedundancyOptimizer::groups_of_rank(int rank) const {
+  return groups_of(partition_, rank);
+}
+
+std::vector<OptimizerParamGroup> ZeroRedundancyOptimizer::groups_of(const ZeroPartition& partition, int rank) const {
   std::vector<OptimizerParamGroup> out;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     std::vector<torch::Tensor> params;
-    for (size_t i : partition_.params[rank][g]) params.push_back(param_groups_[g].params()[i]);
+    for (size_t i : partition.params[rank][g]) params.push_back(param_groups_[g].params()[i]);
     out.emplace_back(std::move(params), param_groups_[g].options().clone());
   }
   return out;
@@ -210,12 +182,34 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   check_groups_unchanged();
   // The group options of param_groups() rule (a scheduler changes those), as
   // PyTorch's _sync_param_groups before and after the local step.
-  for (size_t g = 0; g < param_groups_.size(); ++g)
+  auto* recoverable = dynamic_cast<RecoverableGroup*>(pg_.get());
+  check_usage(!recoverable || !shard_slots_.empty(), "ZeroRedundancyOptimizer on ", rank_tag(*pg_),
+              ": step() on a rank still joining the recoverable group; grow() first (the kit: resume_or_start)");
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
     local_->param_groups()[g].set_options(param_groups_[g].options().clone());
+    if (backup_) backup_->param_groups()[g].set_options(param_groups_[g].options().clone());
+  }
   auto loss = local_->step(std::move(closure));
+  if (backup_) backup_->step();  // the next rank's shard: the same update, its second copy
   for (size_t g = 0; g < param_groups_.size(); ++g)
     param_groups_[g].set_options(local_->param_groups()[g].options().clone());
-  sync_params();
+  if (!recoverable) {
+    sync_params();
+    return loss;
+  }
+  // The step committed on every rank before this one: a rank lost in the
+  // broadcast leaves its shard's update on its backup's rank, from where
+  // the re-forming brings it to every rank left (regroup()).
+  try {
+    sync_params();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::cerr << "ZeroRedundancyOptimizer on " << rank_tag(*pg_) << ": the parameters' broadcast failed ("
+              << what.substr(0, what.find('\n')) << "); re-forming the group" << std::endl;
+    recoverable->reform();
+  }
   return loss;
 }
 
@@ -225,6 +219,12 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
 // so a model of many small tensors needs few collectives and the extra
 // memory stays a few MiB whatever the model's size.
 void ZeroRedundancyOptimizer::sync_params() {
+  std::vector<int> owners(partition_.params.size());
+  std::iota(owners.begin(), owners.end(), 0);
+  sync_params(owners);
+}
+
+void ZeroRedundancyOptimizer::sync_params(const std::vector<int>& root_of_shard) {
   if (pg_->size() == 1) return;
   constexpr int64_t kCoalesceBytes = 1 << 20;
   torch::NoGradGuard no_grad;
@@ -246,10 +246,11 @@ void ZeroRedundancyOptimizer::sync_params() {
     }
     works.push_back(pg_->broadcast(f.buffer, f.root));
   };
-  for (int r = 0; r < pg_->size(); ++r) {
+  for (size_t shard = 0; shard < partition_.params.size(); ++shard) {
+    const int r = root_of_shard[shard];
     std::vector<Flat> open;  // one per dtype, filling
     for (size_t g = 0; g < param_groups_.size(); ++g)
-      for (size_t i : partition_.params[r][g]) {
+      for (size_t i : partition_.params[shard][g]) {
         const auto& p = param_groups_[g].params()[i];
         const int64_t bytes = p.numel() * p.element_size();
         if (bytes >= kCoalesceBytes && p.is_contiguous()) {
@@ -290,7 +291,7 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   check_groups_unchanged();
   for (size_t g = 0; g < param_groups_.size(); ++g)
     local_->param_groups()[g].set_options(param_groups_[g].options().clone());
-  const std::string mine = archive_bytes(*local_);
+  const std::string mine = zero_state::to_bytes(*local_);
   consolidated_.reset();
   // As PyTorch: one object broadcast per rank (gather is not on every backend).
   std::vector<std::string> shares(pg_->size());
@@ -302,9 +303,9 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   auto whole = make_(all_groups());
   for (int r = 0; r < pg_->size(); ++r) {
     auto share = make_(groups_of_rank(r));
-    load_bytes(*share, shares[r], torch::kCPU);
+    zero_state::from_bytes(*share, shares[r], torch::kCPU);
     for (size_t g = 0; g < param_groups_.size(); ++g)
-      for (size_t i : partition_.params[r][g]) move_state(*share, *whole, param_groups_[g].params()[i]);
+      for (size_t i : partition_.params[r][g]) zero_state::move(*share, *whole, param_groups_[g].params()[i]);
   }
   consolidated_ = std::move(whole);
 }
@@ -338,7 +339,14 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     param_groups_[g].set_options(whole->param_groups()[g].options().clone());
     local_->param_groups()[g].set_options(whole->param_groups()[g].options().clone());
-    for (size_t i : partition_.params[pg_->rank()][g]) move_state(*whole, *local_, param_groups_[g].params()[i]);
+    for (size_t i : partition_.params[pg_->rank()][g]) zero_state::move(*whole, *local_, param_groups_[g].params()[i]);
+  }
+  if (!backup_) return;
+  backup_->state().clear();
+  const int next = (pg_->rank() + 1) % pg_->size();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    backup_->param_groups()[g].set_options(whole->param_groups()[g].options().clone());
+    for (size_t i : partition_.params[next][g]) zero_state::move(*whole, *backup_, param_groups_[g].params()[i]);
   }
 }
 

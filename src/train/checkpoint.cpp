@@ -268,12 +268,16 @@ void rotate_in(const std::string& path, const std::vector<char>& bytes) {
 // The checkpoint's pickled dict: the model, the optimizer's archive, where
 // the run is, every rank's generator, the config and the extras, and the
 // loss scaler's state where there is one.
+// Without the optimizer (with_optimizer false): its entry is empty.
 std::vector<char> checkpoint_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
-                                   const TrainState& state, int world_size, const std::vector<at::Tensor>& all_rng) {
+                                   const TrainState& state, int world_size, const std::vector<at::Tensor>& all_rng,
+                                   bool with_optimizer = true) {
   std::ostringstream optimizer_bytes;
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  archive.save_to(optimizer_bytes);
+  if (with_optimizer) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.save_to(optimizer_bytes);
+  }
 
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("format", std::string(kFormat));
@@ -490,12 +494,17 @@ std::string live_state_bytes(const TrainState& state, const ProcessGroup& pg) {
   if (!state.model || !state.optimizer)
     throw UsageError(rank_tag(pg) + ": a rank joins the group, and this one cannot hand it the state: the model "
                      "and optimizer are known from resume_or_start, which this program did not call");
-  const auto bytes = checkpoint_bytes(*state.model, *state.optimizer, state, pg.size(), {cpu_rng_state()});
+  // A ZeRO optimizer hands its shards over itself, as the group grows.
+  const bool zero = dynamic_cast<const ZeroRedundancyOptimizer*>(state.optimizer) != nullptr;
+  const auto bytes = checkpoint_bytes(*state.model, *state.optimizer, state, pg.size(), {cpu_rng_state()}, !zero);
   return std::string(bytes.begin(), bytes.end());
 }
 
 void save_checkpoint_alone(const std::string& path, const TrainState& state) {
   if (!state.model || !state.optimizer) throw UsageError("save_checkpoint_alone: no model or optimizer in the state");
+  if (dynamic_cast<const ZeroRedundancyOptimizer*>(state.optimizer))
+    throw CheckpointError("a ZeroRedundancyOptimizer's state is spread over the ranks, and one rank cannot save it "
+                          "alone; the last checkpoint written (" + path + ") stands");
   rotate_in(path, checkpoint_bytes(*state.model, *state.optimizer, state, 1, {cpu_rng_state()}));
 }
 
@@ -506,7 +515,7 @@ TrainState load_live_state(const std::string& bytes, torch::nn::Module& model, t
   TrainState state = read_position(root, from);
   state.extra = extra_from_pickle(root->get("extra"), from);
   const torch::Device device = load_model(root, from, model);
-  load_optimizer(root, from, optimizer, device, pg);
+  if (!dynamic_cast<ZeroRedundancyOptimizer*>(&optimizer)) load_optimizer(root, from, optimizer, device, pg);
   if (scaler && scaler->is_enabled()) load_scaler(root, from, *scaler, pg);
   load_rng_state(root, from, 1, pg);  // the sender's stream
   return state;

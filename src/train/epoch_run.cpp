@@ -62,6 +62,7 @@ struct EpochRun::State {
   TrainState& state;
   ProcessGroup& pg;
   RecoverableGroup* const recoverable;  // null on any other group
+  int generation = recoverable ? recoverable->generation() : 0;  // the sampler's shards'
   int64_t samples, steps;  // this rank's, from where the epoch (re)started
   int64_t votes_before = 0;
   Progress bar;
@@ -81,10 +82,13 @@ namespace {
 // Steps voted on by commit_or_throw (ddp::optimizer_step) in this process.
 int64_t g_votes = 0;
 
-// Thrown between steps once a recoverable group took joining ranks in: the
-// epoch's data goes on at the new size (EpochRun::recover).
-struct GroupGrew : std::exception {
-  const char* what() const noexcept override { return "the group took joining ranks in"; }
+// Thrown between steps once a recoverable group took joining ranks in, or
+// re-formed inside a committed step (a ZeroRedundancyOptimizer's broadcast):
+// the epoch's data goes on at the new size (EpochRun::recover).
+struct GroupChanged : std::exception {
+  explicit GroupChanged(const char* how) : how(how) {}
+  const char* what() const noexcept override { return how; }
+  const char* how;
 };
 
 // The sampler's epoch, and where it starts after a checkpoint written
@@ -119,8 +123,9 @@ void EpochRun::before_step() {
   if (s.recoverable && s.recoverable->grow_pending()) {
     s.recoverable->set_state([&s] { return live_state_bytes(s.state, s.pg); }, {});
     s.recoverable->grow();
-    throw GroupGrew();
+    throw GroupChanged("ranks joined");
   }
+  if (s.recoverable && s.recoverable->generation() != s.generation) throw GroupChanged("a rank was lost");
   s.votes_before = g_votes;
   const int64_t check_every = s.opts.preemption_check_every();
   if (check_every <= 0 || s.taken % check_every != 0) return;
@@ -168,8 +173,8 @@ bool EpochRun::recover() {
   if (!s.recoverable) return false;
   try {
     throw;
-  } catch (const GroupGrew&) {
-    return reshard("ranks joined");
+  } catch (const GroupChanged& changed) {
+    return reshard(changed.how);
   } catch (const std::exception&) {
     if (!peer_fault(s.pg, "step " + std::to_string(s.state.step + 1))) return false;
   }
@@ -182,6 +187,7 @@ bool EpochRun::recover() {
 // yet taken, shared out again.
 bool EpochRun::reshard(const std::string& how) {
   State& s = *s_;
+  s.generation = s.recoverable->generation();
   s.sampler.set_replicas(s.pg.size(), s.pg.rank());
   s.sampler.set_epoch(s.epoch);
   s.sampler.set_start(static_cast<size_t>(s.state.epoch_samples));

@@ -75,6 +75,8 @@ bool peer_fault(const ProcessGroup& pg, const std::string& what) {
     return false;
   } catch (const CheckpointError&) {
     return false;
+  } catch (const StateLost&) {
+    return false;
   } catch (const std::exception& e) {
     const std::string text = e.what();
     std::cerr << "rank " << pg.rank() << "/" << pg.size() << ": " << what << " failed ("

@@ -5,6 +5,9 @@
 // size, and end bitwise equal to each other and, up to rounding, equal to
 // the same steps trained in one process: the failed step was applied on no
 // rank and trained again, and every step's gradient is the whole batch's.
+// Under a ZeroRedundancyOptimizer (Adam) the lost rank's shard comes from
+// the rank that kept its second copy: the same, to rounding, as Adam in one
+// process; a rank lost once its step committed costs no step again.
 #include <fstream>
 #include <thread>
 
@@ -17,16 +20,18 @@ struct Fault {
   const char* name;
   int slot;
   int step;
-  const char* how;  // recovery_worker's: kill, stop, exit
+  const char* how;  // recovery_worker's: kill, stop, exit, commit
+  bool zero = false;
+  int attempts = 7;  // one step trained again
 };
 
 class Recovery : public LauncherTest, public ::testing::WithParamInterface<Fault> {
  protected:
-  Result train(const std::string& out, const std::vector<std::string>& fault) {
+  Result train(const std::string& out, const std::vector<std::string>& fault, bool zero = false) {
     std::vector<std::string> argv{DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process",
                                   RECOVERY_WORKER_BIN, out, "6"};
     argv.insert(argv.end(), fault.begin(), fault.end());
-    return Process(argv, {{"OMP_NUM_THREADS", "1"}}, dir_).wait(180);
+    return Process(argv, {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_ZERO", zero ? "1" : "0"}}, dir_).wait(180);
   }
 
   static std::map<std::string, std::string> result_of(const std::string& path) {
@@ -42,9 +47,12 @@ class Recovery : public LauncherTest, public ::testing::WithParamInterface<Fault
 TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
   const Fault f = GetParam();
   const std::string out = sub("out");
-  Result r = train(out, {std::to_string(f.slot), std::to_string(f.step), f.how});
+  Result r = train(out, {std::to_string(f.slot), std::to_string(f.step), f.how}, f.zero);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("--recover-in-process"), std::string::npos) << r.err;
+  if (f.zero) EXPECT_NE(r.err.find("re-sharded over launch ranks"), std::string::npos) << r.err;
+  if (std::string(f.how) == "commit")
+    EXPECT_NE(r.err.find("the parameters' broadcast failed"), std::string::npos) << r.err;
   std::vector<int> survivors;
   for (int s = 0; s < 3; ++s)
     if (s != f.slot) survivors.push_back(s);
@@ -57,10 +65,10 @@ TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
     EXPECT_EQ(result["generation"], "1") << "slot " << s;
     EXPECT_EQ(result["members"], members) << "slot " << s;
     EXPECT_EQ(result["committed"], "6") << "slot " << s;
-    EXPECT_EQ(result["attempts"], "7") << "slot " << s << ": one step trained again";
+    EXPECT_EQ(result["attempts"], std::to_string(f.attempts)) << "slot " << s << ": steps trained again";
     EXPECT_LT(std::stod(result["diff"]), 1e-12) << "slot " << s << ": not the same steps as in one process";
-    // A ZeroRedundancyOptimizer and ddp::Join on the group: refused, saying why.
-    EXPECT_EQ(result["refused"], "zero:1 join:1") << "slot " << s;
+    // ddp::Join on the group: refused, saying why.
+    EXPECT_EQ(result["refused"], "join:1") << "slot " << s;
   }
   EXPECT_EQ(read_file(out + "/params." + std::to_string(survivors[0])),
             read_file(out + "/params." + std::to_string(survivors[1])));
@@ -80,14 +88,29 @@ TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
   EXPECT_LT(std::stod(result["diff"]), 1e-12);
 }
 
+// Under a ZeroRedundancyOptimizer ranks 1 and 2 die in the same step: the
+// shard of rank 2 had its copies on both. Rank 0 says it cannot go on
+// exactly and what to do, and ends non-zero.
+TEST_F(Recovery, ZeroTwoNeighboursLostTogetherTakeTheirShard) {
+  const std::string out = sub("out");
+  Result r = train(out, {"1", "2", "pair"}, true);
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("the optimizer's shard of launch rank 2 was lost with both ranks that held it"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("restart it from its last checkpoint"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out + "/result.0"));
+}
+
 // With --max-restarts 1 ddprun starts a worker in rank 1's place; the two
-// others take it in at a step boundary and hand it their state: the three
-// end bitwise equal, in the group's third generation.
+// others take it in at a step boundary and hand it their state, the
+// ZeroRedundancyOptimizer its shards anew: the three end bitwise equal, in
+// the group's third generation.
 TEST_F(Recovery, AReplacementJoinsLiveAndEndsEqual) {
   const std::string out = sub("out");
   Process p({DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1",
              RECOVERY_WORKER_BIN, out, "200", "1", "3", "kill"},
-            {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "100"}}, dir_);
+            {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "100"}, {"RECOVERY_WORKER_ZERO", "1"}}, dir_);
   Result r = p.wait(180);
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("starting a worker in place of rank 1"), std::string::npos) << r.err;
@@ -104,7 +127,9 @@ TEST_F(Recovery, AReplacementJoinsLiveAndEndsEqual) {
 
 INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
                          ::testing::Values(Fault{"Sigkill", 1, 3, "kill"}, Fault{"RankZeroAtTheFirstStep", 0, 0, "kill"},
-                                           Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"}),
+                                           Fault{"Sigstop", 2, 2, "stop"}, Fault{"ExitCode", 1, 5, "exit"},
+                                           Fault{"ZeroSigkill", 1, 3, "kill", true},
+                                           Fault{"ZeroKilledOnceTheStepCommitted", 2, 3, "commit", true, 6}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Two nodes of two workers each (static rendezvous on loopback): a worker

@@ -2,13 +2,17 @@
 // DistributedDataParallel on a recoverable group (ddprun
 // --recover-in-process), a global batch of 12 rows per step split among the
 // ranks of the current generation, and writes what the test compares.
-//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node|twice]
+//   recovery_worker DIR STEPS [FAULT_RANK FAULT_STEP kill|stop|exit|node|twice|pair|commit]
 // The worker of launch rank FAULT_RANK, at step FAULT_STEP, between its
 // forward and its backward: SIGKILLs itself, SIGSTOPs itself, exits 3,
 // SIGKILLs its ddprun and itself (the node is lost: its other workers end
 // with their ddprun), or, for `twice`, SIGKILLs itself, and the worker of
 // launch rank FAULT_RANK + 1 does at the same step's retry (a second fault
-// right after the group re-formed).
+// right after the group re-formed); `pair`: it and the worker of launch
+// rank FAULT_RANK + 1 SIGKILL themselves in the same step; `commit`:
+// SIGKILLs itself once the step committed, before its optimizer steps.
+// RECOVERY_WORKER_ZERO=1: Adam under a ZeroRedundancyOptimizer (each shard
+// on two ranks) instead of SGD; the one-process reference uses Adam too.
 // RECOVERY_WORKER_STEP_MS: a pause in every step while the group is smaller
 // than at the start (time for a replacement to start). A replacement
 // (ddprun --max-restarts) takes the step count and the parameters from the
@@ -17,7 +21,7 @@
 // a slot whose worker was replaced). DIR/result.<slot>: generation, size,
 // members, the steps committed, the largest difference from the same steps
 // trained in one process on the whole batch, and what the group refused
-// (ZeRO, Join: "zero:1 join:1"). DIR/params.<slot>: the parameters' bytes,
+// (Join: "join:1"). DIR/params.<slot>: the parameters' bytes,
 // for the bitwise comparison across ranks.
 #include <ddp/comm/recovery.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
@@ -51,32 +55,30 @@ std::pair<torch::Tensor, torch::Tensor> batch(int step) {
   return {torch::randn({kRows, 8}, gen, torch::kDouble), torch::randn({kRows, 4}, gen, torch::kDouble)};
 }
 
+const torch::optim::AdamOptions kAdam(0.01);
+
 // The same steps in one process, on the whole batch each time.
-torch::nn::Sequential reference(int steps) {
+torch::nn::Sequential reference(int steps, bool adam) {
   auto net = make_net();
-  torch::optim::SGD opt(net->parameters(), 0.1);
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (adam) opt = std::make_unique<torch::optim::Adam>(net->parameters(), kAdam);
+  else opt = std::make_unique<torch::optim::SGD>(net->parameters(), 0.1);
   for (int s = 0; s < steps; ++s) {
     auto [x, y] = batch(s);
-    opt.zero_grad();
+    opt->zero_grad();
     torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
+    opt->step();
   }
   return net;
 }
 
 // What a recoverable group cannot carry, refused at once, saying why:
-// " zero:1 join:1".
-std::string refusals(torch::nn::Sequential& net, ddp::DistributedDataParallelBase& model,
-                     const std::shared_ptr<ddp::RecoverableGroup>& group) {
+// " join:1".
+std::string refusals(ddp::DistributedDataParallelBase& model) {
   auto said = [](const ddp::UsageError& e, const char* why) {
     return std::string(e.what()).find(why) != std::string::npos ? "1" : "0";
   };
   std::string refused;
-  try {
-    ddp::ZeroRedundancyOptimizer zero(net->parameters(), torch::optim::SGDOptions(0.1), group);
-  } catch (const ddp::UsageError& e) {
-    refused += std::string(" zero:") + said(e, "only copy of its shard");
-  }
   try {
     ddp::Join join({&model});
   } catch (const ddp::UsageError& e) {
@@ -115,7 +117,11 @@ int train(int argc, char** argv) {
 
   auto net = make_net();
   ddp::DistributedDataParallel model(net, group);
-  torch::optim::SGD opt(net->parameters(), 0.1);
+  const char* zero = std::getenv("RECOVERY_WORKER_ZERO");
+  const bool adam = zero && std::string(zero) == "1";
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (adam) opt = std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), kAdam, group);
+  else opt = std::make_unique<torch::optim::SGD>(net->parameters(), 0.1);
   int step = 0;
   int attempts = 0;
   group->set_state(
@@ -145,20 +151,22 @@ int train(int argc, char** argv) {
       const int64_t rows = kRows / group->size();
       auto mine = x.narrow(0, group->rank() * rows, rows);
       auto target = y.narrow(0, group->rank() * rows, rows);
-      opt.zero_grad();
+      opt->zero_grad();
       auto loss = torch::mse_loss(model(mine), target);
       if (step == fault_step && how == "twice" && slot == fault_rank + 1 && group->generation() == 1)
         fault("kill");
-      if (step == fault_step && slot == fault_rank) fault(how == "twice" ? "kill" : how);
+      if (step == fault_step && how == "pair" && slot == fault_rank + 1) fault("kill");
+      if (step == fault_step && slot == fault_rank) fault(how == "twice" || how == "pair" ? "kill" : how);
       loss.backward();
     });
     if (committed) {
-      opt.step();
+      if (step == fault_step && slot == fault_rank && how == "commit") fault("kill");
+      opt->step();
       ++step;
     }
   }
 
-  auto ref = reference(steps);
+  auto ref = reference(steps, adam);
   double diff = 0;
   std::ofstream params(dir + "/params." + std::to_string(slot), std::ios::binary);
   for (size_t i = 0; i < net->parameters().size(); ++i) {
@@ -168,7 +176,7 @@ int train(int argc, char** argv) {
   }
   std::string members;
   for (int m : group->members()) members += (members.empty() ? "" : ",") + std::to_string(m);
-  const std::string refused = refusals(net, model, group);
+  const std::string refused = refusals(model);
   std::ofstream(dir + "/result." + std::to_string(slot))
       << "generation " << group->generation() << "\nsize " << group->size() << "\nmembers " << members
       << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\nrefused" << refused << "\n";

@@ -56,7 +56,14 @@ int scenario_train(int argc, char** argv) {
   auto eval_loader = torch::data::make_data_loader(data, eval_sampler, torch::data::DataLoaderOptions(batch));
   torch::nn::Linear net(3, 1);
   ddp::DistributedDataParallel model(net, pg);
-  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+  // ELASTIC_ZERO=1: SGD with momentum under a ZeroRedundancyOptimizer.
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (env_int("ELASTIC_ZERO", 0) == 1)
+    optimizer = std::make_unique<ddp::ZeroRedundancyOptimizer>(
+        net->parameters(), torch::optim::SGDOptions(opts.lr()).momentum(0.9), pg);
+  else
+    optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(opts.lr()));
+  auto& opt = *optimizer;
   ddp::TrainState state = ddp::resume_or_start(opts, run, *net, opt, *pg);
 
   const char* tag = std::getenv("ELASTIC_TAG");

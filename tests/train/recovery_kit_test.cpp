@@ -90,9 +90,10 @@ TEST_P(RecoveryKit, AKilledRankCostsOneStepAndEverySampleIsTrainedOnceButThatSte
 }
 
 // With --max-restarts 1 ddprun starts a worker in rank 1's place; the two
-// others take it in between two steps and hand it the model, the optimizer
-// and the position: it trains on with them, and every sample of each epoch
-// is still trained (the failed step's twice, the shards' padding once more).
+// others take it in between two steps and hand it the model and the
+// position, and a ZeroRedundancyOptimizer (SGD with momentum) its shards:
+// it trains on with them, and every sample of each epoch is still trained
+// (the failed step's twice, the shards' padding once more).
 TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
   const auto dir = ddp::testing::temp_dir("recovery_kit_join");
   const std::string run = dir + "/run";
@@ -101,11 +102,12 @@ TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
       {"--standalone", "--nproc-per-node", "3", "--recover-in-process", "--max-restarts", "1", DDP_ELASTIC_WORKER,
        "train", "--run-dir", run, "--epochs", "3", "--batch-size", "4", "--recovery-deadline", "5", "--log-samples"},
       {{"ELASTIC_TAG", "rec"}, {"STOP_SIGNAL", std::to_string(SIGKILL)}, {"STOP_RANK", "1"}, {"STOP_AT_STEP", "3"},
-       {"ELASTIC_STEP_MS", "400"}, {"OMP_NUM_THREADS", "1"}},
+       {"ELASTIC_STEP_MS", "400"}, {"ELASTIC_ZERO", "1"}, {"OMP_NUM_THREADS", "1"}},
       std::chrono::seconds(180));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("starting a worker in place of rank 1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("joined the running group"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("re-sharded over launch ranks 0,1,2"), std::string::npos) << r.output;
   const std::string log = ddp::testing::read_file(run + "/log.txt");
   EXPECT_NE(log.find("ranks joined"), std::string::npos) << log;
   for (int64_t epoch = 0; epoch < 3; ++epoch) {

@@ -20,9 +20,12 @@
 // allows) joins at a step boundary: the step's vote takes it in, and it
 // receives the running ranks' state (set_state) when the group grows.
 //
-// What the group refuses, saying why: a ZeroRedundancyOptimizer (a lost
-// rank's shard has no other copy), ddp::Join (a joined rank would not vote),
-// subgroups (dist::new_group: they would not re-form with it).
+// What follows the group as it re-forms: DistributedDataParallel (buckets,
+// divisor), a DistributedSampler made on it, a ZeroRedundancyOptimizer (each
+// shard kept on two ranks, re-sharded in on_regroup), and whatever a program
+// registers with on_regroup(). What it refuses, saying why: ddp::Join (a
+// joined rank would not vote), subgroups (dist::new_group: they would not
+// re-form with it).
 #pragma once
 
 #include <atomic>
@@ -104,6 +107,15 @@ class RecoverableGroup : public ProcessGroup {
   // for it up to RecoveryOptions::join_timeout (then a CommError).
   virtual void grow() = 0;
 
+  // ---- following the group
+  // fn runs on every rank each time a generation forms (in reform(), and in
+  // grow() after the state is handed over), before those return: a
+  // collective over the new group that brings what follows the group in
+  // line with it. A CommError from it re-forms again (and fn runs again on
+  // the next generation); any other error ends reform() with it. Every rank
+  // registers the same, in the same order; kept while the handle lives.
+  virtual std::shared_ptr<void> on_regroup(std::function<void()> fn) = 0;
+
   // 0 for the group made at the start, +1 at each reform().
   virtual int generation() const = 0;
   // This rank's launch rank (RANK at start): it never changes.
@@ -137,6 +149,14 @@ class TooFewRanks : public CommError {
   bool writer_;
   std::function<void()> saved_;
   std::function<bool(std::chrono::milliseconds)> wait_;
+};
+
+// Re-forming found state of which no copy is left (a ZeroRedundancyOptimizer
+// shard whose two ranks were lost together): the group cannot go on
+// exactly. Not retried; restart from the last checkpoint.
+class StateLost : public error_bases::ErrorOf<error_bases::ErrorBase> {
+ public:
+  using ErrorOf::ErrorOf;
 };
 
 // The process's group, made recoverable, and its default group: every rank

@@ -16,6 +16,17 @@
 // It is a torch::optim::Optimizer: zero_grad(), step(), param_groups() (and
 // LR schedulers through them) work where one is expected. Its state() is
 // empty: the shard's state is local_optimizer().state().
+//
+// On a recoverable group (ddp/comm/recovery.h) each shard lives on two
+// ranks: rank r also steps the shard of rank r+1 (mod W), its backup, with
+// the same averaged gradients, so the two copies stay bitwise equal (twice
+// the optimizer's state and update on each rank, no extra communication).
+// When the group re-forms or grows, the parameters come from a rank that
+// holds each shard, the shards are partitioned anew over the new group and
+// each rank receives its own and its backup's state; a step whose parameter
+// broadcast fails re-forms the group inside step(), which then returns with
+// the step applied on every rank left. Two neighbouring ranks lost at once
+// take a shard with them: StateLost.
 #pragma once
 
 #include <torch/torch.h>
@@ -118,6 +129,10 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   const torch::optim::Optimizer& local_optimizer() const { return *local_; }
   ProcessGroup& process_group() const { return *pg_; }
 
+  // It registers itself with a recoverable group by address.
+  ZeroRedundancyOptimizer(ZeroRedundancyOptimizer&&) = delete;
+  ZeroRedundancyOptimizer& operator=(ZeroRedundancyOptimizer&&) = delete;
+
  private:
   template <typename Options>
   static OptimizerFactory factory_for(const Options& defaults) {
@@ -127,14 +142,28 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
     };
   }
   std::vector<torch::optim::OptimizerParamGroup> groups_of_rank(int rank) const;
+  std::vector<torch::optim::OptimizerParamGroup> groups_of(const ZeroPartition& partition, int rank) const;
   std::vector<torch::optim::OptimizerParamGroup> all_groups() const;
   void check_groups_unchanged() const;
+  // Each shard's parameters broadcast from root_of_shard[shard] (its owner
+  // after a step; after a re-forming, a rank of the new group that holds it).
+  void sync_params(const std::vector<int>& root_of_shard);
   void sync_params();
+  // On a recoverable group: the collective re-sharding run as it re-forms
+  // (zero_regroup.cpp).
+  void follow_regroups(bool joining);
+  void regroup();
 
   std::shared_ptr<ProcessGroup> pg_;
   OptimizerFactory make_;
   ZeroPartition partition_;
   std::unique_ptr<torch::optim::Optimizer> local_;
+  // On a recoverable group: the next rank's shard (its second copy), the
+  // launch ranks (slots) of the group the partition was made for (empty on a
+  // rank still joining), and the registration of regroup().
+  std::unique_ptr<torch::optim::Optimizer> backup_;
+  std::vector<int> shard_slots_;
+  std::shared_ptr<void> regroup_handle_;
   std::unique_ptr<torch::optim::Optimizer> consolidated_;  // the whole state, on the rank consolidated to
 };
 

@@ -207,9 +207,12 @@ class Recoverable final : public RecoverableGroup {
       hand_over_state(joined);
       if (joining_) store_->deleteKey(joining_key(slot_));
       joining_ = grow_pending_ = false;
+      regroup_followers();  // a CommError: re-formed below, as a member now
       std::cerr << who() << "grew to launch ranks " << join(members_) << " (" << join(joined) << " joined)"
                 << std::endl;
     } catch (const UsageError&) {
+      throw;
+    } catch (const StateLost&) {
       throw;
     } catch (const std::exception& e) {
       if (joining_ || excluded_) throw CommError(who() + "could not join the running group: " + first_line(e.what()));
@@ -244,18 +247,33 @@ class Recoverable final : public RecoverableGroup {
         meet(generation_ + 1 + skip);
         skip = 0;
         form_inner();
-        return;
       } catch (const UsageError&) {
         throw;
       } catch (const CommError& e) {
         if (excluded_ || Clock::now() >= give_up) throw;  // TooFewRanks is excluded_
         std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
+        continue;
       } catch (const std::exception& e) {  // the store's own errors (a timeout)
         if (Clock::now() >= give_up)
           throw CommError(who() + "could not re-form the group: " + first_line(e.what()));
         std::cerr << who() << "re-forming failed (" << first_line(e.what()) << "); trying again" << std::endl;
+        continue;
+      }
+      try {
+        regroup_followers();  // its other errors end reform()
+        return;
+      } catch (const CommError& e) {
+        if (Clock::now() >= give_up) throw;
+        std::cerr << who() << "bringing what follows the group in line failed (" << first_line(e.what())
+                  << "); re-forming again" << std::endl;
       }
     }
+  }
+
+  std::shared_ptr<void> on_regroup(std::function<void()> fn) override {
+    auto handle = std::make_shared<std::function<void()>>(std::move(fn));
+    followers_.push_back(handle);
+    return handle;
   }
 
  private:
@@ -350,6 +368,14 @@ class Recoverable final : public RecoverableGroup {
       throw CommError(who() + "was not taken into the running group within " +
                       std::to_string(options_.join_timeout.count() / 1000) + " s (RecoveryOptions::join_timeout)");
     return taken;
+  }
+
+  // Runs the on_regroup() functions still held, in the order registered.
+  void regroup_followers() {
+    followers_.erase(std::remove_if(followers_.begin(), followers_.end(), [](const auto& f) { return f.expired(); }),
+                     followers_.end());
+    for (const auto& weak : followers_)
+      if (auto fn = weak.lock()) (*fn)();
   }
 
   // The first rank that was in the group before sends the state; the ranks
@@ -484,6 +510,7 @@ class Recoverable final : public RecoverableGroup {
   bool grow_pending_ = false;  // the last vote took joining ranks in
   std::function<std::string()> save_;
   std::function<void(const std::string&)> load_;
+  std::vector<std::weak_ptr<std::function<void()>>> followers_;  // on_regroup()
   int reforms_without_loss_ = 0;
   std::atomic<bool> aborted_{false};
   std::shared_ptr<GroupPosition> position_ = std::make_shared<GroupPosition>();
