@@ -55,6 +55,31 @@ std::vector<OptimizerParamGroup> checked(std::vector<OptimizerParamGroup> groups
   return groups;
 }
 
+// Collective (one all-gather): every rank's error building its optimizer
+// (or "") and the signature of its parameters; every rank throws the first
+// rank's error, or names the first rank whose parameters differ.
+void check_same_everywhere(ProcessGroup& pg, const std::string& who, const std::string& error,
+                           const std::string& signature) {
+  const auto all = detail::all_gather_bytes(pg, (error.empty() ? "0" : "1" + error + "\x01") + signature);
+  for (int r = 0; r < pg.size(); ++r) {
+    if (all[r][0] == '1') {
+      const auto end = all[r].find('\x01');
+      throw UsageError(who + "rank " + std::to_string(r) + " could not build its optimizer: " + all[r].substr(1, end - 1));
+    }
+  }
+  for (int r = 0; r < pg.size(); ++r) {
+    if (all[r] == all[0]) continue;
+    // The first line that differs: the group count, a group's size, or a parameter.
+    std::istringstream a(all[0].substr(1)), b(all[r].substr(1));
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) la.clear(), lb.clear();
+    throw UsageError(who + "rank " + std::to_string(r) +
+                     " passed different parameters (count, shapes, dtypes or groups) than rank 0: rank 0 has \"" +
+                     la + "\", rank " + std::to_string(r) + " \"" + lb +
+                     "\"; every rank must build the same model and pass its parameters in the same order");
+  }
+}
+
 }  // namespace
 
 ZeroPartition partition_parameters(const std::vector<std::vector<int64_t>>& numels, int world_size) {
@@ -120,25 +145,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
     follow_regroups(true);
     return;
   }
-  // One collective: every rank's error (or "") and signature.
-  const auto all = detail::all_gather_bytes(*pg_, (error.empty() ? "0" : "1" + error + "\x01") + signature.str());
-  for (int r = 0; r < pg_->size(); ++r) {
-    if (all[r][0] == '1') {
-      const auto end = all[r].find('\x01');
-      throw UsageError(who + "rank " + std::to_string(r) + " could not build its optimizer: " + all[r].substr(1, end - 1));
-    }
-  }
-  for (int r = 0; r < pg_->size(); ++r) {
-    if (all[r] == all[0]) continue;
-    // The first line that differs: the group count, a group's size, or a parameter.
-    std::istringstream a(all[0].substr(1)), b(all[r].substr(1));
-    std::string la, lb;
-    while (std::getline(a, la) && std::getline(b, lb) && la == lb) la.clear(), lb.clear();
-    throw UsageError(who + "rank " + std::to_string(r) +
-                     " passed different parameters (count, shapes, dtypes or groups) than rank 0: rank 0 has \"" +
-                     la + "\", rank " + std::to_string(r) + " \"" + lb +
-                     "\"; every rank must build the same model and pass its parameters in the same order");
-  }
+  check_same_everywhere(*pg_, who, error, signature.str());
   if (recoverable) follow_regroups(false);
 }
 

@@ -153,6 +153,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // (zero_regroup.cpp).
   void follow_regroups(bool joining);
   void regroup();
+  void take_shards(const std::vector<int>& source, int root, const ZeroPartition& next,
+                   torch::optim::Optimizer& local, torch::optim::Optimizer* backup);
 
   std::shared_ptr<ProcessGroup> pg_;
   OptimizerFactory make_;
