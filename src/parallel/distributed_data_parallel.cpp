@@ -354,25 +354,33 @@ int find_common_rank(ProcessGroup& pg, bool candidate) {
                           torch::TensorOptions().dtype(torch::kInt64).device(pg.device()));
   int64_t common = -1;
   for (const auto& t : pg.allgather(mine)) common = std::max(common, t.item<int64_t>());
+  if (common < 0 && dynamic_cast<RecoverableGroup*>(&pg))
+    throw StateLost("rank " + std::to_string(pg.rank()) + ": ddp::Join: every rank that trained to the end was "
+                    "lost, and the ranks left hold older models; the run cannot go on exactly: restart it from its "
+                    "last checkpoint");
   TORCH_CHECK(common >= 0, "rank ", pg.rank(),
               ": ddp::Join: no rank was a candidate for the common rank; a bug in libddp");
   return static_cast<int>(common);
+}
+
+// The group re-formed after a fault: the failed step's reductions are
+// dropped, the buckets follow the new rank 0's order, and the buffers (each
+// rank's forward updated its own) come from it. Before a forward, or a
+// joined rank's shadow of one.
+void follow_regroup(DistributedDataParallelBase::Internals& d, ProcessGroup& pg) {
+  auto* recoverable = dynamic_cast<RecoverableGroup*>(&pg);
+  if (!recoverable || recoverable->generation() == d.group_generation) return;
+  d.group_generation = recoverable->generation();
+  d.reducer->abandon_iteration();
+  d.join_sync_work = Work();
+  d.require_forward_param_sync = true;
 }
 
 }  // namespace
 
 void DistributedDataParallelBase::pre_forward() {
   Internals& d = *internals_;
-  if (auto* recoverable = dynamic_cast<RecoverableGroup*>(pg_.get());
-      recoverable && recoverable->generation() != d.group_generation) {
-    // The group re-formed after a fault: the failed step's reductions are
-    // dropped, the buckets follow the new rank 0's order, and the buffers
-    // (each rank's forward updated its own) come from it.
-    d.group_generation = recoverable->generation();
-    d.reducer->abandon_iteration();
-    d.join_sync_work = Work();
-    d.require_forward_param_sync = true;
-  }
+  follow_regroup(d, *pg_);
   const bool builds_graph = torch::GradMode::is_enabled();
   const bool joined_up = join_config().enable;
   // Under ddp::Join a forward without a graph (evaluation under
@@ -440,6 +448,7 @@ class DDPJoinHook : public JoinHook {
 
   // One iteration of the ranks still training, as this rank's collectives.
   void main_hook() override {
+    follow_regroup(d_, pg_);
     d_.reducer->join_shadow_forward();
     if (ddp_.options().broadcast_buffers() && d_.require_forward_param_sync) {
       d_.buffers = buffers_of(module_, d_.ignored);

@@ -29,10 +29,7 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     check_usage(pg == pg_, "rank ", pg_->rank(),
                 ": ddp::Join: the joinables use different process groups; Join works over one group");
   }
-  check_usage(!dynamic_cast<RecoverableGroup*>(pg_), "rank ", pg_->rank(),
-              ": ddp::Join on a recoverable group (ddprun --recover-in-process): a rank that ran out of inputs "
-              "would cast no vote on the others' steps, and no step could commit. Give every rank as many batches "
-              "(a DistributedSampler pads the shards to one length), or use Join without in-process recovery");
+  if (auto* group = dynamic_cast<RecoverableGroup*>(pg_)) group->set_admit_joining(false);
   for (auto* j : joinables_) hooks_.push_back(j->join_hook(options_));
   bool first = true;
   for (auto* j : joinables_) {
@@ -54,6 +51,7 @@ Join::~Join() noexcept(false) {
 
 void Join::reset_configs() {
   for (auto* j : joinables_) j->join_config_ = JoinConfig{};
+  if (auto* group = dynamic_cast<RecoverableGroup*>(pg_)) group->set_admit_joining(true);
 }
 
 void Join::finish() {
@@ -67,17 +65,44 @@ void Join::finish() {
   } reset{this};
   if (!options_.enable()) return;
 
+  auto* group = dynamic_cast<RecoverableGroup*>(pg_);
   bool is_last_joiner = true;
+  for (;;) {
+    try {
+      shadow(is_last_joiner);
+      for (auto& hook : hooks_) hook->post_hook(is_last_joiner);
+      if (!group || group->agree()) return;
+      throw CommError("rank " + std::to_string(pg_->rank()) + ": ddp::Join: the final sync did not finish on every rank");
+    } catch (const UsageError&) {
+      throw;
+    } catch (const UnevenInputsError&) {
+      throw;
+    } catch (const StateLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (!group) throw;
+      const std::string what = e.what();
+      std::cerr << "rank " << pg_->rank() << ": ddp::Join: " << what.substr(0, what.find('\n'))
+                << "; re-forming the group" << std::endl;
+      group->reform();
+    }
+  }
+}
+
+void Join::shadow(bool& is_last_joiner) {
+  auto* group = dynamic_cast<RecoverableGroup*>(pg_);
   for (int i = 0;; ++i) {
     if (i == kSkewWarning + 1)
       std::cerr << "rank " << pg_->rank() << ": ddp::Join: this rank has at least " << kSkewWarning
                 << " fewer inputs than the ranks still training; a skew this large wastes their time" << std::endl;
-    if (num_nonjoined() == 0) break;
+    if (num_nonjoined() == 0) return;
     if (options_.throw_on_early_termination()) notify_to_terminate();
     for (auto& hook : hooks_) hook->main_hook();
-    is_last_joiner = false;
+    // The ranks still training vote on their step: so does this one. Its
+    // model is older than theirs once a step it shadowed committed.
+    if (!group || group->should_commit()) is_last_joiner = false;
+    else group->reform();
   }
-  for (auto& hook : hooks_) hook->post_hook(is_last_joiner);
 }
 
 // The joined rank's side of notify_join_context's all-reduce of ones.

@@ -13,6 +13,10 @@
 // SIGKILLs itself once the step committed, before its optimizer steps.
 // RECOVERY_WORKER_ZERO=1: Adam under a ZeroRedundancyOptimizer (each shard
 // on two ranks) instead of SGD; the one-process reference uses Adam too.
+// RECOVERY_WORKER_JOIN=1: uneven inputs under ddp::Join (gradients divided
+// by the ranks still training): launch rank s trains STEPS - s steps, each
+// on the whole batch, so the model the last to finish holds is the
+// reference's.
 // RECOVERY_WORKER_STEP_MS: a pause in every step while the group is smaller
 // than at the start (time for a replacement to start). A replacement
 // (ddprun --max-restarts) takes the step count and the parameters from the
@@ -20,8 +24,7 @@
 // DIR/starts.<slot>: a line per start of that slot's process (one, but for
 // a slot whose worker was replaced). DIR/result.<slot>: generation, size,
 // members, the steps committed, the largest difference from the same steps
-// trained in one process on the whole batch, and what the group refused
-// (Join: "join:1"). DIR/params.<slot>: the parameters' bytes,
+// trained in one process on the whole batch. DIR/params.<slot>: the parameters' bytes,
 // for the bitwise comparison across ranks.
 #include <ddp/comm/recovery.h>
 #include <ddp/optim/zero_redundancy_optimizer.h>
@@ -35,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -70,21 +74,6 @@ torch::nn::Sequential reference(int steps, bool adam) {
     opt->step();
   }
   return net;
-}
-
-// What a recoverable group cannot carry, refused at once, saying why:
-// " join:1".
-std::string refusals(ddp::DistributedDataParallelBase& model) {
-  auto said = [](const ddp::UsageError& e, const char* why) {
-    return std::string(e.what()).find(why) != std::string::npos ? "1" : "0";
-  };
-  std::string refused;
-  try {
-    ddp::Join join({&model});
-  } catch (const ddp::UsageError& e) {
-    refused += std::string(" join:") + said(e, "cast no vote");
-  }
-  return refused;
 }
 
 void fault(const std::string& how) {
@@ -142,15 +131,20 @@ int train(int argc, char** argv) {
         step = static_cast<int>(got.back().item<int64_t>());
       });
   const char* pause = std::getenv("RECOVERY_WORKER_STEP_MS");
-  while (step < steps) {
+  const char* uneven = std::getenv("RECOVERY_WORKER_JOIN");
+  std::optional<ddp::Join> join;
+  if (uneven && std::string(uneven) == "1")
+    join.emplace(std::vector<ddp::Joinable*>{&model}, ddp::JoinOptions().divide_by_initial_world_size(false));
+  const int my_steps = join ? steps - slot : steps;
+  while (step < my_steps) {
     if (pause && !group->joining() && static_cast<int>(group->members().size()) < world)
       std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(pause)));
     ++attempts;
     const bool committed = group->run_step([&] {
       auto [x, y] = batch(step);
-      const int64_t rows = kRows / group->size();
-      auto mine = x.narrow(0, group->rank() * rows, rows);
-      auto target = y.narrow(0, group->rank() * rows, rows);
+      const int64_t rows = join ? kRows : kRows / group->size();
+      auto mine = x.narrow(0, join ? 0 : group->rank() * rows, rows);
+      auto target = y.narrow(0, join ? 0 : group->rank() * rows, rows);
       opt->zero_grad();
       auto loss = torch::mse_loss(model(mine), target);
       if (step == fault_step && how == "twice" && slot == fault_rank + 1 && group->generation() == 1)
@@ -165,6 +159,7 @@ int train(int argc, char** argv) {
       ++step;
     }
   }
+  if (join) join->finish();  // shadows the ranks still training, then takes the last one's model
 
   auto ref = reference(steps, adam);
   double diff = 0;
@@ -176,10 +171,9 @@ int train(int argc, char** argv) {
   }
   std::string members;
   for (int m : group->members()) members += (members.empty() ? "" : ",") + std::to_string(m);
-  const std::string refused = refusals(model);
   std::ofstream(dir + "/result." + std::to_string(slot))
       << "generation " << group->generation() << "\nsize " << group->size() << "\nmembers " << members
-      << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\nrefused" << refused << "\n";
+      << "\ncommitted " << step << "\nattempts " << attempts << "\ndiff " << diff << "\n";
   ddp::destroy_process_group();
   return 0;
 }

@@ -22,10 +22,10 @@
 //
 // What follows the group as it re-forms: DistributedDataParallel (buckets,
 // divisor), a DistributedSampler made on it, a ZeroRedundancyOptimizer (each
-// shard kept on two ranks, re-sharded in on_regroup), and whatever a program
-// registers with on_regroup(). What it refuses, saying why: ddp::Join (a
-// joined rank would not vote), subgroups (dist::new_group: they would not
-// re-form with it).
+// shard kept on two ranks, re-sharded in on_regroup), ddp::Join (a joined
+// rank votes on the steps it shadows), and whatever a program registers
+// with on_regroup(). Refused, saying why: subgroups (dist::new_group: they
+// would not re-form with it).
 #pragma once
 
 #include <atomic>
@@ -99,6 +99,11 @@ class RecoverableGroup : public ProcessGroup {
   // group before returns it, load() on the joining ranks takes it (the
   // model, the optimizer, the position). Set on every rank.
   virtual void set_state(std::function<std::string()> save, std::function<void(const std::string&)> load) = 0;
+  // Whether a step's vote may take joining ranks in (true at the start).
+  // Every rank sets it alike, between the same steps: ddp::Join holds them
+  // off while it runs (a rank out of inputs holds an older model, and a rank
+  // taken in receives the state of the group's first rank).
+  virtual void set_admit_joining(bool admit) = 0;
   // True on a joining rank, and on the others after a committed step whose
   // vote took joining ranks in.
   virtual bool grow_pending() const = 0;

@@ -18,6 +18,13 @@
 // Without it, a rank that finishes early leaves the others' all-reduces
 // unanswered: they fail (CommError) saying so, within the process group's
 // timeout at worst.
+//
+// On a recoverable group (ddp/comm/recovery.h) a joined rank votes on each
+// step it shadows, as the ranks still training do (should_commit()), and
+// re-forms with them when a rank is lost; the final sync is voted on too and
+// run again after a fault. No rank joining the group is taken in while Join
+// runs. Lost with every rank that finished last, the newest model is gone:
+// StateLost.
 #pragma once
 
 #include <torch/arg.h>
@@ -103,6 +110,8 @@ class Join {
 
  private:
   void reset_configs();
+  // The shadow loop: false once this rank shadowed an iteration.
+  void shadow(bool& is_last_joiner);
   int num_nonjoined();
   [[noreturn]] void notify_to_terminate();
 

@@ -227,7 +227,8 @@ class Recoverable final : public RecoverableGroup {
   std::vector<int> members() const override { return members_; }
   std::shared_ptr<const GroupPosition> position() const override { return position_; }
 
-  bool should_commit() override { return vote(true); }
+  bool should_commit() override { return vote(admit_joining_); }
+  void set_admit_joining(bool admit) override { admit_joining_ = admit; }
   bool agree() override { return vote(false); }
 
   void reform() override {
@@ -508,6 +509,7 @@ class Recoverable final : public RecoverableGroup {
   bool excluded_ = false;
   bool joining_ = false;       // started in place of a lost rank, not yet taken in
   bool grow_pending_ = false;  // the last vote took joining ranks in
+  bool admit_joining_ = true;  // set_admit_joining()
   std::function<std::string()> save_;
   std::function<void(const std::string&)> load_;
   std::vector<std::weak_ptr<std::function<void()>>> followers_;  // on_regroup()
@@ -531,6 +533,8 @@ bool RecoverableGroup::run_step(const std::function<void()>& fn) {
     if (grow_pending()) grow();
     fn();
   } catch (const UsageError&) {
+    throw;
+  } catch (const UnevenInputsError&) {  // ddp::Join's decision, on every rank
     throw;
   } catch (const std::exception& e) {
     std::string what = e.what();
