@@ -9,7 +9,11 @@ Fashion-MNIST under `ddprun --standalone --nproc-per-node 3
   fault     the same run (same seed, same options); SIGKILL to one worker
             other than rank 0 at a random step of epoch 2 (steps L+2 ..
             2L-2 of rank 0's --log-samples record); the other two re-form
-            without it and go on to the end with 2 workers
+            without it and go on to the end with 2 workers, or with
+            --replace (ddprun --max-restarts 1 as well) ddprun starts a
+            worker in the lost one's slot, which the other two take in live
+            at a step boundary (it receives the model, optimizer and sampler
+            position from a peer), and the run ends with 3 again
 
 The number compared is the last epoch's test loss and test accuracy (the
 last line of the run folder's metrics.csv, on the 10,000 test images); each
@@ -19,13 +23,29 @@ every run, the no-fault runs' mean and min..max, whether each faulted run
 lies inside that min..max (and by how much outside if not), and the faulted
 minus unfaulted difference of each seed against the spread across seeds.
 --out writes a CSV of every run. A run whose ddprun exits non-zero keeps its
-run folder and prints the last 40 lines of its log.txt and of ddprun's stderr.
+run folder and prints the last 40 lines of its log.txt and of ddprun's stderr;
+so does a --replace run whose replacement never trained a step.
+
+Every run counts from the --log-samples record of every rank (samples/
+rankN.txt by launch slot; a replacement appends to its predecessor's file
+after a "# resumed" line of its own) the samples of the committed steps:
+samples_per_epoch ("/"-separated), samples (their sum), distinct (the sum of
+each epoch's distinct indices), short_steps (steps fewer than --nproc ranks
+took) and with --replace joined_at_step (the replacement's first step, in
+rank 0's count) and replacement_steps (how many it took). A faulted run
+whose seed also ran without a fault is compared with that twin epoch by
+epoch: twin_not_in, the twin's samples it did not train, and not_in_twin,
+those it trained that the twin did not. The failed step (the "# failed"
+lines) is not counted: the ranks left train it again from the same sample.
 
 Note that after the fault the recovered run's steps carry 2 x the per-worker
 batch (170 samples at --global-batch-size 255), and an epoch keeps its
 --limit-batches steps, so a faulted run trains on fewer samples than its
 unfaulted twin: the question is whether that, with the step redone at the
-fault, shows beyond the seed spread.
+fault, shows beyond the seed spread. With --replace only the steps between
+the fault and the replacement's first step are short (170 samples), so the
+faulted run trains nearly the samples of its twin (those of the epochs it
+shares are the same indices: the sampler goes on from the same position).
 
 The defaults (8 epochs of 60 steps at the example's --lr 0.2) are what
 leaves LeNet's initial plateau for every seed in about 75 s a run on the
@@ -37,10 +57,13 @@ epochs) never left it, which made the spread bimodal.
 
   /usr/bin/python3 bench/run_recovery_spread.py --out bench/results/recovery_spread.csv   # about 12 min on the 2-core VM
   /usr/bin/python3 bench/run_recovery_spread.py --seeds 1 --modes fault                   # a smoke test
+  /usr/bin/python3 bench/run_recovery_spread.py --replace --seeds 1 --modes fault --epochs 3   # the same, replaced
+  /usr/bin/python3 bench/run_recovery_spread.py --replace --seeds 1,2,3,4,5,6,7,8 --out bench/results/recovery_spread_replaced.csv
   /usr/bin/python3 bench/run_recovery_spread.py --ddprun /tmp/bin/ddprun --example /tmp/bin/lenet_fmnist
 """
 import argparse
 import csv
+import glob
 import os
 import random
 import shutil
@@ -74,6 +97,43 @@ def final_metrics(run_dir):
     return int(last["epoch"]), float(last["test_loss"]), float(last["test_acc"]), left
 
 
+def samples_record(run_dir, nproc, victim):
+    """From every rank's --log-samples record: (the samples of each epoch's
+    committed steps, as a list by epoch; the distinct indices of each epoch,
+    a dict; the steps fewer than nproc ranks took; the replacement's first
+    step and its step count, (None, 0) if none). A committed line is "ROUND
+    EPOCH STEP INDEX...", the same STEP on every rank that took it."""
+    per_epoch, trained, ranks_of_step = {}, {}, {}
+    joined_at, replacement_steps = None, 0
+    for path in sorted(glob.glob(os.path.join(run_dir, "samples", "rank*.txt"))):
+        processes = 0  # "# resumed" lines: one at each process's first epoch
+        with open(path) as f:
+            for line in f.read().splitlines():
+                if line.startswith("# resumed "):
+                    processes += 1
+                if not line or line.startswith("#"):
+                    continue
+                fields = line.split()
+                epoch, step, indices = int(fields[1]), int(fields[2]), fields[3:]
+                per_epoch[epoch] = per_epoch.get(epoch, 0) + len(indices)
+                trained.setdefault(epoch, set()).update(indices)
+                ranks_of_step[step] = ranks_of_step.get(step, 0) + 1
+                if path.endswith(f"rank{victim}.txt") and processes > 1:
+                    joined_at = step if joined_at is None else joined_at
+                    replacement_steps += 1
+    epochs = [per_epoch[e] for e in sorted(per_epoch)]
+    return epochs, trained, sum(1 for n in ranks_of_step.values() if n < nproc), joined_at, replacement_steps
+
+
+def log_lines(path, text):
+    """The lines of a file that contain text."""
+    try:
+        with open(path, errors="replace") as f:
+            return [l.rstrip("\n") for l in f if text in l]
+    except OSError:
+        return []
+
+
 def tail(path, n=40):
     try:
         with open(path, errors="replace") as f:
@@ -93,6 +153,9 @@ def run_once(args, seed, mode, fault_step, victim, run_dir):
         cmd += ["--recovery-deadline", f"{args.deadline:g}"]
     if args.data_dir:
         cmd += ["--data-dir", args.data_dir]
+    replace = args.replace and mode == "fault"
+    if replace:  # a worker in the lost one's slot, taken in live (docs/launcher.md, "In-process recovery")
+        cmd[1:1] = ["--max-restarts", "1"]
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -126,22 +189,37 @@ def run_once(args, seed, mode, fault_step, victim, run_dir):
     seconds = time.monotonic() - start
     lines, comments = committed_lines(samples)
     got = final_metrics(os.path.join(run_dir, "run"))
+    epochs, trained, short, joined_at, replacement_steps = samples_record(os.path.join(run_dir, "run"), args.nproc,
+                                                                           victim if mode == "fault" else -1)
     row = {"seed": seed, "mode": mode, "victim": victim if mode == "fault" else "",
            "fault_step": fault_step if mode == "fault" else "", "killed_after_step": killed_at or "",
            "exit": proc.returncode, "seconds": round(seconds, 1),
            "steps_again": sum(1 for c in comments if c.startswith("# failed")) if mode == "fault" else "",
            "epochs_logged": got[0] if got else "", "test_loss": got[1] if got else "",
-           "test_acc": got[2] if got else "", "left_plateau_epoch": (got[3] or "") if got else ""}
-    failed = proc.returncode != 0 or not got or got[0] != args.epochs or (mode == "fault" and killed_at is None)
+           "test_acc": got[2] if got else "", "left_plateau_epoch": (got[3] or "") if got else "",
+           "replace": int(replace), "joined_at_step": joined_at if joined_at is not None else "",
+           "replacement_steps": replacement_steps if replace else "", "short_steps": short,
+           "samples": sum(epochs), "distinct": sum(len(v) for v in trained.values()),
+           "samples_per_epoch": "/".join(map(str, epochs)), "not_in_twin": "", "twin_not_in": ""}
+    if mode == "fault":
+        # What the run folder's log and ddprun say of the re-forming (and the replacement).
+        for l in log_lines(os.path.join(run_dir, "run", "log.txt"), " ranks go on from sample "):
+            print(f"  seed {seed} log.txt: {l}", flush=True)
+        for l in log_lines(os.path.join(run_dir, "ddprun.stderr"), "--recover-in-process") + \
+                log_lines(os.path.join(run_dir, "ddprun.stderr"), "in place of rank"):
+            print(f"  seed {seed} ddprun: {l}", flush=True)
+    failed = proc.returncode != 0 or not got or got[0] != args.epochs or (mode == "fault" and killed_at is None) \
+        or (replace and joined_at is None)
     if failed:
         print(f"FAILED: seed {seed} {mode}: ddprun exit {proc.returncode}, "
-              f"last epoch in metrics.csv {got[0] if got else None}, killed after step {killed_at}; "
+              f"last epoch in metrics.csv {got[0] if got else None}, killed after step {killed_at}"
+              f"{', the replacement took no step' if replace and joined_at is None else ''}; "
               f"kept {run_dir}\n  {' '.join(cmd)}", file=sys.stderr)
         print(f"--- last 40 lines of {run_dir}/run/log.txt\n{tail(os.path.join(run_dir, 'run', 'log.txt'))}"
               f"--- last 40 lines of ddprun's stderr\n{tail(os.path.join(run_dir, 'ddprun.stderr'))}"
               f"--- last 40 lines of ddprun's stdout\n{tail(os.path.join(run_dir, 'ddprun.stdout'))}",
               file=sys.stderr, flush=True)
-    return row, failed
+    return row, failed, trained
 
 
 def outside(value, lo, hi):
@@ -153,13 +231,24 @@ def report(rows):
     ok = [r for r in rows if r["test_acc"] != "" and r["exit"] == 0]
     base = {r["seed"]: r for r in ok if r["mode"] == "nofault"}
     faulted = {r["seed"]: r for r in ok if r["mode"] == "fault"}
-    print("\nseed  mode      victim  fault step  exit  seconds  again  test loss  test acc  left plateau")
+    print("\nseed  mode      victim  killed after  joined at  exit  seconds  again  short  samples  distinct  "
+          "test loss  test acc  left plateau")
     for r in rows:
-        print(f"{r['seed']:4}  {r['mode']:8s}  {str(r['victim']):6s}  {str(r['fault_step']):10s}  {r['exit']:4}  "
-              f"{r['seconds']:7.1f}  {str(r['steps_again']):5s}  "
+        print(f"{r['seed']:4}  {r['mode']:8s}  {str(r['victim']):6s}  {str(r['killed_after_step']):12s}  "
+              f"{str(r['joined_at_step']) if r['replace'] else '':9s}  {r['exit']:4}  "
+              f"{r['seconds']:7.1f}  {str(r['steps_again']):5s}  {r['short_steps']:5}  {r['samples']:7}  "
+              f"{r['distinct']:8}  "
               f"{r['test_loss'] if r['test_loss'] == '' else format(r['test_loss'], '.4f'):9}  "
               f"{r['test_acc'] if r['test_acc'] == '' else format(r['test_acc'], '.4f'):8}  "
               f"{'epoch ' + str(r['left_plateau_epoch']) if r['left_plateau_epoch'] != '' else 'never'}")
+    for seed in sorted(set(base) & set(faulted)):
+        print(f"seed {seed}: the faulted run trained {faulted[seed]['samples']} samples "
+              f"({faulted[seed]['samples_per_epoch']} by epoch), {faulted[seed]['samples'] - base[seed]['samples']:+d} "
+              f"against its unfaulted twin's {base[seed]['samples']} ({faulted[seed]['twin_not_in']} of the twin's "
+              f"not trained, {faulted[seed]['not_in_twin']} not the twin's, epoch by epoch); "
+              f"{faulted[seed]['short_steps']} short steps"
+              + (f", the replacement's first step {faulted[seed]['joined_at_step']} "
+                 f"({faulted[seed]['replacement_steps']} steps)" if faulted[seed]['replace'] else ""))
     if len(base) < 2:
         print("\nfewer than 2 no-fault runs finished: no spread")
         return
@@ -204,6 +293,8 @@ def main():
     p.add_argument("--lr", type=float, default=0.2, help="the kit's --lr (0: the example's default, 0.2)")
     p.add_argument("--deadline", type=float, default=0, help="the kit's --recovery-deadline (0: its default)")
     p.add_argument("--data-dir", default="", help="the kit's --data-dir (default: the example's)")
+    p.add_argument("--replace", action="store_true",
+                   help="fault mode: ddprun --max-restarts 1 as well, so that a replacement takes the lost one's slot")
     p.add_argument("--fault-seed", type=int, default=1, help="seed of the fault steps and victims")
     p.add_argument("--nice", type=int, default=19)
     p.add_argument("--run-timeout", type=float, default=900)
@@ -224,16 +315,22 @@ def main():
         # Drawn for every seed, so that a seed's fault is the same whatever --modes says.
         fault_step = args.limit_batches + rng.randint(2, args.limit_batches - 2)
         victim = rng.randint(1, args.nproc - 1)
+        trained = {}  # by mode: each epoch's distinct sample indices
         for mode in ("nofault", "fault"):
             if mode not in modes:
                 continue
             run_dir = tempfile.mkdtemp(prefix=f"recovery_spread_{seed}_{mode}_")
-            row, failed = run_once(args, seed, mode, fault_step, victim, run_dir)
+            row, failed, trained[mode] = run_once(args, seed, mode, fault_step, victim, run_dir)
             failures += failed
             if args.keep:
                 print(f"kept {run_dir}", flush=True)
             elif not failed:
                 shutil.rmtree(run_dir, ignore_errors=True)
+            if mode == "fault" and "nofault" in trained:
+                # The faulted run's samples against its unfaulted twin's, epoch by epoch.
+                twin = trained["nofault"]
+                row["not_in_twin"] = sum(len(v - twin.get(e, set())) for e, v in trained[mode].items())
+                row["twin_not_in"] = sum(len(v - trained[mode].get(e, set())) for e, v in twin.items())
             rows.append(row)
             print(row, flush=True)
     write_csv(args.out, rows)
