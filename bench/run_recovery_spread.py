@@ -311,10 +311,15 @@ def main():
     modes = args.modes.split(",")
     rows = []
     failures = 0
-    for seed in (int(s) for s in args.seeds.split(",")):
-        # Drawn for every seed, so that a seed's fault is the same whatever --modes says.
-        fault_step = args.limit_batches + rng.randint(2, args.limit_batches - 2)
-        victim = rng.randint(1, args.nproc - 1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    # Drawn for seeds 1, 2, .. in turn (then any other), so that a seed's fault is the same whatever
+    # --modes says and whichever seeds --seeds lists (--seeds 4 gets the fault of --seeds 1,2,3,4's seed 4).
+    faults = {}
+    for seed in list(range(1, max(seeds) + 1)) + seeds:
+        if seed not in faults:
+            faults[seed] = (args.limit_batches + rng.randint(2, args.limit_batches - 2), rng.randint(1, args.nproc - 1))
+    for seed in seeds:
+        fault_step, victim = faults[seed]
         trained = {}  # by mode: each epoch's distinct sample indices
         for mode in ("nofault", "fault"):
             if mode not in modes:

@@ -244,4 +244,16 @@ void GradScaler::load_state_dict(const std::optional<GradScalerState>& state) {
   if (growth_tracker_.defined()) growth_tracker_.fill_(state->growth_tracker);
 }
 
+namespace detail {
+
+void unscale_before_vote(GradScaler& scaler, torch::optim::Optimizer& optimizer) {
+  if (!scaler.options_.enabled()) return;
+  const auto it = scaler.per_optimizer_.find(&optimizer);
+  if (it == scaler.per_optimizer_.end() || it->second.stage == GradScaler::Stage::kReady) scaler.unscale_(optimizer);
+}
+
+void forget_unscale(GradScaler& scaler, torch::optim::Optimizer& optimizer) { scaler.per_optimizer_.erase(&optimizer); }
+
+}  // namespace detail
+
 }  // namespace ddp

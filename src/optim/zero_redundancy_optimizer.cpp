@@ -192,12 +192,16 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   auto* recoverable = dynamic_cast<RecoverableGroup*>(pg_.get());
   check_usage(!recoverable || !shard_slots_.empty(), "ZeroRedundancyOptimizer on ", rank_tag(*pg_),
               ": step() on a rank still joining the recoverable group; grow() first (the kit: resume_or_start)");
+  check_usage(!recoverable || recoverable->admit_joining(), "ZeroRedundancyOptimizer on ", rank_tag(*pg_),
+              ": step() while the recoverable group holds joining ranks off (ddp::Join runs on it): a rank out of "
+              "inputs would not take part in the parameters' broadcast (ZeRO is no Joinable); give every rank as "
+              "many batches, or use a replicated optimizer under Join");
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     local_->param_groups()[g].set_options(param_groups_[g].options().clone());
     if (backup_) backup_->param_groups()[g].set_options(param_groups_[g].options().clone());
   }
   auto loss = local_->step(std::move(closure));
-  if (backup_) backup_->step();  // the next rank's shard: the same update, its second copy
+  if (backup_) backup_->step();  // the shards backed up here: the same update, their second copy
   for (size_t g = 0; g < param_groups_.size(); ++g)
     param_groups_[g].set_options(local_->param_groups()[g].options().clone());
   if (!recoverable) {
@@ -350,10 +354,9 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   }
   if (!backup_) return;
   backup_->state().clear();
-  const int next = (pg_->rank() + 1) % pg_->size();
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     backup_->param_groups()[g].set_options(whole->param_groups()[g].options().clone());
-    for (size_t i : partition_.params[next][g]) zero_state::move(*whole, *backup_, param_groups_[g].params()[i]);
+    for (const auto& p : backup_->param_groups()[g].params()) zero_state::move(*whole, *backup_, p);
   }
 }
 

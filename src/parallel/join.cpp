@@ -29,7 +29,10 @@ Join::Join(std::vector<Joinable*> joinables, JoinOptions options)
     check_usage(pg == pg_, "rank ", pg_->rank(),
                 ": ddp::Join: the joinables use different process groups; Join works over one group");
   }
-  if (auto* group = dynamic_cast<RecoverableGroup*>(pg_)) group->set_admit_joining(false);
+  if (auto* group = dynamic_cast<RecoverableGroup*>(pg_)) {
+    if (group->grow_pending()) group->grow();  // a vote before took ranks in: not inside the Join
+    group->set_admit_joining(false);
+  }
   for (auto* j : joinables_) hooks_.push_back(j->join_hook(options_));
   bool first = true;
   for (auto* j : joinables_) {
@@ -100,8 +103,9 @@ void Join::shadow(bool& is_last_joiner) {
     for (auto& hook : hooks_) hook->main_hook();
     // The ranks still training vote on their step: so does this one. Its
     // model is older than theirs once a step it shadowed committed.
-    if (!group || group->should_commit()) is_last_joiner = false;
-    else group->reform();
+    if (group && !group->should_commit())
+      throw CommError("rank " + std::to_string(pg_->rank()) + ": ddp::Join: a step it shadowed did not commit");
+    is_last_joiner = false;
   }
 }
 

@@ -63,6 +63,9 @@ struct EpochRun::State {
   ProcessGroup& pg;
   RecoverableGroup* const recoverable;  // null on any other group
   int generation = recoverable ? recoverable->generation() : 0;  // the sampler's shards'
+  // The ranks the sampler's shards are for: who trains each step, even one
+  // whose update re-formed the group (a ZeroRedundancyOptimizer's broadcast).
+  int world = pg.size();
   int64_t samples, steps;  // this rank's, from where the epoch (re)started
   int64_t votes_before = 0;
   Progress bar;
@@ -146,7 +149,7 @@ void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
                      "ddp::optimizer_step(model, optimizer) takes before it steps");
   s.losses.add(loss, samples);
   // This rank's share of the step; every rank takes as many but the last.
-  s.state.epoch_samples += std::min(s.batch_size, s.samples - s.taken * s.batch_size) * s.pg.size();
+  s.state.epoch_samples += std::min(s.batch_size, s.samples - s.taken * s.batch_size) * s.world;
   ++s.taken;
   s.taken_samples += samples;
   ++s.state.epoch_step;
@@ -165,7 +168,7 @@ void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {
       s.window_steps = 0;
     }
   }
-  s.bar.update(shown, samples * s.pg.size());
+  s.bar.update(shown, samples * s.world);
 }
 
 bool EpochRun::recover() {
@@ -188,6 +191,7 @@ bool EpochRun::recover() {
 bool EpochRun::reshard(const std::string& how) {
   State& s = *s_;
   s.generation = s.recoverable->generation();
+  s.world = s.pg.size();
   s.sampler.set_replicas(s.pg.size(), s.pg.rank());
   s.sampler.set_epoch(s.epoch);
   s.sampler.set_start(static_cast<size_t>(s.state.epoch_samples));
@@ -237,6 +241,17 @@ void commit_or_throw(ProcessGroup& pg) {
   if (!group->should_commit())
     throw CommError("rank " + std::to_string(pg.rank()) + ": the step did not commit: a rank failed, ended or "
                     "stayed silent during it");
+}
+
+void commit_or_throw(ProcessGroup& pg, GradScaler& scaler, torch::optim::Optimizer& optimizer) {
+  if (!dynamic_cast<RecoverableGroup*>(&pg) || !scaler.is_enabled()) return commit_or_throw(pg);
+  try {
+    unscale_before_vote(scaler, optimizer);
+    commit_or_throw(pg);
+  } catch (...) {
+    forget_unscale(scaler, optimizer);
+    throw;
+  }
 }
 
 }  // namespace ddp::detail

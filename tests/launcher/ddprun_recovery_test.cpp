@@ -86,14 +86,14 @@ TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
   EXPECT_LT(std::stod(result["diff"]), 1e-12);
 }
 
-// Under a ZeroRedundancyOptimizer ranks 1 and 2 die in the same step: the
-// shard of rank 2 had its copies on both. Rank 0 says it cannot go on
-// exactly and what to do, and ends non-zero.
+// Under a ZeroRedundancyOptimizer ranks 1 and 2 die in the same step: on
+// one node the shard of rank 1 has its second copy on rank 2. Rank 0 says it
+// cannot go on exactly and what to do, and ends non-zero.
 TEST_F(Recovery, ZeroTwoNeighboursLostTogetherTakeTheirShard) {
   const std::string out = sub("out");
   Result r = train(out, {"1", "2", "pair"}, true);
   EXPECT_NE(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("the optimizer's shard of launch rank 2 was lost with both ranks that held it"),
+  EXPECT_NE(r.err.find("the optimizer's shard of launch rank 1 was lost with both ranks that held it"),
             std::string::npos)
       << r.err;
   EXPECT_NE(r.err.find("restart it from its last checkpoint"), std::string::npos) << r.err;
@@ -169,7 +169,8 @@ INSTANTIATE_TEST_SUITE_P(Faults, Recovery,
 // of node 1 is lost (its ddprun reports it), or node 1 as a whole (its
 // ddprun killed: node 0 sees its keep-alive lapse; --nnodes 1:2 lets one
 // node go on). Node 0's workers, and node 1's that remain, go on; every
-// ddprun still running exits 0.
+// ddprun still running exits 0. The whole node lost under a
+// ZeroRedundancyOptimizer: its shards' second copies were on node 0.
 class TwoNodeRecovery : public LauncherTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
@@ -191,7 +192,8 @@ TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
     if (!node_lost) argv.insert(argv.end(), {"--node-rank", std::to_string(node)});
     argv.insert(argv.end(), {"--nproc-per-node", "2", "--recover-in-process", RECOVERY_WORKER_BIN, out, "6", "3", "2",
                              GetParam()});
-    nodes.push_back(std::make_unique<Process>(argv, Env{{"OMP_NUM_THREADS", "1"}}, dir_));
+    nodes.push_back(std::make_unique<Process>(
+        argv, Env{{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_ZERO", node_lost ? "1" : "0"}}, dir_));
     if (node_lost && node == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   Result first = nodes[0]->wait(180);
@@ -199,12 +201,17 @@ TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
   ASSERT_EQ(first.code, 0) << first.err << second.err;
   EXPECT_EQ(second.code, node_lost ? 128 + SIGKILL : 0) << second.err;
   if (node_lost) EXPECT_NE(first.err.find("sent no keep-alive"), std::string::npos) << first.err;
+  if (node_lost) EXPECT_NE(first.err.find("re-sharded over launch ranks 0,1 (from 0,1,2,3)"), std::string::npos)
+      << first.err;
   const std::vector<int> survivors = node_lost ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2};
   const std::string members = node_lost ? "0,1" : "0,1,2";
   for (int s : survivors) {
     const std::string result = read_file(out + "/result." + std::to_string(s));
     EXPECT_NE(result.find("members " + members + "\n"), std::string::npos) << "slot " << s << ": " << result;
     EXPECT_NE(result.find("committed 6\n"), std::string::npos) << "slot " << s << ": " << result;
+    const auto diff = result.find("diff ");
+    ASSERT_NE(diff, std::string::npos) << result;
+    EXPECT_LT(std::stod(result.substr(diff + 5)), 1e-12) << "slot " << s << ": not the steps of one process";
     EXPECT_EQ(read_file(out + "/params." + std::to_string(s)), read_file(out + "/params.0")) << "slot " << s;
   }
 }

@@ -45,6 +45,22 @@ TEST(ZeroPartition, LargestFirstToTheLeastLoadedRankAcrossGroups) {
   EXPECT_EQ(q.numel, (std::vector<int64_t>{4, 4, 0}));
 }
 
+// On a recoverable group each shard's second copy: on another node where
+// there is one (the same local rank of the next node when nodes are alike),
+// else on the next rank; none for one rank.
+TEST(ZeroPartition, TheBackupCopyGoesToAnotherNode) {
+  auto backups = [](const std::vector<int>& nodes) {
+    std::vector<int> out;
+    for (int k = 0; k < static_cast<int>(nodes.size()); ++k) out.push_back(ddp::zero_backup_rank(k, nodes));
+    return out;
+  };
+  EXPECT_EQ(backups({0, 0, 1, 1}), (std::vector<int>{2, 3, 0, 1}));
+  EXPECT_EQ(backups({0, 0, 1, 1, 2, 2}), (std::vector<int>{2, 3, 4, 5, 0, 1}));
+  EXPECT_EQ(backups({0, 0, 0}), (std::vector<int>{1, 2, 0}));
+  EXPECT_EQ(backups({0, 0, 0, 1}), (std::vector<int>{3, 3, 3, 0}));
+  EXPECT_EQ(backups({4}), (std::vector<int>{-1}));
+}
+
 TEST_P(ZeroParity, BitwiseEqualToPyTorchZeroRedundancyOptimizerAfter30Steps) {
   if (!have_pytorch("torch.distributed.optim"))
     GTEST_SKIP() << oracle_python() << " with torch.distributed is not installed (apt-get install python3-torch)";

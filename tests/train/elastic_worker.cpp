@@ -101,6 +101,13 @@ int scenario_train(int argc, char** argv) {
     ddp::end_epoch(epoch, train, eval.mean("loss"), 0, "eval " + std::to_string(eval.count()) + " samples", *net, opt,
                    opts, state, run, *pg);
   }
+  // The final parameters' bytes, for the comparison across ranks.
+  std::ofstream params(opts.run_dir() + "/params." + std::to_string(pg->rank()), std::ios::binary);
+  for (const auto& p : net->parameters()) {
+    const auto c = p.detach().contiguous();
+    params.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+  }
+  params.close();
   ddp::destroy_process_group();
   return 0;
 }

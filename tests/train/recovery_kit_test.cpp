@@ -122,6 +122,11 @@ TEST(RecoveryKitJoin, AReplacementTakesTheStateFromThePeersAndTrainsOn) {
     // Epoch 0: the failed step's 12 again, padding at most 2 at each new size.
     EXPECT_LE(extra, epoch == 0 ? 16 : 2) << "epoch " << epoch << ": " << print_counts(got);
   }
+  // The replacement ends with its peers' model, bitwise.
+  const std::string params0 = ddp::testing::read_file(run + "/params.0");
+  EXPECT_FALSE(params0.empty());
+  for (int r = 1; r < 3; ++r)
+    EXPECT_EQ(ddp::testing::read_file(run + "/params." + std::to_string(r)), params0) << "rank " << r;
   std::filesystem::remove_all(dir);
 }
 

@@ -55,6 +55,17 @@ struct GradScalerState {
   int64_t growth_tracker = 0;  // consecutive steps without inf/NaN since the last change
 };
 
+class GradScaler;
+
+namespace detail {
+// The training kit on a recoverable group: unscale_() (its inf/NaN
+// all-reduce) before the step's vote, unless done, so that no collective
+// runs between the vote and the update; and, when the step does not commit,
+// forget it (the step is computed again).
+void unscale_before_vote(GradScaler& scaler, torch::optim::Optimizer& optimizer);
+void forget_unscale(GradScaler& scaler, torch::optim::Optimizer& optimizer);
+}  // namespace detail
+
 class GradScaler {
  public:
   // With a process group of more than one rank, unscale_() (and step(),
@@ -105,6 +116,8 @@ class GradScaler {
   void load_state_dict(const std::optional<GradScalerState>& state);
 
  private:
+  friend void detail::unscale_before_vote(GradScaler&, torch::optim::Optimizer&);
+  friend void detail::forget_unscale(GradScaler&, torch::optim::Optimizer&);
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {
     Stage stage = Stage::kReady;

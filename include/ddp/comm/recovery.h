@@ -104,6 +104,7 @@ class RecoverableGroup : public ProcessGroup {
   // off while it runs (a rank out of inputs holds an older model, and a rank
   // taken in receives the state of the group's first rank).
   virtual void set_admit_joining(bool admit) = 0;
+  virtual bool admit_joining() const = 0;
   // True on a joining rank, and on the others after a committed step whose
   // vote took joining ranks in.
   virtual bool grow_pending() const = 0;
@@ -125,6 +126,8 @@ class RecoverableGroup : public ProcessGroup {
   virtual int generation() const = 0;
   // This rank's launch rank (RANK at start): it never changes.
   virtual int slot() const = 0;
+  // The launcher's node it runs on (GROUP_RANK).
+  virtual int node() const = 0;
   // The slots of this generation's ranks, in rank order.
   virtual std::vector<int> members() const = 0;
   // generation(), rank() and size(), as a shared handle (see GroupPosition).

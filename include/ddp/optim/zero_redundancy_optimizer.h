@@ -18,15 +18,18 @@
 // empty: the shard's state is local_optimizer().state().
 //
 // On a recoverable group (ddp/comm/recovery.h) each shard lives on two
-// ranks: rank r also steps the shard of rank r+1 (mod W), its backup, with
-// the same averaged gradients, so the two copies stay bitwise equal (twice
-// the optimizer's state and update on each rank, no extra communication).
-// When the group re-forms or grows, the parameters come from a rank that
-// holds each shard, the shards are partitioned anew over the new group and
-// each rank receives its own and its backup's state; a step whose parameter
-// broadcast fails re-forms the group inside step(), which then returns with
-// the step applied on every rank left. Two neighbouring ranks lost at once
-// take a shard with them: StateLost.
+// ranks: its owner and a backup rank on another node where the group spans
+// several (zero_backup_rank), which steps it too with the same averaged
+// gradients, so the copies stay bitwise equal (about twice the optimizer's
+// state and update per rank, no extra communication a step). When the group
+// re-forms or grows, the parameters come from a rank that holds each shard,
+// the shards are partitioned anew over the new group and each rank receives
+// its own and the ones it backs up (every shard's state crosses the network
+// once); local_optimizer() is then a new object. A step whose parameter
+// broadcast fails re-forms the group inside step(), which returns with the
+// step applied on every rank left. A shard's two ranks lost at once:
+// StateLost. Parameters DDP ignores (params_and_buffers_to_ignore) keep
+// local gradients, so their backup copy follows the backup rank's own.
 #pragma once
 
 #include <torch/torch.h>
@@ -53,6 +56,12 @@ struct ZeroPartition {
 };
 // numels[g][i]: the number of elements of parameter i of group g.
 ZeroPartition partition_parameters(const std::vector<std::vector<int64_t>>& numels, int world_size);
+
+// On a recoverable group, the rank that keeps a second copy of `shard`, given
+// each rank's node (nodes[r]): as many ranks on as the shard's node has (the
+// same local rank of the next node, when nodes hold as many ranks), else the
+// first rank after it on another node, else the next rank; -1 for one rank.
+int zero_backup_rank(int shard, const std::vector<int>& nodes);
 
 // Builds the wrapped optimizer over the parameter groups it is given (this
 // rank's share; on consolidation and loading, every rank's).
@@ -153,18 +162,20 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // (zero_regroup.cpp).
   void follow_regroups(bool joining);
   void regroup();
-  void take_shards(const std::vector<int>& source, int root, const ZeroPartition& next,
+  void take_shards(const std::vector<int>& source, int root, const std::vector<int>& nodes, const ZeroPartition& next,
                    torch::optim::Optimizer& local, torch::optim::Optimizer* backup);
+  std::vector<torch::optim::OptimizerParamGroup> backed_up_groups(const ZeroPartition& partition,
+                                                                  const std::vector<int>& nodes, int rank) const;
 
   std::shared_ptr<ProcessGroup> pg_;
   OptimizerFactory make_;
   ZeroPartition partition_;
   std::unique_ptr<torch::optim::Optimizer> local_;
-  // On a recoverable group: the next rank's shard (its second copy), the
-  // launch ranks (slots) of the group the partition was made for (empty on a
-  // rank still joining), and the registration of regroup().
+  // On a recoverable group: the shards this rank backs up (their second
+  // copy), the launch ranks (slots) and nodes of the group the partition was
+  // made for (empty on a rank still joining), and the registration of regroup().
   std::unique_ptr<torch::optim::Optimizer> backup_;
-  std::vector<int> shard_slots_;
+  std::vector<int> shard_slots_, shard_nodes_;
   std::shared_ptr<void> regroup_handle_;
   std::unique_ptr<torch::optim::Optimizer> consolidated_;  // the whole state, on the rank consolidated to
 };

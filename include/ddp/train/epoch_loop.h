@@ -92,6 +92,9 @@ void note_ddp_step(const DistributedDataParallelBase& model);
 // when it does not commit, so that no rank applies the update. Nothing on
 // any other group.
 void commit_or_throw(ProcessGroup& pg);
+// The same with a loss scaler: its inf/NaN all-reduce first, forgotten when
+// the step does not commit.
+void commit_or_throw(ProcessGroup& pg, GradScaler& scaler, torch::optim::Optimizer& optimizer);
 
 }  // namespace detail
 
@@ -184,7 +187,7 @@ void optimizer_step(const DistributedDataParallelBase& model, Optimizer& optimiz
 // gradients, on every rank alike.
 inline bool optimizer_step(const DistributedDataParallelBase& model, torch::optim::Optimizer& optimizer,
                            GradScaler& scaler) {
-  detail::commit_or_throw(model.process_group());
+  detail::commit_or_throw(model.process_group(), scaler, optimizer);
   const auto& timeline = model.timeline();
   const int64_t start = timeline ? timeline->now_us() : 0;
   const bool stepped = scaler.step(optimizer);

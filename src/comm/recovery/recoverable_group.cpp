@@ -207,28 +207,36 @@ class Recoverable final : public RecoverableGroup {
       hand_over_state(joined);
       if (joining_) store_->deleteKey(joining_key(slot_));
       joining_ = grow_pending_ = false;
-      regroup_followers();  // a CommError: re-formed below, as a member now
       std::cerr << who() << "grew to launch ranks " << join(members_) << " (" << join(joined) << " joined)"
                 << std::endl;
     } catch (const UsageError&) {
-      throw;
-    } catch (const StateLost&) {
       throw;
     } catch (const std::exception& e) {
       if (joining_ || excluded_) throw CommError(who() + "could not join the running group: " + first_line(e.what()));
       grow_pending_ = generation_ + 1 == g;  // not yet in generation g: reform() skips its number
       std::cerr << who() << "growing failed (" << first_line(e.what()) << "); re-forming" << std::endl;
       reform();
+      return;
+    }
+    // As in reform(): a CommError re-forms, any other error ends grow().
+    try {
+      regroup_followers();
+    } catch (const CommError& e) {
+      std::cerr << who() << "bringing what follows the group in line failed (" << first_line(e.what())
+                << "); re-forming" << std::endl;
+      reform();
     }
   }
 
   int generation() const override { return generation_; }
   int slot() const override { return slot_; }
+  int node() const override { return node_; }
   std::vector<int> members() const override { return members_; }
   std::shared_ptr<const GroupPosition> position() const override { return position_; }
 
   bool should_commit() override { return vote(admit_joining_); }
   void set_admit_joining(bool admit) override { admit_joining_ = admit; }
+  bool admit_joining() const override { return admit_joining_; }
   bool agree() override { return vote(false); }
 
   void reform() override {
