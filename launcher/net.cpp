@@ -99,9 +99,6 @@ std::string this_hostname() {
   return buf;
 }
 
-namespace {
-
-// One connection attempt to every address of host:port.
 bool accepts_connections(const std::string& host, uint16_t port, std::string& last_error) {
   AddrInfo ai;
   int rc = resolve(host, port, SOCK_STREAM, ai);
@@ -132,7 +129,6 @@ bool accepts_connections(const std::string& host, uint16_t port, std::string& la
   return false;
 }
 
-}  // namespace
 
 bool wait_until_listening(const std::string& host, uint16_t port, Clock::time_point deadline,
                           const std::function<void()>& tick, std::string& last_error) {

@@ -30,6 +30,10 @@ std::string local_address_toward(const std::string& host, uint16_t port);
 
 std::string this_hostname();
 
+// One connection attempt to every address of host:port (at most 1 s each):
+// whether one was accepted; `last_error` tells why not.
+bool accepts_connections(const std::string& host, uint16_t port, std::string& last_error);
+
 // Waits until host:port accepts TCP connections. Calls `tick` between tries
 // (it may throw to abort). Returns false when `deadline` passes first;
 // `last_error` tells why the last try failed.

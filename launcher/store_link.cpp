@@ -41,11 +41,11 @@ StoreLink::StoreLink(const StoreConfig& config, StoreWording wording, std::strin
       where_(config.host + ":" + std::to_string(config.port)) {}
 
 void StoreLink::connect(Clock::time_point deadline, const Tick& tick) {
-  // Another ddprun on this machine may serve the endpoint already: then join
-  // it (checked first so c10d's bind failure does not clutter the console).
-  const bool served_here = c_.host_store && c_.fall_back_to_client &&
-                           !port_unavailable_reason(static_cast<uint16_t>(c_.port)).empty();
-  if (c_.host_store && !served_here) serve();
+  if (c_.host_store && c_.fall_back_to_client) {
+    serve_or_join(deadline, tick);
+  } else if (c_.host_store) {
+    serve();
+  }
   if (store_) return;
   // Our own interruptible wait first: TCPStore's connect loop would ignore
   // Ctrl-C for the whole join_timeout.
@@ -55,6 +55,40 @@ void StoreLink::connect(Clock::time_point deadline, const Tick& tick) {
                       std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (" + why + "); check " +
                       wording_.endpoint + ", that the first node is running ddprun, and that the port is open");
   connect_client(deadline, tick);
+}
+
+// torchrun's rule for the endpoint's own node: serve the store, or join the
+// ddprun on this machine that serves it already (checked first, so that
+// c10d's bind failure does not clutter the console). A port taken while
+// nothing listens on it (a closed connection's TIME_WAIT holds a port for a
+// minute; an endpoint port inside the ephemeral range meets that) is waited
+// for until it frees or someone serves it, never taken for a store that
+// nobody serves.
+void StoreLink::serve_or_join(Clock::time_point deadline, const Tick& tick) {
+  const auto port = static_cast<uint16_t>(c_.port);
+  std::string why_not_listening, why_taken;
+  bool noticed = false;
+  auto settled = [&] {
+    if (accepts_connections(c_.host, port, why_not_listening)) return true;  // another ddprun serves it
+    why_taken = port_unavailable_reason(port);
+    if (why_taken.empty()) {
+      serve();  // a bind lost to another ddprun leaves store_ unset: it listens at the next look
+      return store_ != nullptr;
+    }
+    if (!noticed) {
+      say("rendezvous store: port " + std::to_string(port) + " is taken (" + why_taken +
+          ") and nothing listens on it; waiting until it frees (a closed connection's TIME_WAIT holds a port up "
+          "to 60 s) or another ddprun here serves it");
+      noticed = true;
+    }
+    return false;
+  };
+  if (!wait_until(deadline, tick, kStorePoll, settled))
+    throw LaunchError("cannot host the rendezvous store at " + where_ + ": port " + std::to_string(port) +
+                      " stayed taken (" + why_taken + ") with nothing listening on it for " +
+                      std::to_string(static_cast<int>(c_.conf.join_timeout)) + " s (join_timeout); choose an " +
+                      wording_.endpoint + " port outside the ephemeral range (/proc/sys/net/ipv4/ip_local_port_range)" +
+                      " or find the process that holds it (ss -tanp)");
 }
 
 // Serves the store on the endpoint's address only (store_bind.h). With

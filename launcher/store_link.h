@@ -105,6 +105,7 @@ class StoreLink {
   LaunchError store_not_answering(const std::string& what, const std::string& detail = "") const;
 
  private:
+  void serve_or_join(Clock::time_point deadline, const Tick& tick);
   void serve();
   void connect_client(Clock::time_point deadline, const Tick& tick);
   c10d::TCPStoreOptions options(bool server) const;

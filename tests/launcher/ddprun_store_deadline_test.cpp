@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <thread>
 
 #include "launcher_test_util.h"
 
@@ -60,6 +61,34 @@ class SilentEndpoint {
   std::thread thread_;
 };
 
+// Holds 127.0.0.1's port without listening on it (bound, no SO_REUSEADDR),
+// as a closed connection's TIME_WAIT holds a port: nothing serves there, and
+// a store cannot bind it until it is let go.
+class HeldPort {
+ public:
+  HeldPort() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      ADD_FAILURE() << "cannot bind a port on loopback";
+    port_ = ntohs(a.sin_port);
+  }
+  ~HeldPort() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
 using StoreDeadline = LauncherTest;
 
 std::vector<std::string> c10d_flags(const SilentEndpoint& silent, const std::string& join_timeout) {
@@ -95,6 +124,33 @@ TEST_F(StoreDeadline, StaticJoinGivesUpOnASilentStore) {
   Result r = start(static_flags(silent, "3"), {})->wait(kGenerous);
   expect_gave_up(r, silent.endpoint());
   EXPECT_GE(silent.accepted(), 1) << "ddprun never connected: the test did not test the silent store";
+}
+
+// The endpoint's port on this host is taken while nothing listens on it:
+// the endpoint's node waits, says why, and serves the store once the port
+// frees, where it used to wait for a store nobody served until join_timeout.
+TEST_F(StoreDeadline, AnEndpointPortHeldWithoutAListenerIsServedOnceItFrees) {
+  HeldPort held;
+  auto p = start({"--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                  held.endpoint(), "--rdzv-conf", "join_timeout=30"},
+                 {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  held.release();
+  Result r = p->wait(kGenerous);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("and nothing listens on it; waiting until it frees"), std::string::npos) << r.err;
+}
+
+// Held past join_timeout: it ends saying what to do.
+TEST_F(StoreDeadline, AnEndpointPortHeldPastJoinTimeoutEndsSayingWhatToDo) {
+  HeldPort held;
+  Result r = start({"--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                    held.endpoint(), "--rdzv-conf", "join_timeout=2"},
+                   {})
+                 ->wait(kGenerous);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("with nothing listening on it"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("outside the ephemeral range"), std::string::npos) << r.err;
 }
 
 // The store host's own ddprun, SIGSTOPped after it started serving: the
