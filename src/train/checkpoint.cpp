@@ -2,6 +2,7 @@
 
 #include "runtime/atomic_file.h"
 #include "checkpoint_extra.h"
+#include "checkpoint_io.h"
 #include "live_state.h"
 #include "comm/objects/object_exchange.h"
 #include "ddp/train/preemption.h"
@@ -30,6 +31,25 @@
 
 namespace ddp {
 
+namespace detail {
+
+torch::Tensor cpu_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void share_verdict(ProcessGroup& pg, bool ok, const std::string& what) {
+  const bool rank0_ok = detail::broadcast_flag(pg, ok, 0);
+  if (pg.rank() != 0 && !rank0_ok)
+    throw CheckpointError(rank_tag(pg) + ": rank 0 failed " + what + "; its log says why");
+}
+
+}  // namespace detail
+
+using detail::cpu_rng_state;
+using detail::share_verdict;
+
 namespace {
 
 constexpr const char* kFormat = "libddp-checkpoint";
@@ -46,11 +66,6 @@ std::string tensor_bytes(const torch::Tensor& t) {
   return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel() * c.element_size()));
 }
 
-torch::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
 
 void set_cpu_rng_state(const torch::Tensor& state) {
   auto gen = at::detail::getDefaultCPUGenerator();
@@ -58,12 +73,6 @@ void set_cpu_rng_state(const torch::Tensor& state) {
   gen.set_state(state);
 }
 
-// Rank 0 says whether its part succeeded; the others learn it (and wait for it).
-void share_verdict(ProcessGroup& pg, bool ok, const std::string& what) {
-  const bool rank0_ok = detail::broadcast_flag(pg, ok, 0);
-  if (pg.rank() != 0 && !rank0_ok)
-    throw CheckpointError(rank_tag(pg) + ": rank 0 failed " + what + "; its log says why");
-}
 
 int64_t get_int(const pickle::ValuePtr& root, const char* key, const std::string& path) {
   auto v = root->get(key);
@@ -265,50 +274,34 @@ void rotate_in(const std::string& path, const std::vector<char>& bytes) {
   remember_good(path);
 }
 
-// The checkpoint's pickled dict: the model, the optimizer's archive, where
-// the run is, every rank's generator, the config and the extras, and the
-// loss scaler's state where there is one.
+// The checkpoint's parts as they are now: the model's tensors and the
+// optimizer's state by reference (not copies), its archive serialized here.
 // Without the optimizer (with_optimizer false): its entry is empty.
+detail::CheckpointParts parts_of(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                                 const TrainState& state, int world_size, std::vector<at::Tensor> all_rng,
+                                 bool with_optimizer = true) {
+  detail::CheckpointParts parts;
+  parts.model = state_dict(model);
+  if (with_optimizer) {
+    std::ostringstream bytes;
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    archive.save_to(bytes);
+    parts.optimizer = bytes.str();
+  }
+  parts.position = state;
+  parts.scaler = state.scaler ? state.scaler->state_dict() : std::nullopt;
+  parts.world_size = world_size;
+  parts.rng = std::move(all_rng);
+  return parts;
+}
+
 std::vector<char> checkpoint_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                    const TrainState& state, int world_size, const std::vector<at::Tensor>& all_rng,
                                    bool with_optimizer = true) {
-  std::ostringstream optimizer_bytes;
-  if (with_optimizer) {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    archive.save_to(optimizer_bytes);
-  }
-
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("format", std::string(kFormat));
-  d.insert("version", kVersion);
-  d.insert("model", detail::to_ivalue(state_dict(model)));
-  d.insert("optimizer", bytes_tensor(optimizer_bytes.str()));
-  d.insert("epoch", state.epoch);
-  d.insert("step", state.step);
-  d.insert("sampler_epoch", state.sampler_epoch);
-  d.insert("epoch_step", state.epoch_step);
-  d.insert("epoch_samples", state.epoch_samples);
-  d.insert("world_size", static_cast<int64_t>(world_size));
-  c10::List<at::Tensor> rng_list;
-  for (auto& t : all_rng) rng_list.push_back(t.cpu());
-  d.insert("rng_states", rng_list);
-  c10::Dict<std::string, std::string> config;
-  for (auto& [k, v] : state.config) config.insert(k, v);
-  d.insert("config", config);
-  d.insert("extra", detail::extra_to_ivalue(state.extra));
-  if (const auto scaler = state.scaler ? state.scaler->state_dict() : std::nullopt) {
-    // PyTorch's GradScaler.state_dict(), key for key.
-    c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
-    s.insert("scale", scaler->scale);
-    s.insert("growth_factor", scaler->growth_factor);
-    s.insert("backoff_factor", scaler->backoff_factor);
-    s.insert("growth_interval", scaler->growth_interval);
-    s.insert("_growth_tracker", scaler->growth_tracker);
-    d.insert("scaler", s);
-  }
-  return torch::pickle_save(d);
+  return detail::checkpoint_bytes(parts_of(model, optimizer, state, world_size, all_rng, with_optimizer));
 }
+
 
 // Rank 0's read of the checkpoint into `bytes`, checked; the previous one
 // (`used` then names it) when the newest is damaged. "" or why neither reads.
@@ -489,6 +482,50 @@ TrainState load_checkpoint(
 // ---- a running group's state, for a rank that joins it (live_state.h) ----
 
 namespace detail {
+
+// The checkpoint's pickled dict: the model, the optimizer's archive, where
+// the run is, every rank's generator, the config and the extras, and the
+// loss scaler's state where there is one.
+std::vector<char> checkpoint_bytes(const CheckpointParts& parts) {
+  std::string optimizer = parts.optimizer;
+  if (parts.optimizer_archive) {
+    std::ostringstream bytes;
+    parts.optimizer_archive->save_to(bytes);
+    optimizer = bytes.str();
+  }
+  const TrainState& state = parts.position;
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("format", std::string(kFormat));
+  d.insert("version", kVersion);
+  d.insert("model", to_ivalue(parts.model));
+  d.insert("optimizer", bytes_tensor(optimizer));
+  d.insert("epoch", state.epoch);
+  d.insert("step", state.step);
+  d.insert("sampler_epoch", state.sampler_epoch);
+  d.insert("epoch_step", state.epoch_step);
+  d.insert("epoch_samples", state.epoch_samples);
+  d.insert("world_size", static_cast<int64_t>(parts.world_size));
+  c10::List<at::Tensor> rng_list;
+  for (auto& t : parts.rng) rng_list.push_back(t.cpu());
+  d.insert("rng_states", rng_list);
+  c10::Dict<std::string, std::string> config;
+  for (auto& [k, v] : state.config) config.insert(k, v);
+  d.insert("config", config);
+  d.insert("extra", extra_to_ivalue(state.extra));
+  if (const auto& scaler = parts.scaler) {
+    // PyTorch's GradScaler.state_dict(), key for key.
+    c10::impl::GenericDict s(c10::StringType::get(), c10::AnyType::get());
+    s.insert("scale", scaler->scale);
+    s.insert("growth_factor", scaler->growth_factor);
+    s.insert("backoff_factor", scaler->backoff_factor);
+    s.insert("growth_interval", scaler->growth_interval);
+    s.insert("_growth_tracker", scaler->growth_tracker);
+    d.insert("scaler", s);
+  }
+  return torch::pickle_save(d);
+}
+
+void write_checkpoint_file(const std::string& path, const std::vector<char>& bytes) { rotate_in(path, bytes); }
 
 std::string live_state_bytes(const TrainState& state, const ProcessGroup& pg) {
   if (!state.model || !state.optimizer)

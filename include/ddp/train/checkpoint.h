@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "ddp/amp/grad_scaler.h"
@@ -105,6 +106,48 @@ c10::impl::GenericDict extra_dict();
 // gives each rank its share again, at any world size.
 void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                      const TrainState& state, ProcessGroup& pg);
+
+// save_checkpoint off the training thread (PyTorch's async_save): save()
+// stages the state on rank 0 (copies of the model's tensors and the
+// optimizer's state into host buffers kept from one save to the next,
+// page-locked for a GPU's) and returns; a thread of its own pickles, writes,
+// syncs, reads back and rotates the file as save_checkpoint does. The file
+// is the one save_checkpoint writes for the same state, byte for byte.
+//
+//   ddp::CheckpointWriter writer(*pg);
+//   writer.save(run.checkpoint_path(), *net, optimizer, state);  // collective; training goes on
+//   ...
+//   writer.wait();  // collective: on disk, or CheckpointError on every rank
+//
+// Training waits only where a save begins before the last one is written.
+// A failed write (disk full, the folder gone) is a CheckpointError naming
+// the file at the next save() or wait(), on every rank, and leaves the
+// checkpoint before it as it was. A ZeroRedundancyOptimizer is consolidated
+// first, on the training thread (collective). The optimizers staged without
+// serializing are SGD, Adam, AdamW, Adagrad and RMSprop; another is
+// serialized on the training thread.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(ProcessGroup& pg);
+  // Waits for a write still going; a failure is printed, not thrown (call
+  // wait() to have it thrown).
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Collective: wait(), then the state staged and its write started.
+  void save(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+            const TrainState& state);
+  // Collective: the last save is on disk; CheckpointError on every rank if
+  // its write failed.
+  void wait();
+  // Whether a save's verdict is still to come (this rank; not collective).
+  bool busy() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Collective. Rank 0 reads `path` (falling back to <name>.prev.pt with a
 // notice if `path` is unreadable) and broadcasts it, so the other ranks need
