@@ -1,7 +1,13 @@
 // The data layer across real ranks over Gloo: evaluation reduction and checkpoints.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <csignal>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <thread>
 
 #include "../support/idx_fixture.h"
 #include "../support/located.h"
@@ -31,6 +37,47 @@ TEST(Checkpoint, RankZeroWritesEveryRankRestoresAndFailuresReachEveryRank) {
   auto results = run_ranks(2, DDP_DATA_WORKER, {"checkpoint"}, {{"DDP_TEST_DIR", dir}});
   for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << describe(results);
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoint.pt"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(Checkpoint, WrittenInTheBackgroundItIsTheSameFileAndAFailureReachesEveryRank) {
+  const auto dir = ddp::testing::temp_dir("ckpt_async");
+  auto results = run_ranks(2, DDP_DATA_WORKER, {"async_checkpoint"}, {{"DDP_TEST_DIR", dir}});
+  for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << describe(results);
+  std::filesystem::remove_all(dir);
+}
+
+// SIGKILL at random moments of the background writes: every time, the next
+// start loads a whole checkpoint (the newest, or the one before it).
+TEST(Checkpoint, KilledWhileItWritesInTheBackgroundALoadableCheckpointIsLeft) {
+  const auto dir = ddp::testing::temp_dir("ckpt_async_kill");
+  std::mt19937 random(7);
+  size_t saves_before = 0;
+  for (int kill = 0; kill < 3; ++kill) {
+    const std::map<std::string, std::string> env{{"DDP_TEST_DIR", dir}, {"RANK", "0"}, {"WORLD_SIZE", "1"},
+                                                 {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
+                                                 {"MASTER_ADDR", "127.0.0.1"},
+                                                 {"MASTER_PORT", std::to_string(ddp::testing::free_port())},
+                                                 {"OMP_NUM_THREADS", "1"}};
+    const pid_t pid = ddp::testing::spawn(DDP_DATA_WORKER, {"async_checkpoint_loop", "1000"}, env,
+                                          dir + "/out" + std::to_string(kill) + ".log");
+    // A few saves in, then a moment anywhere in the next ones.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto saves = [&] {
+      std::ifstream in(dir + "/saves");
+      return static_cast<size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+    };
+    while (saves() < saves_before + 2 && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 40)(random)));
+    ::kill(-pid, SIGKILL);
+    EXPECT_EQ(ddp::testing::wait_exit_code(pid, until, [] {}), 128 + SIGKILL);
+    saves_before = saves();
+    ASSERT_GE(saves_before, 2u) << ddp::testing::read_file(dir + "/out" + std::to_string(kill) + ".log");
+  }
+  auto check = run_ranks(1, DDP_DATA_WORKER, {"async_checkpoint_loop", "1"}, {{"DDP_TEST_DIR", dir}});
+  ASSERT_EQ(check[0].exit_code, 0) << describe(check);
+  EXPECT_NE(check[0].output.find("loaded step "), std::string::npos) << describe(check);
   std::filesystem::remove_all(dir);
 }
 

@@ -3,7 +3,9 @@
 // otherwise. The scenario is argv[1].
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 
 #include "ddp/train.h"
 
@@ -150,6 +152,90 @@ void scenario_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGrou
   throw Fail("writing to an impossible path did not fail");
 }
 
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// ddp::CheckpointWriter: the file written in the background is
+// save_checkpoint's, byte for byte, and holds the state of the call while
+// training goes on (Adam's moments and the parameters change meanwhile); a
+// write that fails is a CheckpointError at the next wait() or save(), on
+// every rank, naming the file, and the writer goes on after it.
+void scenario_async_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr,
+                               const std::string& dir) {
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Linear(4, 64), torch::nn::ReLU(), torch::nn::Linear(64, 2));
+  ddp::DistributedDataParallel model(net, pg_ptr);
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.01));
+  auto step = [&](int i) {
+    torch::manual_seed(100 + i * 10 + pg.rank());
+    opt.zero_grad();
+    model(torch::randn({5, 4})).pow(2).mean().backward();
+    opt.step();
+  };
+  for (int i = 0; i < 3; ++i) step(i);
+  ddp::TrainState state;
+  state.epoch = 1;
+  state.step = 3;
+  ddp::save_checkpoint(dir + "/sync.pt", *net, opt, state, pg);
+  ddp::CheckpointWriter writer(pg);
+  writer.save(dir + "/async.pt", *net, opt, state);
+  CHECK_OR_FAIL(writer.busy(), "a save's verdict is still to come");
+  for (int i = 3; i < 6; ++i) step(i);  // training goes on while it writes
+  writer.wait();
+  CHECK_OR_FAIL(!writer.busy(), "the verdict came");
+  if (pg.rank() == 0) {
+    const std::string sync = file_bytes(dir + "/sync.pt"), async = file_bytes(dir + "/async.pt");
+    CHECK_OR_FAIL(!sync.empty() && sync == async, "the background file is save_checkpoint's, byte for byte");
+  }
+
+  const std::string bad = "/proc/no/such/dir/checkpoint.pt";
+  for (const bool at_save : {false, true}) {
+    writer.save(bad, *net, opt, state);
+    try {
+      if (at_save) writer.save(dir + "/async.pt", *net, opt, state);
+      else writer.wait();
+      throw Fail("a write to an impossible path did not fail");
+    } catch (const ddp::CheckpointError& e) {
+      const std::string what = e.what();
+      std::cout << "caught: " << what << std::endl;
+      CHECK_OR_FAIL(what.find("rank " + std::to_string(pg.rank())) == 0, "names this rank");
+      CHECK_OR_FAIL(what.find(bad) != std::string::npos, "names the file");
+      if (pg.rank() != 0) CHECK_OR_FAIL(what.find("rank 0 failed") != std::string::npos, "says rank 0 failed");
+    }
+  }
+  writer.save(dir + "/async.pt", *net, opt, state);  // and goes on
+  writer.wait();
+}
+
+// One process saving in the background again and again while it trains, for
+// a test to SIGKILL at any moment: at its start it first loads what the last
+// one left (load_checkpoint takes the previous file where the newest is torn,
+// and says so), counting its saves in DIR/saves.
+void scenario_async_checkpoint_loop(ddp::ProcessGroup& pg, std::shared_ptr<ddp::ProcessGroup> pg_ptr,
+                                    const std::string& dir, int saves) {
+  torch::manual_seed(5);
+  torch::nn::Sequential net(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 256));
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.001));
+  const std::string path = dir + "/checkpoint.pt";
+  ddp::TrainState state;
+  if (std::filesystem::exists(path)) {
+    state = ddp::load_checkpoint(path, *net, &opt, pg);
+    std::cout << "loaded step " << state.step << " from " << state.last_checkpoint << std::endl;
+  }
+  ddp::CheckpointWriter writer(pg);
+  for (int i = 0; i < saves; ++i) {
+    opt.zero_grad();
+    net->forward(torch::randn({32, 256})).pow(2).mean().backward();
+    opt.step();
+    ++state.step;
+    writer.save(path, *net, opt, state);
+    std::ofstream(dir + "/saves", std::ios::app) << state.step << "\n";
+  }
+  writer.wait();
+}
+
 // A ZeRO optimizer in a checkpoint: save_checkpoint consolidates it, and a
 // fresh model and ZeRO optimizer loaded from it hold this rank's share of
 // the state bitwise and train on exactly as the original does.
@@ -257,6 +343,9 @@ int main(int argc, char** argv) {
     else if (scenario == "metric_sums") scenario_metric_sums(*pg);
     else if (scenario == "checkpoint") scenario_checkpoint(*pg, pg, dir ? dir : "/tmp");
     else if (scenario == "zero_checkpoint") scenario_zero_checkpoint(*pg, pg, dir ? dir : "/tmp");
+    else if (scenario == "async_checkpoint") scenario_async_checkpoint(*pg, pg, dir ? dir : "/tmp");
+    else if (scenario == "async_checkpoint_loop" && argc == 3)
+      scenario_async_checkpoint_loop(*pg, pg, dir ? dir : "/tmp", std::atoi(argv[2]));
     else if (scenario == "nonfinite" && argc == 6)
       scenario_nonfinite(*pg, pg, dir ? dir : "/tmp", std::atoi(argv[2]), std::atoll(argv[3]), std::atoll(argv[4]), argv[5]);
     else throw Fail("unknown scenario " + scenario);
