@@ -299,7 +299,7 @@ detail::CheckpointParts parts_of(const torch::nn::Module& model, const torch::op
 std::vector<char> checkpoint_bytes(const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                                    const TrainState& state, int world_size, const std::vector<at::Tensor>& all_rng,
                                    bool with_optimizer = true) {
-  return detail::checkpoint_bytes(parts_of(model, optimizer, state, world_size, all_rng, with_optimizer));
+  return detail::pickle_checkpoint(parts_of(model, optimizer, state, world_size, all_rng, with_optimizer));
 }
 
 
@@ -486,7 +486,7 @@ namespace detail {
 // The checkpoint's pickled dict: the model, the optimizer's archive, where
 // the run is, every rank's generator, the config and the extras, and the
 // loss scaler's state where there is one.
-std::vector<char> checkpoint_bytes(const CheckpointParts& parts) {
+std::vector<char> pickle_checkpoint(const CheckpointParts& parts) {
   std::string optimizer = parts.optimizer;
   if (parts.optimizer_archive) {
     std::ostringstream bytes;

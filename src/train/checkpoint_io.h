@@ -24,7 +24,7 @@ struct CheckpointParts {
   std::vector<at::Tensor> rng;  // every rank's CPU generator
 };
 
-std::vector<char> checkpoint_bytes(const CheckpointParts& parts);
+std::vector<char> pickle_checkpoint(const CheckpointParts& parts);
 
 // Writes `bytes` as the checkpoint `path`: a temporary file, synced and read
 // back whole, then the rotation (the old file becomes <name>.prev.pt if it

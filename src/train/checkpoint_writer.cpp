@@ -180,7 +180,7 @@ void CheckpointWriter::save(const std::string& path, const torch::nn::Module& mo
     if (s.staging.copied_from_gpu()) torch::cuda::synchronize();
     s.thread = std::thread([&s, path, parts = std::move(parts)] {
       try {
-        detail::write_checkpoint_file(path, detail::checkpoint_bytes(parts));
+        detail::write_checkpoint_file(path, detail::pickle_checkpoint(parts));
       } catch (const std::exception& e) {
         s.error = e.what();
       }
