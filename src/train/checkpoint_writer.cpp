@@ -14,9 +14,7 @@
 #include "ddp/train/checkpoint.h"
 
 namespace ddp {
-namespace {
-
-using torch::optim::OptimizerParamState;
+namespace detail {
 
 // Host copies: the i-th tensor staged goes to the i-th buffer when that has
 // its shape and dtype, so that a run's saves allocate once; page-locked for
@@ -43,6 +41,13 @@ class StagingBuffers {
   size_t next_ = 0;
   bool copied_from_gpu_ = false;
 };
+
+}  // namespace detail
+
+namespace {
+
+using detail::StagingBuffers;
+using torch::optim::OptimizerParamState;
 
 // A copy of one parameter's state for LibTorch's SGD, Adam, AdamW, Adagrad
 // and RMSprop; null for another kind (its optimizer is serialized at once).
@@ -119,7 +124,7 @@ void stage_optimizer(const torch::optim::Optimizer& optimizer, StagingBuffers& s
 struct CheckpointWriter::Impl {
   explicit Impl(ProcessGroup& pg) : pg(pg) {}
   ProcessGroup& pg;
-  StagingBuffers staging;
+  detail::StagingBuffers staging;
   std::thread thread;
   std::string path;   // of the save in flight, "" when none
   std::string error;  // rank 0: why it failed

@@ -6,6 +6,7 @@
 
 #include "ddp/train/errors.h"
 #include "ddp/train/evaluation.h"
+#include "ddp/train/run_dir.h"
 #include "train/live_state.h"
 
 namespace ddp::detail {
