@@ -31,15 +31,14 @@ class StagingBuffers {
       buffer = torch::empty(t.sizes(), t.is_cuda() ? options.pinned_memory(true) : options);
     }
     buffer.copy_(t.detach(), /*non_blocking=*/t.is_cuda());
-    copied_from_gpu_ = copied_from_gpu_ || t.is_cuda();
+    from_gpu = from_gpu || t.is_cuda();
     return buffer;
   }
-  bool copied_from_gpu() const { return copied_from_gpu_; }
+  bool from_gpu = false;  // a copy may still be on its way
 
  private:
   std::vector<at::Tensor> buffers_;
   size_t next_ = 0;
-  bool copied_from_gpu_ = false;
 };
 
 }  // namespace detail
@@ -182,7 +181,7 @@ void CheckpointWriter::save(const std::string& path, const torch::nn::Module& mo
     parts.scaler = state.scaler ? state.scaler->state_dict() : std::nullopt;
     parts.world_size = s.pg.size();
     for (const auto& t : all_rng) parts.rng.push_back(t.cpu());
-    if (s.staging.copied_from_gpu()) torch::cuda::synchronize();
+    if (s.staging.from_gpu) torch::cuda::synchronize();
     s.thread = std::thread([&s, path, parts = std::move(parts)] {
       try {
         detail::write_checkpoint_file(path, detail::pickle_checkpoint(parts));
