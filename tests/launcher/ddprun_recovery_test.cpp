@@ -27,11 +27,18 @@ struct Fault {
 
 class Recovery : public LauncherTest, public ::testing::WithParamInterface<Fault> {
  protected:
-  Result train(const std::string& out, const std::vector<std::string>& fault, bool zero = false) {
+  // mode: "" (SGD), "zero" (RECOVERY_WORKER_ZERO) or "join" (RECOVERY_WORKER_JOIN).
+  Result train(const std::string& out, const std::vector<std::string>& fault, const std::string& mode = "",
+               const std::string& steps = "6") {
     std::vector<std::string> argv{DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process",
-                                  RECOVERY_WORKER_BIN, out, "6"};
+                                  RECOVERY_WORKER_BIN, out, steps};
     argv.insert(argv.end(), fault.begin(), fault.end());
-    return Process(argv, {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_ZERO", zero ? "1" : "0"}}, dir_).wait(180);
+    return Process(argv,
+                   {{"OMP_NUM_THREADS", "1"},
+                    {"RECOVERY_WORKER_ZERO", mode == "zero" ? "1" : "0"},
+                    {"RECOVERY_WORKER_JOIN", mode == "join" ? "1" : "0"}},
+                   dir_)
+        .wait(180);
   }
 
   static std::map<std::string, std::string> result_of(const std::string& path) {
@@ -47,7 +54,7 @@ class Recovery : public LauncherTest, public ::testing::WithParamInterface<Fault
 TEST_P(Recovery, TheOthersGoOnInTheirProcessesAndEndEqual) {
   const Fault f = GetParam();
   const std::string out = sub("out");
-  Result r = train(out, {std::to_string(f.slot), std::to_string(f.step), f.how}, f.zero);
+  Result r = train(out, {std::to_string(f.slot), std::to_string(f.step), f.how}, f.zero ? "zero" : "");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("--recover-in-process"), std::string::npos) << r.err;
   if (f.zero) EXPECT_NE(r.err.find("re-sharded over launch ranks"), std::string::npos) << r.err;
@@ -91,7 +98,7 @@ TEST_F(Recovery, ASecondFaultRightAfterReformingCostsAnotherStep) {
 // cannot go on exactly and what to do, and ends non-zero.
 TEST_F(Recovery, ZeroTwoNeighboursLostTogetherTakeTheirShard) {
   const std::string out = sub("out");
-  Result r = train(out, {"1", "2", "pair"}, true);
+  Result r = train(out, {"1", "2", "pair"}, "zero");
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("the optimizer's shard of launch rank 1 was lost with both ranks that held it"),
             std::string::npos)
@@ -106,10 +113,7 @@ TEST_F(Recovery, ZeroTwoNeighboursLostTogetherTakeTheirShard) {
 // rank 2 shadows and votes, and both end with rank 0's model.
 TEST_F(Recovery, AJoinedRankVotesOnTheStepsItShadows) {
   const std::string out = sub("out");
-  Result r = Process({DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process",
-                      RECOVERY_WORKER_BIN, out, "6", "1", "4", "kill"},
-                     {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_JOIN", "1"}}, dir_)
-                 .wait(180);
+  Result r = train(out, {"1", "4", "kill"}, "join");
   ASSERT_EQ(r.code, 0) << r.err;
   auto first = result_of(out + "/result.0"), joined = result_of(out + "/result.2");
   EXPECT_EQ(first["members"], "0,2");
@@ -126,10 +130,7 @@ TEST_F(Recovery, AJoinedRankVotesOnTheStepsItShadows) {
 // models. They say the newest model is lost and end non-zero.
 TEST_F(Recovery, JoinLostWithTheLastRankToFinishIsStateLost) {
   const std::string out = sub("out");
-  Result r = Process({DDPRUN_BIN, "--standalone", "--nproc-per-node", "3", "--recover-in-process",
-                      RECOVERY_WORKER_BIN, out, "7", "0", "6", "commit"},
-                     {{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_JOIN", "1"}}, dir_)
-                 .wait(180);
+  Result r = train(out, {"0", "6", "commit"}, "join", "7");
   EXPECT_NE(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("every rank that trained to the end was lost"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out + "/result.1"));

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "../support/worker_common.h"
-#include "../support/optimizer_state_key.h"
+#include "optim/zero_state.h"
 
 namespace ddp::testing {
 namespace {
@@ -103,11 +103,11 @@ void expect_bitwise(ZeroNet& a, ZeroNet& b, const std::string& what) {
                        std::to_string((pa[i] - pb[i]).abs().max().item<double>()));
 }
 
-using ddp::testing::state_key;
+using ddp::zero_state::key_of;
 
 // Whether two plain optimizers over the same parameters hold the same state, bitwise.
 bool same_state(torch::optim::Optimizer& a, torch::optim::Optimizer& b, const std::vector<torch::Tensor>& params) {
-  auto key = [&](const torch::Tensor& p) { return state_key(a.state(), p); };
+  auto key = [&](const torch::Tensor& p) { return key_of(a.state(), p); };
   if (a.state().size() != b.state().size()) return false;
   for (const auto& p : params) {
     auto ia = a.state().find(key(p)), ib = b.state().find(key(p));

@@ -30,7 +30,7 @@
 #include <thread>
 
 #include "ddp/train.h"
-#include "../support/optimizer_state_key.h"
+#include "optim/zero_state.h"
 
 namespace {
 
@@ -148,7 +148,7 @@ int scenario_zero_save() {
   return 0;
 }
 
-using ddp::testing::state_key;
+using ddp::zero_state::key_of;
 
 // Adam states of two optimizers over parameters a[i] and b[i], bitwise.
 void expect_same_adam_state(torch::optim::Optimizer& x, const std::vector<torch::Tensor>& a, torch::optim::Optimizer& y,
@@ -156,8 +156,8 @@ void expect_same_adam_state(torch::optim::Optimizer& x, const std::vector<torch:
   check(x.state().size() == y.state().size(), "rank " + std::to_string(rank) + ": as many parameters' states");
   int held = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    auto ix = x.state().find(state_key(x.state(), a[i]));
-    auto iy = y.state().find(state_key(y.state(), b[i]));
+    auto ix = x.state().find(key_of(x.state(), a[i]));
+    auto iy = y.state().find(key_of(y.state(), b[i]));
     const std::string what = "rank " + std::to_string(rank) + " parameter " + std::to_string(i);
     check((ix == x.state().end()) == (iy == y.state().end()), what + ": held by both or neither");
     if (ix == x.state().end()) continue;
