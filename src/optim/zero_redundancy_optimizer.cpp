@@ -121,7 +121,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<OptimizerParamGroup
       signature << "group " << g << " parameter " << i << ": " << describe_param(p) << "\n";
     }
   }
-  partition_ = partition_parameters(numels, pg_->size());
+  numels_ = numels;
+  partition_ = partition_parameters(numels_, pg_->size());
 
   // The wrapped optimizer checks its options; its complaint travels with the
   // signature, so that every rank throws, not only the one that complains.

@@ -128,17 +128,12 @@ void ZeroRedundancyOptimizer::regroup() {
   const std::string who = "ZeroRedundancyOptimizer on " + rank_tag(*pg_) + ": ";
   const std::vector<int> members = group.members();
   const ShardSources from = find_sources(*pg_, group.node(), shard_slots_, shard_nodes_, members, who);
-  std::vector<std::vector<int64_t>> numels;
-  for (const auto& g : param_groups_) {
-    numels.emplace_back();
-    for (const auto& p : g.params()) numels.back().push_back(p.numel());
-  }
   // A rank just taken in holds no shard, but broadcasts by the partition too.
-  if (shard_slots_.empty()) partition_ = partition_parameters(numels, static_cast<int>(from.old_slots.size()));
+  if (shard_slots_.empty()) partition_ = partition_parameters(numels_, static_cast<int>(from.old_slots.size()));
   sync_params(from.source);
 
   const int size = pg_->size(), me = pg_->rank();
-  ZeroPartition next = partition_parameters(numels, size);
+  ZeroPartition next = partition_parameters(numels_, size);
   auto local = make_(groups_of(next, me));
   auto backup = size > 1 ? make_(backed_up_groups(next, from.nodes, me)) : nullptr;
   take_shards(from.source, from.root, from.nodes, next, *local, backup.get());

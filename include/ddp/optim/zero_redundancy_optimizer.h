@@ -169,6 +169,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
 
   std::shared_ptr<ProcessGroup> pg_;
   OptimizerFactory make_;
+  std::vector<std::vector<int64_t>> numels_;  // [group][param]: what the partitions share out
   ZeroPartition partition_;
   std::unique_ptr<torch::optim::Optimizer> local_;
   // On a recoverable group: the shards this rank backs up (their second
