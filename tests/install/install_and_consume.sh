@@ -2,8 +2,9 @@
 # Installs the build tree into a fresh prefix, moves the prefix (the package
 # must be relocatable), then configures, builds and runs separate projects
 # against it with find_package(ddp CONFIG REQUIRED):
-#   consumer        ddp::ddp only, with Boost and zlib hidden from CMake
-#   train_consumer  ddp::train, and the README's code snippet as it is (ddp::ddp)
+#   consumer        ddp::ddp only, with Boost and zlib hidden from CMake: the
+#                   README's code snippet, which must equal its main.cpp
+#   train_consumer  ddp::train
 # The installed ddprun runs a rendezvous on its store module.
 # Usage: install_and_consume.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -58,10 +59,14 @@ configure() {  # configure DIR [cmake args...]
   cmake --build "$work/build-$dir" -j 2 >>"$work/$dir.log" 2>&1 ||
     { cat "$work/$dir.log"; echo "building $dir failed"; exit 1; }
 }
-configure consumer -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON
+# The README's snippet is the consumer's main.cpp (after its opening comment),
+# so it compiles as it is without a program of its own.
 awk '/^```cpp/{inside=1; next} /^```/{if (inside) exit} inside' "$src/README.md" >"$work/readme_snippet.cpp"
 test -s "$work/readme_snippet.cpp" || { echo "no \`\`\`cpp snippet in README.md"; exit 1; }
-configure train_consumer -DREADME_SNIPPET="$work/readme_snippet.cpp"
+sed '1,/^[^/]/{/^\/\//d}' "$work/consumer/main.cpp" | diff -u "$work/readme_snippet.cpp" - ||
+  { echo "README.md's snippet (-) differs from tests/install/consumer/main.cpp (+) past its opening comment"; exit 1; }
+configure consumer -DCMAKE_DISABLE_FIND_PACKAGE_Boost=ON -DCMAKE_DISABLE_FIND_PACKAGE_ZLIB=ON
+configure train_consumer
 
 # One process each: world size 1 still goes through the store, Gloo and the reducer.
 # Its store's port: below the kernel's ephemeral range, where other tests'
@@ -94,4 +99,3 @@ if [[ -f "$build/launcher/ddprun" ]]; then
   run "$prefix/bin/ddprun" --nnodes 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:@PORT@ --nproc-per-node 1 true
 fi
 run "$work/build-train_consumer/train_consumer"
-run "$work/build-train_consumer/readme_snippet"
