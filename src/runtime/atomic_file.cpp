@@ -31,8 +31,16 @@ std::string reason(const std::string& path, int err) {
   return std::string(std::strerror(err)) + "; the previous file, if any, is untouched. Check free space and permissions";
 }
 
-// All of data to fd; 0, or the errno of the write that failed (EIO for one
-// that wrote nothing).
+using detail::write_all;
+
+[[noreturn]] void throw_write_failure(const std::string& path, const detail::FileWriteFailure& failure) {
+  throw CheckpointError("writing " + path + ": " + failure.step + " failed (" + reason(path, failure.err) + ")");
+}
+
+}  // namespace
+
+namespace detail {
+
 int write_all(int fd, const char* data, size_t size) {
   for (size_t done = 0; done < size;) {
     const ssize_t n = ::write(fd, data + done, size - done);
@@ -42,14 +50,6 @@ int write_all(int fd, const char* data, size_t size) {
   }
   return 0;
 }
-
-[[noreturn]] void throw_write_failure(const std::string& path, const detail::FileWriteFailure& failure) {
-  throw CheckpointError("writing " + path + ": " + failure.step + " failed (" + reason(path, failure.err) + ")");
-}
-
-}  // namespace
-
-namespace detail {
 
 FileWriteFailure write_synced_temporary(const std::string& tmp, const char* data, size_t size) {
   auto fail = [&](std::string step, int err) {

@@ -22,6 +22,10 @@ struct FileWriteFailure {
   explicit operator bool() const { return !step.empty(); }
 };
 
+// All of data to fd; 0, or the errno of the write that failed (EIO for one
+// that wrote nothing).
+int write_all(int fd, const char* data, size_t size);
+
 // Writes size bytes to `tmp`, a temporary in the folder of the file it will
 // replace: a leftover (or a link) at `tmp` is removed first, then the file
 // is created afresh (O_EXCL|O_NOFOLLOW, 0644), written, fsynced and closed.

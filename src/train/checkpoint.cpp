@@ -10,6 +10,7 @@
 #include "ddp/train/train_options.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 #include "module_archive.h"
+#include "sharded_checkpoint.h"
 #include "runtime/parse_number.h"
 #include "state_dict_io.h"
 #include "zip_archive.h"
@@ -48,6 +49,9 @@ void share_verdict(ProcessGroup& pg, bool ok, const std::string& what) {
 }  // namespace detail
 
 using detail::cpu_rng_state;
+using detail::load_rng_state;
+using detail::load_scaler;
+using detail::read_position;
 using detail::share_verdict;
 
 namespace {
@@ -143,28 +147,6 @@ double get_number(const pickle::ValuePtr& dict, const char* key, const std::stri
   throw CheckpointError(path + ": checkpoint entry \"scaler\" has no number \"" + key + "\"; corrupt file?");
 }
 
-// The "scaler" entry into an enabled scaler.
-void load_scaler(const pickle::ValuePtr& root, const std::string& path, GradScaler& scaler, const ProcessGroup& pg) {
-  auto entry = root->get("scaler");
-  if (!entry) {
-    if (pg.rank() == 0)
-      std::cout << "notice: " << path << " has no loss-scaler state (written without float16 mixed precision); "
-                << "the scaler starts at its initial scale " << scaler.get_scale() << std::endl;
-    return;
-  }
-  if (!entry->is_dict()) throw CheckpointError(path + ": checkpoint entry \"scaler\" is not a dict; corrupt file?");
-  GradScalerState s;
-  s.scale = get_number(entry, "scale", path);
-  s.growth_factor = get_number(entry, "growth_factor", path);
-  s.backoff_factor = get_number(entry, "backoff_factor", path);
-  s.growth_interval = get_int(entry, "growth_interval", path);
-  s.growth_tracker = get_int(entry, "_growth_tracker", path);
-  try {
-    scaler.load_state_dict(s);
-  } catch (const UsageError& e) {
-    throw CheckpointError(rank_tag(pg) + ": " + path + ": checkpoint entry \"scaler\": " + e.what());
-  }
-}
 
 // "an int", "a list": what a crafted value is, for errors.
 std::string kind_text(const pickle::Value& v) {
@@ -208,6 +190,74 @@ std::map<std::string, std::string> read_config(const pickle::ValuePtr& root, con
   }
   return config;
 }
+
+}  // namespace
+
+namespace detail {
+
+std::optional<GradScalerState> read_scaler(const pickle::ValuePtr& root, const std::string& path) {
+  auto entry = root->get("scaler");
+  if (!entry) return std::nullopt;
+  if (!entry->is_dict()) throw CheckpointError(path + ": checkpoint entry \"scaler\" is not a dict; corrupt file?");
+  GradScalerState s;
+  s.scale = get_number(entry, "scale", path);
+  s.growth_factor = get_number(entry, "growth_factor", path);
+  s.backoff_factor = get_number(entry, "backoff_factor", path);
+  s.growth_interval = get_int(entry, "growth_interval", path);
+  s.growth_tracker = get_int(entry, "_growth_tracker", path);
+  return s;
+}
+
+void load_scaler(const pickle::ValuePtr& root, const std::string& path, GradScaler& scaler, const ProcessGroup& pg) {
+  const auto s = read_scaler(root, path);
+  if (!s) {
+    if (pg.rank() == 0)
+      std::cout << "notice: " << path << " has no loss-scaler state (written without float16 mixed precision); "
+                << "the scaler starts at its initial scale " << scaler.get_scale() << std::endl;
+    return;
+  }
+  try {
+    scaler.load_state_dict(*s);
+  } catch (const UsageError& e) {
+    throw CheckpointError(rank_tag(pg) + ": " + path + ": checkpoint entry \"scaler\": " + e.what());
+  }
+}
+
+TrainState read_position(const pickle::ValuePtr& root, const std::string& used) {
+  TrainState state;
+  state.last_checkpoint = used;
+  state.epoch = get_count(root, "epoch", used, 0, kMaxEpochs);
+  state.step = get_count(root, "step", used, 0, kMaxSteps);
+  state.sampler_epoch = get_count(root, "sampler_epoch", used, 0, kMaxEpochs);
+  // Absent from checkpoints written at an epoch's end by older versions.
+  state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
+  state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
+  if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
+  state.config = read_config(root, used);
+  return state;
+}
+
+void load_rng_state(const pickle::ValuePtr& root, const std::string& used, int world_size, const ProcessGroup& pg) {
+  auto rng = root->get("rng_states");
+  if (!rng || rng->kind != pickle::Value::Kind::List || rng->items.empty()) return;
+  if (rng->items.size() != static_cast<size_t>(world_size))
+    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" holds " +
+                          std::to_string(rng->items.size()) + " generator states for a world of " +
+                          std::to_string(world_size) + "; a corrupt or crafted file?");
+  const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
+  if (!mine->is_tensor()) return;
+  try {
+    set_cpu_rng_state(mine->tensor.contiguous());
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" is not a CPU generator "
+                          "state (" + msg.substr(0, msg.find('\n')) + "); corrupt file?");
+  }
+}
+
+}  // namespace detail
+
+namespace {
 
 // Parses and checks a checkpoint; throws CheckpointError saying what is wrong.
 pickle::ValuePtr parse_checkpoint(const std::vector<char>& bytes, const std::string& path) {
@@ -329,21 +379,6 @@ std::string read_with_fallback(const std::string& path, std::vector<char>& bytes
   return error;
 }
 
-// Where the run is (epoch, step, the data position, the world it ran on)
-// and its config, each checked against its range.
-TrainState read_position(const pickle::ValuePtr& root, const std::string& used) {
-  TrainState state;
-  state.last_checkpoint = used;
-  state.epoch = get_count(root, "epoch", used, 0, kMaxEpochs);
-  state.step = get_count(root, "step", used, 0, kMaxSteps);
-  state.sampler_epoch = get_count(root, "sampler_epoch", used, 0, kMaxEpochs);
-  // Absent from checkpoints written at an epoch's end by older versions.
-  state.epoch_step = root->get("epoch_step") ? get_count(root, "epoch_step", used, 0, kMaxSteps) : 0;
-  state.world_size = static_cast<int>(get_count(root, "world_size", used, 1, kMaxWorldSize));
-  if (root->get("epoch_samples")) state.epoch_samples = get_count(root, "epoch_samples", used, 0, kMaxSteps);
-  state.config = read_config(root, used);
-  return state;
-}
 
 void load_optimizer(const pickle::ValuePtr& root, const std::string& used, torch::optim::Optimizer& optimizer,
                     const torch::Device& device, const ProcessGroup& pg) {
@@ -362,28 +397,6 @@ void load_optimizer(const pickle::ValuePtr& root, const std::string& used, torch
   }
 }
 
-// This rank's generator; with another world size, the old ranks' round-robin.
-void load_rng_state(const pickle::ValuePtr& root, const std::string& used, int world_size, const ProcessGroup& pg) {
-  auto rng = root->get("rng_states");
-  if (!rng || rng->kind != pickle::Value::Kind::List || rng->items.empty()) return;
-  if (rng->items.size() != static_cast<size_t>(world_size))
-    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" holds " +
-                          std::to_string(rng->items.size()) + " generator states for a world of " +
-                          std::to_string(world_size) + "; a corrupt or crafted file?");
-  const auto& mine = rng->items[static_cast<size_t>(pg.rank()) % rng->items.size()];
-  if (!mine->is_tensor()) return;
-  try {
-    set_cpu_rng_state(mine->tensor.contiguous());
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    throw CheckpointError(rank_tag(pg) + ": " + used + ": checkpoint entry \"rng_states\" is not a CPU generator "
-                          "state (" + msg.substr(0, msg.find('\n')) + "); corrupt file?");
-  }
-}
-
-}  // namespace
-
-namespace {
 
 // The checkpoint's "model" entry, loaded; the device of the model's first
 // parameter, where the optimizer's state goes.
@@ -446,6 +459,10 @@ TrainState load_checkpoint(
     const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
     GradScaler* scaler,
     const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config) {
+  // Rank 0 decides what `path` is: a rank that cannot see the folder then
+  // says so instead of reading something else.
+  if (detail::broadcast_flag(pg, pg.rank() == 0 && detail::is_sharded_checkpoint(path), 0))
+    return detail::load_sharded(path, model, optimizer, pg, scaler, check_config);
   // Rank 0 reads (and checks) the file, then everyone gets its bytes.
   std::vector<char> bytes;
   std::string used = path;
@@ -483,22 +500,11 @@ TrainState load_checkpoint(
 
 namespace detail {
 
-// The checkpoint's pickled dict: the model, the optimizer's archive, where
-// the run is, every rank's generator, the config and the extras, and the
-// loss scaler's state where there is one.
-std::vector<char> pickle_checkpoint(const CheckpointParts& parts) {
-  std::string optimizer = parts.optimizer;
-  if (parts.optimizer_archive) {
-    std::ostringstream bytes;
-    parts.optimizer_archive->save_to(bytes);
-    optimizer = bytes.str();
-  }
+c10::impl::GenericDict common_entries(const CheckpointParts& parts, const std::string& format) {
   const TrainState& state = parts.position;
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("format", std::string(kFormat));
+  d.insert("format", format);
   d.insert("version", kVersion);
-  d.insert("model", to_ivalue(parts.model));
-  d.insert("optimizer", bytes_tensor(optimizer));
   d.insert("epoch", state.epoch);
   d.insert("step", state.step);
   d.insert("sampler_epoch", state.sampler_epoch);
@@ -522,6 +528,28 @@ std::vector<char> pickle_checkpoint(const CheckpointParts& parts) {
     s.insert("_growth_tracker", scaler->growth_tracker);
     d.insert("scaler", s);
   }
+  return d;
+}
+
+// The checkpoint's pickled dict: the model, the optimizer's archive, where
+// the run is, every rank's generator, the config and the extras, and the
+// loss scaler's state where there is one.
+std::vector<char> pickle_checkpoint(const CheckpointParts& parts) {
+  std::string optimizer = parts.optimizer;
+  if (parts.optimizer_archive) {
+    std::ostringstream bytes;
+    parts.optimizer_archive->save_to(bytes);
+    optimizer = bytes.str();
+  }
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  // format and version first, then model and optimizer: the order of the
+  // file save_checkpoint has always written.
+  const auto common = common_entries(parts, kFormat);
+  for (const char* key : {"format", "version"}) d.insert(key, common.at(key));
+  d.insert("model", to_ivalue(parts.model));
+  d.insert("optimizer", bytes_tensor(optimizer));
+  for (const auto& item : common)
+    if (!d.contains(item.key())) d.insert(item.key(), item.value());
   return torch::pickle_save(d);
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ddp/train/checkpoint.h"
+#include "torch_pickle.h"
 
 namespace ddp::detail {
 
@@ -25,6 +26,20 @@ struct CheckpointParts {
 };
 
 std::vector<char> pickle_checkpoint(const CheckpointParts& parts);
+// What every checkpoint file and a sharded checkpoint's manifest hold
+// besides the model and the optimizer: `format`, the version, where the run
+// is, every rank's generator, the config, the extras and the scaler.
+c10::impl::GenericDict common_entries(const CheckpointParts& parts, const std::string& format);
+
+// Those entries read back from `root` (`used` names the file), each checked:
+// where the run is and its config;
+TrainState read_position(const pickle::ValuePtr& root, const std::string& used);
+// the scaler's state (none: a checkpoint written without float16), and
+// into an enabled scaler (a notice when there is none);
+std::optional<GradScalerState> read_scaler(const pickle::ValuePtr& root, const std::string& used);
+void load_scaler(const pickle::ValuePtr& root, const std::string& used, GradScaler& scaler, const ProcessGroup& pg);
+// this rank's generator; with another world size, the old ranks' round-robin.
+void load_rng_state(const pickle::ValuePtr& root, const std::string& used, int world_size, const ProcessGroup& pg);
 
 // Writes `bytes` as the checkpoint `path`: a temporary file, synced and read
 // back whole, then the rotation (the old file becomes <name>.prev.pt if it

@@ -3,6 +3,9 @@
 // from one save to the next) and written by a thread of its own.
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
+#include <exception>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -10,6 +13,9 @@
 #include <utility>
 
 #include "checkpoint_io.h"
+#include "comm/objects/object_exchange.h"
+#include "comm/work_handle.h"
+#include "sharded_checkpoint.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 #include "ddp/train/checkpoint.h"
 
@@ -121,17 +127,91 @@ void stage_optimizer(const torch::optim::Optimizer& optimizer, StagingBuffers& s
 }  // namespace
 
 struct CheckpointWriter::Impl {
-  explicit Impl(ProcessGroup& pg) : pg(pg) {}
+  Impl(ProcessGroup& pg, CheckpointLayout layout) : pg(pg), layout(layout) {}
   ProcessGroup& pg;
+  const CheckpointLayout layout;
   detail::StagingBuffers staging;
   std::thread thread;
   std::string path;   // of the save in flight, "" when none
   std::string error;  // rank 0: why it failed
+  // Sharded: this rank's status when the manifest waits for wait() (a group
+  // without a store), and the stop asked of rank 0's wait for the others.
+  std::optional<std::string> pending_status;
+  std::optional<detail::ShardedSave> pending_save;
+  std::atomic<bool> abandon{false};
+
+  void save_sharded(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
+                    const TrainState& state);
+  void finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store);
 };
 
-CheckpointWriter::CheckpointWriter(ProcessGroup& pg) : impl_(std::make_unique<Impl>(pg)) {}
+namespace {
+
+// The statuses of every rank's part of `save`, through the store: each rank
+// sets its own; rank 0 waits for the others' (checked every 20 ms, so that
+// the training thread's use of the store is never held up), at most the
+// group's timeout, or until `abandon`.
+std::vector<std::string> statuses_through_store(c10d::Store& store, const detail::ShardedSave& save,
+                                                const std::string& mine, std::chrono::milliseconds timeout,
+                                                const std::atomic<bool>& abandon) {
+  auto key = [&](int r) { return "libddp/checkpoint/" + save.id + "/" + std::to_string(r); };
+  store.set(key(save.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> statuses;
+  if (save.rank != 0) return statuses;
+  std::vector<std::string> keys;
+  for (int r = 0; r < save.world; ++r) keys.push_back(key(r));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!store.check(keys)) {
+    if (abandon) throw CheckpointError("the run ended before every rank had written its part");
+    if (std::chrono::steady_clock::now() > deadline)
+      throw CheckpointError("not every rank reported its part written within the group's timeout");
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < save.world; ++r) {
+    const auto v = store.get(key(r));
+    statuses.emplace_back(v.begin(), v.end());
+  }
+  return statuses;
+}
+
+}  // namespace
+
+void CheckpointWriter::Impl::finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store) {
+  const std::string status = detail::write_shard(save);
+  if (!store) {
+    pending_status = status;
+    if (status.rfind("error: ", 0) == 0) error = status.substr(7);
+    return;
+  }
+  try {
+    const auto statuses = statuses_through_store(**store, save, status, pg.timeout(), abandon);
+    if (save.rank == 0) detail::write_manifest(save, statuses);
+  } catch (const std::exception& e) {
+    if (save.rank == 0) error = e.what();
+  }
+  if (error.empty() && status.rfind("error: ", 0) == 0) error = status.substr(7);
+}
+
+void CheckpointWriter::Impl::save_sharded(const std::string& dir, const torch::nn::Module& model,
+                                          const torch::optim::Optimizer& optimizer, const TrainState& state) {
+  staging.restart();
+  staging.from_gpu = false;
+  auto save = detail::stage_sharded(dir, model, optimizer, state, pg, [this](const at::Tensor& t) {
+    return staging.copy(t);
+  });
+  path = dir;
+  if (staging.from_gpu) torch::cuda::synchronize();
+  auto store = pg.store();
+  if (!store) pending_save = save;
+  thread = std::thread([this, save = std::move(save), store] { finish_sharded(save, store); });
+}
+
+CheckpointWriter::CheckpointWriter(ProcessGroup& pg, CheckpointLayout layout)
+    : impl_(std::make_unique<Impl>(pg, layout)) {}
 
 CheckpointWriter::~CheckpointWriter() {
+  // Unwinding (a peer lost, say): rank 0 stops waiting for the others' parts.
+  impl_->abandon = std::uncaught_exceptions() > 0;
   if (impl_->thread.joinable()) impl_->thread.join();
   if (!impl_->error.empty())
     std::cerr << rank_tag(impl_->pg) << ": writing the checkpoint " << impl_->path
@@ -144,6 +224,15 @@ void CheckpointWriter::wait() {
   Impl& s = *impl_;
   if (s.path.empty()) return;
   if (s.thread.joinable()) s.thread.join();
+  if (s.pending_status) {  // sharded, on a group without a store: the statuses travel now
+    const auto statuses = detail::all_gather_bytes(s.pg, *std::exchange(s.pending_status, std::nullopt));
+    if (s.pg.rank() == 0) try {
+      detail::write_manifest(*s.pending_save, statuses);
+    } catch (const std::exception& e) {
+      s.error = e.what();
+    }
+    s.pending_save.reset();
+  }
   const std::string path = std::exchange(s.path, std::string());
   const std::string error = std::exchange(s.error, std::string());
   detail::share_verdict(s.pg, error.empty(), "to write the checkpoint " + path + " in the background");
@@ -156,6 +245,7 @@ void CheckpointWriter::save(const std::string& path, const torch::nn::Module& mo
                             const torch::optim::Optimizer& optimizer, const TrainState& state) {
   Impl& s = *impl_;
   wait();
+  if (s.layout == CheckpointLayout::sharded) return s.save_sharded(path, model, optimizer, state);
   std::string error;
   if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer)) {
     try {
@@ -192,6 +282,13 @@ void CheckpointWriter::save(const std::string& path, const torch::nn::Module& mo
   } catch (const std::exception& e) {
     s.error = std::string("staging its state: ") + e.what();
   }
+}
+
+void save_sharded_checkpoint(const std::string& dir, const torch::nn::Module& model,
+                             const torch::optim::Optimizer& optimizer, const TrainState& state, ProcessGroup& pg) {
+  CheckpointWriter writer(pg, CheckpointLayout::sharded);
+  writer.save(dir, model, optimizer, state);
+  writer.wait();
 }
 
 }  // namespace ddp

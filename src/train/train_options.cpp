@@ -59,7 +59,11 @@ std::string TrainOptions::resume_path() const {
   if (resume().empty()) return "";
   if (resume() == "auto") return (std::filesystem::path(run_dir()) / "checkpoint.pt").string();
   const std::string& where = resume();
-  if (std::filesystem::is_directory(where)) return (std::filesystem::path(where) / "checkpoint.pt").string();
+  // A folder: a sharded checkpoint's own (it holds a manifest), else a run
+  // folder, whose checkpoint.pt is meant.
+  if (std::filesystem::is_directory(where) && !std::filesystem::exists(std::filesystem::path(where) / "manifest.pt") &&
+      !std::filesystem::exists(std::filesystem::path(where) / "manifest.prev.pt"))
+    return (std::filesystem::path(where) / "checkpoint.pt").string();
   return where;
 }
 

@@ -49,7 +49,9 @@ TEST(Checkpoint, WrittenInTheBackgroundItIsTheSameFileAndAFailureReachesEveryRan
 
 // SIGKILL at random moments of the background writes: every time, the next
 // start loads a whole checkpoint (the newest, or the one before it).
-TEST(Checkpoint, KilledWhileItWritesInTheBackgroundALoadableCheckpointIsLeft) {
+class KilledWhileWriting : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KilledWhileWriting, InTheBackgroundALoadableCheckpointIsLeft) {
   const auto dir = ddp::testing::temp_dir("ckpt_async_kill");
   std::mt19937 random(7);
   size_t saves_before = 0;
@@ -58,7 +60,7 @@ TEST(Checkpoint, KilledWhileItWritesInTheBackgroundALoadableCheckpointIsLeft) {
                                                  {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"},
                                                  {"MASTER_ADDR", "127.0.0.1"},
                                                  {"MASTER_PORT", std::to_string(ddp::testing::free_port())},
-                                                 {"OMP_NUM_THREADS", "1"}};
+                                                 {"OMP_NUM_THREADS", "1"}, {"CHECKPOINT_LAYOUT", GetParam()}};
     const pid_t pid = ddp::testing::spawn(DDP_DATA_WORKER, {"async_checkpoint_loop", "1000"}, env,
                                           dir + "/out" + std::to_string(kill) + ".log");
     // A few saves in, then a moment anywhere in the next ones.
@@ -75,11 +77,15 @@ TEST(Checkpoint, KilledWhileItWritesInTheBackgroundALoadableCheckpointIsLeft) {
     saves_before = saves();
     ASSERT_GE(saves_before, 2u) << ddp::testing::read_file(dir + "/out" + std::to_string(kill) + ".log");
   }
-  auto check = run_ranks(1, DDP_DATA_WORKER, {"async_checkpoint_loop", "1"}, {{"DDP_TEST_DIR", dir}});
+  auto check = run_ranks(1, DDP_DATA_WORKER, {"async_checkpoint_loop", "1"},
+                         {{"DDP_TEST_DIR", dir}, {"CHECKPOINT_LAYOUT", GetParam()}});
   ASSERT_EQ(check[0].exit_code, 0) << describe(check);
   EXPECT_NE(check[0].output.find("loaded step "), std::string::npos) << describe(check);
   std::filesystem::remove_all(dir);
 }
+
+INSTANTIATE_TEST_SUITE_P(Checkpoint, KilledWhileWriting, ::testing::Values("file", "sharded"),
+                         [](const auto& info) { return info.param; });
 
 TEST(Checkpoint, AZeroOptimizerIsConsolidatedAndEveryRankGetsItsShareBack) {
   const auto dir = ddp::testing::temp_dir("ckpt_zero");

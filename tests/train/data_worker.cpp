@@ -207,6 +207,31 @@ void scenario_async_checkpoint(ddp::ProcessGroup& pg, std::shared_ptr<ddp::Proce
   }
   writer.save(dir + "/async.pt", *net, opt, state);  // and goes on
   writer.wait();
+
+  // Sharded: every rank writes its part of a folder; a part that cannot be
+  // written (no such folder, a link planted in the folder's place) fails the
+  // save on every rank, naming the folder, and leaves the save before it.
+  ddp::CheckpointWriter sharded(pg, ddp::CheckpointLayout::sharded);
+  sharded.save(dir + "/sharded", *net, opt, state);
+  for (int i = 6; i < 8; ++i) step(i);
+  sharded.wait();
+  if (pg.rank() == 0) std::filesystem::create_directory_symlink(dir, dir + "/linked");
+  pg.barrier();
+  for (const std::string& bad_dir : {std::string("/proc/no/such/dir/sharded"), dir + "/linked"}) {
+    sharded.save(bad_dir, *net, opt, state);
+    try {
+      sharded.wait();
+      throw Fail("a sharded save into " + bad_dir + " did not fail");
+    } catch (const ddp::CheckpointError& e) {
+      const std::string what = e.what();
+      std::cout << "caught: " << what << std::endl;
+      CHECK_OR_FAIL(what.find("rank " + std::to_string(pg.rank())) == 0, "names this rank");
+      CHECK_OR_FAIL(what.find(bad_dir) != std::string::npos, "names the folder");
+    }
+  }
+  torch::nn::Sequential again(torch::nn::Linear(4, 64), torch::nn::ReLU(), torch::nn::Linear(64, 2));
+  torch::optim::Adam again_opt(again->parameters(), torch::optim::AdamOptions(0.01));
+  CHECK_OR_FAIL(ddp::load_checkpoint(dir + "/sharded", *again, &again_opt, pg).step == 3, "the save before loads");
 }
 
 // One process saving in the background again and again while it trains, for
@@ -218,13 +243,16 @@ void scenario_async_checkpoint_loop(ddp::ProcessGroup& pg, std::shared_ptr<ddp::
   torch::manual_seed(5);
   torch::nn::Sequential net(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 256));
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.001));
-  const std::string path = dir + "/checkpoint.pt";
+  // CHECKPOINT_LAYOUT=sharded: a folder, which every rank writes its part of.
+  const char* layout = std::getenv("CHECKPOINT_LAYOUT");
+  const bool sharded = layout && std::string(layout) == "sharded";
+  const std::string path = dir + (sharded ? "/checkpoint" : "/checkpoint.pt");
   ddp::TrainState state;
-  if (std::filesystem::exists(path)) {
+  if (std::filesystem::exists(sharded ? path + "/manifest.pt" : path)) {
     state = ddp::load_checkpoint(path, *net, &opt, pg);
     std::cout << "loaded step " << state.step << " from " << state.last_checkpoint << std::endl;
   }
-  ddp::CheckpointWriter writer(pg);
+  ddp::CheckpointWriter writer(pg, sharded ? ddp::CheckpointLayout::sharded : ddp::CheckpointLayout::single_file);
   for (int i = 0; i < saves; ++i) {
     opt.zero_grad();
     net->forward(torch::randn({32, 256})).pow(2).mean().backward();

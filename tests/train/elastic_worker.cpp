@@ -17,6 +17,11 @@
 //       its first batch. Each epoch's line says "eval N samples".
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
+//   sharded_save / sharded_load   plain Adam and ZeRO over Adam saved at
+//       one world size both as one consolidated file and as a sharded
+//       checkpoint (DDP_TEST_DIR/plain, /zero), loaded at another: both
+//       give the same parameters and optimizer state, bitwise, and train on
+//       alike; the folder exported to one file does too.
 //   zero_train [training options]   ZeRO in an elastic job under ddprun
 //       (tests/launcher/netns_elastic_test.cpp): on a resume at another world
 //       size, each rank's share is checked against a fresh load.
@@ -218,6 +223,85 @@ int scenario_zero_load() {
   return 0;
 }
 
+// A model with buffers (the batch norm's running statistics and its int64
+// count of batches) beside its parameters.
+torch::nn::Sequential make_bn_net() {
+  torch::manual_seed(6);
+  return torch::nn::Sequential(torch::nn::Linear(4, 16), torch::nn::BatchNorm1d(16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 8), torch::nn::ReLU(), torch::nn::Linear(8, 2));
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_adam(const std::string& kind, torch::nn::Sequential& net,
+                                                   std::shared_ptr<ddp::ProcessGroup> pg) {
+  if (kind == "zero") return std::make_unique<ddp::ZeroRedundancyOptimizer>(net->parameters(), torch::optim::AdamOptions(0.01), pg);
+  return std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(0.01));
+}
+
+torch::optim::Optimizer& state_of(torch::optim::Optimizer& opt) {
+  auto* zero = dynamic_cast<ddp::ZeroRedundancyOptimizer*>(&opt);
+  return zero ? zero->local_optimizer() : opt;
+}
+
+int scenario_sharded_save() {
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo"));
+  for (const std::string kind : {"plain", "zero"}) {
+    auto net = make_bn_net();
+    auto opt = make_adam(kind, net, pg);
+    for (int i = 0; i < 3; ++i) train_step(net, *opt, i);
+    ddp::TrainState state;
+    state.step = 3;
+    state.extra["kind"] = kind;
+    ddp::save_checkpoint(dir() + "/" + kind + ".pt", *net, *opt, state, *pg);
+    if (kind == "plain") {
+      ddp::save_sharded_checkpoint(dir() + "/" + kind, *net, *opt, state, *pg);
+      continue;
+    }
+    // In the background, while training goes on: the state of the call.
+    ddp::CheckpointWriter writer(*pg, ddp::CheckpointLayout::sharded);
+    writer.save(dir() + "/" + kind, *net, *opt, state);
+    for (int i = 3; i < 5; ++i) train_step(net, *opt, i);
+    writer.wait();
+  }
+  ddp::destroy_process_group();
+  return 0;
+}
+
+void expect_same(torch::nn::Sequential& a, torch::optim::Optimizer& x, torch::nn::Sequential& b,
+                 torch::optim::Optimizer& y, int rank, const std::string& what) {
+  for (size_t i = 0; i < a->parameters().size(); ++i)
+    check(torch::equal(a->parameters()[i], b->parameters()[i]), what + ": parameter " + std::to_string(i));
+  for (size_t i = 0; i < a->buffers().size(); ++i)
+    check(torch::equal(a->buffers()[i], b->buffers()[i]), what + ": buffer " + std::to_string(i));
+  std::cout << what << ": ";
+  expect_same_adam_state(state_of(x), a->parameters(), state_of(y), b->parameters(), rank);
+}
+
+int scenario_sharded_load() {
+  auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo"));
+  for (const std::string kind : {"plain", "zero"}) {
+    auto sharded_net = make_bn_net(), file_net = make_bn_net(), exported_net = make_bn_net();
+    auto sharded = make_adam(kind, sharded_net, pg), file = make_adam(kind, file_net, pg);
+    auto exported = make_adam(kind, exported_net, pg);
+    const auto state = ddp::load_checkpoint(dir() + "/" + kind, *sharded_net, sharded.get(), *pg);
+    check(state.world_size != pg->size() && state.step == 3, kind + ": the position of another world size");
+    check(state.extra.at("kind").toStringRef() == kind, kind + ": the extras");
+    ddp::load_checkpoint(dir() + "/" + kind + ".pt", *file_net, file.get(), *pg);
+    expect_same(sharded_net, *sharded, file_net, *file, pg->rank(), kind + ", sharded and one file");
+    const std::string one = dir() + "/" + kind + ".exported" + std::to_string(pg->size()) + ".pt";
+    if (pg->rank() == 0) ddp::export_checkpoint(dir() + "/" + kind, one);
+    pg->barrier();
+    ddp::load_checkpoint(one, *exported_net, exported.get(), *pg);
+    expect_same(exported_net, *exported, file_net, *file, pg->rank(), kind + ", exported and one file");
+    for (int i = 3; i < 6; ++i) {
+      train_step(sharded_net, *sharded, i);
+      train_step(file_net, *file, i);
+    }
+    expect_same(sharded_net, *sharded, file_net, *file, pg->rank(), kind + ", 3 steps on");
+  }
+  ddp::destroy_process_group();
+  return 0;
+}
+
 // An elastic job's ranks under ddprun, with ZeRO: a small model, Adam
 // sharded by ddp::ZeroRedundancyOptimizer, the kit's loop and checkpoints
 // (STEP_SLEEP_MS per step keeps it running while nodes come and go). A run
@@ -272,6 +356,8 @@ int main(int argc, char** argv) {
     if (scenario == "train") return scenario_train(argc - 1, argv + 1);
     if (scenario == "zero_save") return scenario_zero_save();
     if (scenario == "zero_load") return scenario_zero_load();
+    if (scenario == "sharded_save") return scenario_sharded_save();
+    if (scenario == "sharded_load") return scenario_sharded_load();
     if (scenario == "zero_train") return scenario_zero_train(argc - 1, argv + 1);
     throw ddp::UsageError("unknown scenario '" + scenario + "'");
   });

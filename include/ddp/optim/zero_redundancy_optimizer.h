@@ -136,6 +136,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // The optimizer over this rank's share: its state() is this rank's state.
   torch::optim::Optimizer& local_optimizer() { return *local_; }
   const torch::optim::Optimizer& local_optimizer() const { return *local_; }
+  // On a recoverable group, the optimizer over the shards this rank keeps
+  // the second copy of; null elsewhere.
+  torch::optim::Optimizer* backup_optimizer() { return backup_.get(); }
   ProcessGroup& process_group() const { return *pg_; }
 
   // It registers itself with a recoverable group by address.

@@ -107,6 +107,32 @@ c10::impl::GenericDict extra_dict();
 void save_checkpoint(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                      const TrainState& state, ProcessGroup& pg);
 
+// Collective. The checkpoint as a folder `dir` in which every rank writes
+// the part it owns, all at once (PyTorch's torch.distributed.checkpoint):
+// each optimizer parameter's value and state by one rank (under a
+// ZeroRedundancyOptimizer the rank whose shard holds it, with nothing
+// gathered), buffers by the least loaded, then a small manifest by rank 0,
+// written last, which makes the save visible; the save before it stays
+// (manifest.prev.pt) and older ones are removed. Each rank's extra memory
+// is a host copy of its own part. `dir` must be one folder every rank
+// writes and, to resume, reads (a shared file system). The optimizers it
+// takes apart are SGD, Adam, AdamW, Adagrad and RMSprop (ZeRO over them
+// too); another is a UsageError: save it with save_checkpoint. load_checkpoint
+// reads it at any world size, each rank only what it keeps;
+// export_checkpoint makes the one file save_checkpoint writes.
+void save_sharded_checkpoint(const std::string& dir, const torch::nn::Module& model,
+                             const torch::optim::Optimizer& optimizer, const TrainState& state, ProcessGroup& pg);
+
+// Not collective, one process: the sharded checkpoint `dir` as the one file
+// save_checkpoint writes (Python's torch.load reads it; a ZeRO optimizer's
+// state whole, as after consolidate_state_dict), written atomically.
+// CheckpointError for a damaged or crafted folder.
+void export_checkpoint(const std::string& dir, const std::string& file);
+
+// How a CheckpointWriter writes: one file by rank 0 (save_checkpoint's), or
+// a folder every rank writes its part into (save_sharded_checkpoint's).
+enum class CheckpointLayout { single_file, sharded };
+
 // save_checkpoint off the training thread (PyTorch's async_save): save()
 // stages the state on rank 0 (copies of the model's tensors and the
 // optimizer's state into host buffers kept from one save to the next,
@@ -126,9 +152,14 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& model, co
 // first, on the training thread (collective). The optimizers staged without
 // serializing are SGD, Adam, AdamW, Adagrad and RMSprop; another is
 // serialized on the training thread.
+//
+// CheckpointLayout::sharded: save(dir, ...) stages this rank's part on every
+// rank, and each rank's thread writes it; rank 0's writes the manifest once
+// every rank's part is on disk (they tell it through the group's store; a
+// group without one tells it at the next save() or wait()).
 class CheckpointWriter {
  public:
-  explicit CheckpointWriter(ProcessGroup& pg);
+  explicit CheckpointWriter(ProcessGroup& pg, CheckpointLayout layout = CheckpointLayout::single_file);
   // Waits for a write still going; a failure is printed, not thrown (call
   // wait() to have it thrown).
   ~CheckpointWriter();
@@ -149,8 +180,12 @@ class CheckpointWriter {
   std::unique_ptr<Impl> impl_;
 };
 
-// Collective. Rank 0 reads `path` (falling back to <name>.prev.pt with a
-// notice if `path` is unreadable) and broadcasts it, so the other ranks need
+// Collective. A folder that save_sharded_checkpoint wrote: each rank reads
+// from its shards what it keeps, straight into its tensors (the model whole;
+// the optimizer's state whole, or under ZeRO its own share at this world
+// size), falling back to the save before it when the newest does not read
+// whole on every rank. A file: rank 0 reads `path` (falling back to
+// <name>.prev.pt with a notice if `path` is unreadable) and broadcasts it, so the other ranks need
 // no shared file system; the returned state's last_checkpoint names the file
 // used. Nothing in the file is run: the optimizer's archive is read as data
 // (ddp::read_archive), and every count is range-checked. Restores the model (prefixes stripped, tensors to
