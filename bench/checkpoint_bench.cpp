@@ -12,31 +12,19 @@
 // per rank, one "save" line per save (the seconds the training thread spent
 // in the call: the stall), a "durable" line (the seconds from the last
 // save's call until wait() returned, with no training between), "load"
-// (seconds), and RSS: resident before the first save or load, its peak
-// after, in MiB. bench/run_checkpoint_bench.py drives it.
+// (seconds), and RSS: resident before the first save or load (and its peak
+// until then: the training steps' own), its peak after, in MiB. bench/run_checkpoint_bench.py drives it.
 #include <chrono>
 #include <iostream>
 #include <string>
 
 #include "ddp/ddp.h"
 #include "ddp/train.h"
+#include "models.h"
 #include "rss.h"
 
 namespace {
 
-struct BigMLPImpl : torch::nn::Module {
-  BigMLPImpl() {
-    for (int i = 0; i < 6; ++i) layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(4096, 4096)));
-    head = register_module("head", torch::nn::Linear(4096, 10));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    for (auto& l : layers) x = torch::relu(l(x));
-    return head(x);
-  }
-  std::vector<torch::nn::Linear> layers;
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(BigMLP);
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -63,7 +51,7 @@ int main(int argc, char** argv) {
     auto pg = ddp::init_process_group(ddp::ProcessGroupOptions().backend("gloo").timeout(std::chrono::minutes(10)));
     const std::string tag = "rank " + std::to_string(pg->rank()) + ": ";
     torch::manual_seed(1);
-    BigMLP net;
+    bench::MLP net(4096);
     ddp::DistributedDataParallel model(net, pg);
     std::unique_ptr<torch::optim::Optimizer> opt;
     if (optimizer == "zero")
@@ -81,7 +69,7 @@ int main(int argc, char** argv) {
     const bool sharded = save.rfind("sharded", 0) == 0;
     ddp::CheckpointWriter writer(*pg, sharded ? ddp::CheckpointLayout::sharded : ddp::CheckpointLayout::single_file);
     const std::string path = dir + (sharded ? "/sharded_" + optimizer : "/" + optimizer + ".pt");
-    long before_saves = -1;
+    long before_saves = -1, peak_before_saves = -1;
     std::chrono::steady_clock::time_point last_save;
     for (int step = 1; step <= steps; ++step) {
       torch::manual_seed(100 + step * 10 + pg->rank());
@@ -90,7 +78,7 @@ int main(int argc, char** argv) {
       opt->step();
       ++state.step;
       if (save == "none" || step % every != 0) continue;
-      if (before_saves < 0) before_saves = bench::current_rss_kb();
+      if (before_saves < 0) before_saves = bench::current_rss_kb(), peak_before_saves = bench::peak_rss_kb();
       last_save = std::chrono::steady_clock::now();
       if (save == "file") ddp::save_checkpoint(path, *net, *opt, state, *pg);
       else if (save == "sharded") ddp::save_sharded_checkpoint(path, *net, *opt, state, *pg);
@@ -100,7 +88,8 @@ int main(int argc, char** argv) {
     if (save != "none") {
       writer.wait();
       std::cout << tag << "durable " << seconds_since(last_save) << " s after the last save's call; RSS "
-                << mib(before_saves) << " MiB before the saves, peak " << mib(bench::peak_rss_kb()) << " MiB"
+                << mib(before_saves) << " MiB before the saves (peak so far " << mib(peak_before_saves) << " MiB), peak "
+                << mib(bench::peak_rss_kb()) << " MiB"
                 << std::endl;
     }
     ddp::destroy_process_group();

@@ -54,14 +54,15 @@ struct D2lLeNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(D2lLeNet);
 
-// About 100 MB of float parameters: 6 x Linear(2048, 2048) (25.2 M) + a head.
+// About 100 MB of float parameters: 6 x Linear(2048, 2048) (25.2 M) + a head;
+// MLP(4096): 100.7 M parameters.
 struct MLPImpl : torch::nn::Module {
   static constexpr int kWidth = 2048;
   static constexpr int kLayers = 6;
-  MLPImpl() {
+  explicit MLPImpl(int width = kWidth) {
     for (int i = 0; i < kLayers; ++i)
-      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(kWidth, kWidth)));
-    head = register_module("head", torch::nn::Linear(kWidth, 10));
+      layers.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(width, width)));
+    head = register_module("head", torch::nn::Linear(width, 10));
   }
   torch::Tensor forward(torch::Tensor x) {
     for (auto& l : layers) x = torch::relu(l(x));

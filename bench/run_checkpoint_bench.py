@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 LINE = re.compile(r"rank (\d+): (save at step \d+: ([\d.]+) s|durable ([\d.]+) s after the last save's call; "
-                  r"RSS ([\d.]+) MiB before the saves, peak ([\d.]+) MiB|load ([\d.]+) s, written by (\d+) ranks; "
+                  r"RSS ([\d.]+) MiB before the saves \(peak so far ([\d.]+) MiB\), peak ([\d.]+) MiB|load ([\d.]+) s, written by (\d+) ranks; "
                   r"RSS ([\d.]+) MiB before, peak ([\d.]+) MiB)")
 
 
@@ -36,10 +36,10 @@ def run(args, world, extra, env):
             rows.append(dict(rank=rank, event="save", seconds=float(m.group(3))))
         elif m.group(4):
             rows.append(dict(rank=rank, event="durable", seconds=float(m.group(4)), rss_before=float(m.group(5)),
-                             rss_peak=float(m.group(6))))
+                             rss_peak_before=float(m.group(6)), rss_peak=float(m.group(7))))
         else:
-            rows.append(dict(rank=rank, event="load", seconds=float(m.group(7)), rss_before=float(m.group(9)),
-                             rss_peak=float(m.group(10)), written_by=int(m.group(8))))
+            rows.append(dict(rank=rank, event="load", seconds=float(m.group(8)), rss_before=float(m.group(10)),
+                             rss_peak=float(m.group(11)), written_by=int(m.group(9))))
     return rows
 
 
@@ -57,8 +57,8 @@ def main():
     args.ddprun = args.ddprun or os.path.join(args.build, "launcher", "ddprun")
     args.bench = args.bench or os.path.join(args.build, "bench", "ddp_bench_checkpoint")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    fields = ["repeat", "optimizer", "mode", "world", "rank", "event", "seconds", "rss_before", "rss_peak",
-              "written_by"]
+    fields = ["repeat", "optimizer", "mode", "world", "rank", "event", "seconds", "rss_before", "rss_peak_before",
+              "rss_peak", "written_by"]
     rows = []
     for repeat in range(1, args.repeats + 1):
         for optimizer in ("plain", "zero"):

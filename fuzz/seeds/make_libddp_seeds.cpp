@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "ddp/train/checkpoint.h"
@@ -37,6 +38,26 @@ int main(int argc, char** argv) {
     fs::copy_file(tmp / "checkpoint.pt", corpus / harness / "ddp-checkpoint.pt", fs::copy_options::overwrite_existing);
     fs::copy_file(tmp / "state_dict.pt", corpus / harness / "ddp-state-dict.pt", fs::copy_options::overwrite_existing);
   }
+  // A sharded checkpoint of the same state, with Adam, as sharded_checkpoint_fuzz cuts its input.
+  torch::optim::Adam adam(model->parameters(), torch::optim::AdamOptions(0.1));
+  adam.step();
+  ddp::save_sharded_checkpoint((tmp / "sharded").string(), *model, adam, state, pg);
+  std::string id;
+  for (const auto& e : fs::directory_iterator(tmp / "sharded"))
+    if (e.path().filename().string().rfind("save-", 0) == 0) id = e.path().filename().string();
+  auto bytes = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto length = [](const std::string& s, int width) {
+    std::string out;
+    for (int i = 0; i < width; ++i) out += static_cast<char>((s.size() >> (8 * i)) & 0xff);
+    return out + s;
+  };
+  const std::string manifest = bytes(tmp / "sharded" / "manifest.pt"), index = bytes(tmp / "sharded" / id / "rank0.pt");
+  fs::create_directories(corpus / "sharded_checkpoint_fuzz");
+  std::ofstream(corpus / "sharded_checkpoint_fuzz" / "ddp-sharded.bin", std::ios::binary)
+      << length(id, 2) << length(manifest, 4) << length(index, 4) << bytes(tmp / "sharded" / id / "rank0.bin");
   fs::remove_all(tmp);
   std::cout << "ok\n";
   return 0;

@@ -229,16 +229,20 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   detail::write_epoch_records(run, m, state.step, groups.empty() ? 0.0 : groups[0].options().get_lr(), state.scaler);
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
   detail::forget_epoch_trained();  // the state says where the next epoch starts
-  if (opts.checkpoint_due(state.epoch)) {
+  if (!opts.checkpoint_due(state.epoch)) return;
+  if (state.writer) {
+    state.writer->save(run.checkpoint_path(), model, optimizer, state);
+    if (state.epoch >= opts.epochs()) state.writer->wait();  // the run's last save is on disk before it ends
+  } else {
     // A rank lost while it is written: the ranks left write it again.
     detail::until_agreed(pg, "the checkpoint", [&] {
       run.follow(pg, state.step);
       save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
       return true;
     });
-    state.last_checkpoint = run.checkpoint_path();
-    state.last_checkpoint_epoch = state.epoch;
   }
+  state.last_checkpoint = run.checkpoint_path();
+  state.last_checkpoint_epoch = state.epoch;
 }
 
 std::string classifier_epoch_line(const TrainEpoch& train, const ClassifierResult& eval) {

@@ -13,6 +13,7 @@
 #include "ddp/train/evaluation.h"
 #include "ddp/train/preemption.h"
 #include "ddp/train/progress.h"
+#include "ddp/train/run_dir.h"
 #include "train/epoch_checks.h"
 #include "train/live_state.h"
 #include "train/recovery_glue.h"
@@ -130,15 +131,21 @@ void EpochRun::before_step() {
   }
   if (s.recoverable && s.recoverable->generation() != s.generation) throw GroupChanged("a rank was lost");
   s.votes_before = g_votes;
-  const int64_t check_every = s.opts.preemption_check_every();
-  if (check_every <= 0 || s.taken % check_every != 0) return;
+  const int64_t check_every = s.opts.preemption_check_every(), save_every = s.opts.checkpoint_every_steps();
+  // --checkpoint-every-steps: after the ranks' check, so that no checkpoint holds a diverged model.
+  const bool save = save_every > 0 && s.taken > 0 && s.state.step % save_every == 0 && s.state.writer &&
+                    s.state.run && s.state.model && s.state.optimizer;
+  if (!save && (check_every <= 0 || s.taken % check_every != 0)) return;
   const bool preempt = s.state.checkpoint_and_stop && preemption_signal_received() != 0;
-  if (s.check(preempt).preempt && s.state.checkpoint_and_stop) {
-    TrainState here = s.state;  // epoch_step and epoch_samples: the steps taken, every one whole
-    here.epoch = s.epoch;
-    here.sampler_epoch = s.epoch;
-    s.state.checkpoint_and_stop(here);
-  }
+  const bool stop = s.check(preempt).preempt && s.state.checkpoint_and_stop;
+  if (!stop && !save) return;
+  TrainState here = s.state;  // epoch_step and epoch_samples: the steps taken, every one whole
+  here.epoch = s.epoch;
+  here.sampler_epoch = s.epoch;
+  if (stop) s.state.checkpoint_and_stop(here);
+  s.state.writer->save(s.state.run->checkpoint_path(), *s.state.model, *s.state.optimizer, here);
+  s.state.last_checkpoint = s.state.run->checkpoint_path();
+  s.state.last_checkpoint_epoch = s.epoch;
 }
 
 void EpochRun::after_step(const at::Tensor& loss, int64_t samples) {

@@ -110,6 +110,8 @@ TrainOptions& TrainOptions::supports(const std::vector<std::string>& names) {
     chosen.insert(n);
   }
   chosen.insert("help");
+  // The kit's epoch loop writes both kinds of checkpoint.
+  if (chosen.count("checkpoint-every")) chosen.insert("checkpoint-every-steps");
   // The run folder's TensorBoard files are the kit's, whatever the program implements.
   chosen.insert("tensorboard");
   chosen.insert("no-tensorboard");

@@ -124,6 +124,10 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
   state.model = &model;
   state.optimizer = &optimizer;
   state.config = opts.to_config();
+  if (recoverable && opts.checkpoint_every_steps() > 0)
+    throw UsageError(rank_tag(pg) + ": --checkpoint-every-steps is not taken under ddprun --recover-in-process, "
+                     "where a lost rank costs one step: checkpoint at epochs' ends (--checkpoint-every)");
+  if (!recoverable) state.writer = std::make_shared<CheckpointWriter>(pg);
   if (opts.tensorboard()) run.open_tensorboard(state.step + 1, state.config);
   if (opts.preemption_check_every() > 0) {
     // SIGUSR1: Slurm's warning. SIGTERM: how ddprun and torchrun stop the
@@ -137,6 +141,7 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
       run.log("preemption warning (" + signal_name(preemption_signal_received()) +
               "): checkpoint after " + position(s) + ", then exit status " +
               std::to_string(kPreemptedExitCode) + " so that the job is requeued");
+      if (s.writer) s.writer->wait();  // the save in flight is on disk first
       save_checkpoint(path, model, optimizer, s, pg);
       throw Preempted(rank_tag(pg) + ": stopped for preemption after " + position(s) + "; " + path +
                       " holds the state, and the requeued job resumes from it");

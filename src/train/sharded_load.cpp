@@ -25,6 +25,7 @@
 #include "param_state_parts.h"
 #include "runtime/unique_fd.h"
 #include "sharded_checkpoint.h"
+#include "state_dict_io.h"
 #include "torch_pickle.h"
 #include "zip_archive.h"
 
@@ -198,37 +199,29 @@ void load_model_part(const Sharded& s, torch::nn::Module& model, std::unordered_
   torch::NoGradGuard no_grad;
   std::vector<std::string> missing, unexpected, shapes;
   const auto state = ddp::state_dict(model);
-  for (const auto& item : state) {
+  for (const auto& item : state) {  // every name and shape checked before anything is read
     auto it = s.tensors.find("model/" + item.key());
-    if (it == s.tensors.end()) { missing.push_back(item.key()); continue; }
-    at::Tensor dst = item.value();
-    if (dst.sizes().vec() != it->second.shape) {
-      shapes.push_back(item.key() + " (" + c10::str(it->second.shape) + " in the checkpoint, " + c10::str(dst.sizes()) +
-                       " in the model)");
-      continue;
-    }
-    if (dst.device().is_cpu() && dst.is_contiguous() && dst.scalar_type() == it->second.dtype) {
-      read_into(s, it->second, dst, files);
-    } else {
-      auto staged = torch::empty(it->second.shape, torch::TensorOptions().dtype(it->second.dtype));
-      read_into(s, it->second, staged, files);
-      dst.copy_(staged);
-    }
+    if (it == s.tensors.end()) missing.push_back(item.key());
+    else if (item.value().sizes().vec() != it->second.shape)
+      shapes.push_back(item.key() + " (file " + c10::str(it->second.shape) + ", model " + c10::str(item.value().sizes()) +
+                       ")");
   }
   for (const auto& [name, e] : s.tensors)
     if (name.rfind("model/", 0) == 0 && !state.contains(name.substr(6))) unexpected.push_back(name.substr(6));
-  if (missing.empty() && unexpected.empty() && shapes.empty()) return;
-  std::string msg = s.manifest_path + ": the checkpoint does not fit this model:";
-  auto list = [&](const char* what, const std::vector<std::string>& names) {
-    if (names.empty()) return;
-    msg += std::string("\n  ") + what + ":";
-    for (size_t i = 0; i < names.size() && i < 10; ++i) msg += " " + names[i];
-    if (names.size() > 10) msg += " ... (" + std::to_string(names.size()) + ")";
-  };
-  list("missing from the checkpoint", missing);
-  list("not in the model", unexpected);
-  list("of another shape", shapes);
-  throw CheckpointError(msg);
+  if (!missing.empty() || !unexpected.empty() || !shapes.empty())
+    throw CheckpointError(misfit_message(s.manifest_path + ": the checkpoint does not fit this model.", missing,
+                                         unexpected, shapes));
+  for (const auto& item : state) {
+    const TensorEntry& e = s.tensors.at("model/" + item.key());
+    at::Tensor dst = item.value();
+    if (dst.device().is_cpu() && dst.is_contiguous() && dst.scalar_type() == e.dtype) {
+      read_into(s, e, dst, files);  // straight into the parameter
+    } else {
+      auto staged = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+      read_into(s, e, staged, files);
+      dst.copy_(staged);
+    }
+  }
 }
 
 using Files = std::unordered_map<size_t, UniqueFd>;

@@ -108,6 +108,24 @@ StateDict strip_module_prefix(const StateDict& state) {
   return out;
 }
 
+namespace detail {
+
+std::string misfit_message(std::string msg, const std::vector<std::string>& missing,
+                           const std::vector<std::string>& unexpected, const std::vector<std::string>& mismatched) {
+  auto list = [&](const char* what, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    msg += std::string("\n  ") + what + ":";
+    for (size_t i = 0; i < names.size() && i < 10; ++i) msg += " " + names[i];
+    if (names.size() > 10) msg += " ... (" + std::to_string(names.size()) + " in all)";
+  };
+  list("missing", missing);
+  list("unexpected", unexpected);
+  list("shape differs", mismatched);
+  return msg + "\n  Is it the checkpoint of another model? (module. prefixes are already stripped.)";
+}
+
+}  // namespace detail
+
 void load_state_dict(torch::nn::Module& module, const StateDict& state_in, bool strict) {
   const StateDict state = strip_module_prefix(state_in);
   auto targets = state_dict(module);
@@ -122,20 +140,9 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state_in, bool 
   }
   for (const auto& s : state)
     if (!targets.contains(s.key())) unexpected.push_back(s.key());
-  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()))) {
-    std::string msg = "load_state_dict: the state does not fit the model.";
-    auto list = [&](const char* what, const std::vector<std::string>& names) {
-      if (names.empty()) return;
-      msg += std::string("\n  ") + what + ":";
-      for (size_t i = 0; i < names.size() && i < 10; ++i) msg += " " + names[i];
-      if (names.size() > 10) msg += " ... (" + std::to_string(names.size()) + " in all)";
-    };
-    list("missing", missing);
-    list("unexpected", unexpected);
-    list("shape differs", mismatched);
-    msg += "\n  Is it the checkpoint of another model? (module. prefixes are already stripped.)";
-    throw CheckpointError(msg);
-  }
+  if (!mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty())))
+    throw CheckpointError(detail::misfit_message("load_state_dict: the state does not fit the model.", missing,
+                                                 unexpected, mismatched));
   torch::NoGradGuard no_grad;
   for (auto& t : targets)
     if (const torch::Tensor* src = state.find(t.key())) t.value().copy_(*src);

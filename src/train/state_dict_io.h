@@ -4,6 +4,9 @@
 
 #include <ATen/core/Dict.h>
 
+#include <string>
+#include <vector>
+
 #include "ddp/train/state_dict.h"
 #include "torch_pickle.h"
 
@@ -13,5 +16,10 @@ namespace ddp::detail {
 bool to_state_dict(const pickle::ValuePtr& v, StateDict& out);
 // A GenericDict of name -> tensor for torch::pickle_save.
 c10::impl::GenericDict to_ivalue(const StateDict& state);
+
+// `msg` and the names that do not fit a model: missing from the state,
+// unexpected in it, of another shape ("name (file [2, 3], model [3, 2])").
+std::string misfit_message(std::string msg, const std::vector<std::string>& missing,
+                           const std::vector<std::string>& unexpected, const std::vector<std::string>& mismatched);
 
 }  // namespace ddp::detail

@@ -103,7 +103,7 @@ DDPOptions TrainOptions::ddp_options() const {
 const std::vector<std::string>& TrainOptions::kit_options() {
   static const std::vector<std::string> names{
       "help", "epochs", "batch-size", "global-batch-size", "lr", "seed", "backend", "bucket-cap-mb", "timeout",
-      "recovery-deadline", "data-dir", "run-dir", "checkpoint-every", "resume", "workers", "limit-batches", "timeline",
+      "recovery-deadline", "data-dir", "run-dir", "checkpoint-every", "checkpoint-every-steps", "resume", "workers", "limit-batches", "timeline",
       "timeline-skew-every", "preemption-check-every", "nonfinite-loss", "amp", "log-samples", "tensorboard",
       "no-tensorboard"};
   return names;
@@ -123,6 +123,7 @@ std::map<std::string, std::string> TrainOptions::to_config() const {
           {"data_dir", data_dir()},
           {"run_dir", run_dir()},
           {"checkpoint_every", std::to_string(checkpoint_every())},
+          {"checkpoint_every_steps", std::to_string(checkpoint_every_steps())},
           {"resume", resume()},
           {"workers", std::to_string(workers())},
           {"limit_batches", std::to_string(limit_batches())},
@@ -198,6 +199,8 @@ void add_kit_options(po::options_description& kit, TrainOptions& o, KitText& tex
        "run folder: metrics.csv, log.txt, checkpoint.pt, model.pt, charts")
     ("checkpoint-every", po::value(&o.checkpoint_every())->default_value(o.checkpoint_every()),
        "write a checkpoint every N epochs (0: only after the last)")
+    ("checkpoint-every-steps", po::value(&o.checkpoint_every_steps())->default_value(o.checkpoint_every_steps()),
+       "also every N optimizer steps, inside epochs (0: off); the kit writes in the background")
     ("resume", po::value(&o.resume())->implicit_value("auto"),
        "continue from a checkpoint file or run folder (alone, or 'auto': --run-dir's checkpoint if there is one, "
        "else a fresh start)")
@@ -270,6 +273,7 @@ void check_values(const po::variables_map& vm, const std::string& amp, TrainOpti
   }
   if (o.workers() < 0) throw UsageError("--workers must be >= 0");
   if (o.checkpoint_every() < 0) throw UsageError("--checkpoint-every must be >= 0");
+  if (o.checkpoint_every_steps() < 0) throw UsageError("--checkpoint-every-steps must be >= 0");
   if (o.preemption_check_every() < 0) throw UsageError("--preemption-check-every must be >= 0");
   if (o.timeout_s() <= 0) throw UsageError("--timeout must be > 0 seconds");
   if (!std::isfinite(o.recovery_deadline_s()) || o.recovery_deadline_s() < 0.1 || o.recovery_deadline_s() > 86400)

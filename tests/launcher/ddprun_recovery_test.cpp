@@ -195,7 +195,8 @@ TEST_P(TwoNodeRecovery, TheWorkersLeftGoOn) {
                              GetParam()});
     nodes.push_back(std::make_unique<Process>(
         argv, Env{{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_ZERO", node_lost ? "1" : "0"}}, dir_));
-    if (node_lost && node == 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    if (node_lost && node == 0)
+      ASSERT_TRUE(listening_within(static_cast<uint16_t>(std::stoi(port)), 30)) << nodes[0]->current_err();
   }
   Result first = nodes[0]->wait(180);
   Result second = nodes[1]->wait(180);
@@ -227,14 +228,16 @@ INSTANTIATE_TEST_SUITE_P(Lost, TwoNodeRecovery, ::testing::Values("kill", "node"
 // committed once, node 0's worker never restarted.
 TEST_F(LauncherTest, ANodeArrivingLaterTakesTheLostNodesPlace) {
   const std::string out = sub("out");
+  const uint16_t port = free_port();
   const std::vector<std::string> flags{
       DDPRUN_BIN, "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-      "127.0.0.1:" + std::to_string(free_port()), "--rdzv-conf",
+      "127.0.0.1:" + std::to_string(port), "--rdzv-conf",
       "last_call_timeout=60,keep_alive_interval=0.5,keep_alive_max_attempt=4", "--nproc-per-node", "1",
       "--recover-in-process", RECOVERY_WORKER_BIN, out, "10", "1", "2", "node"};
   const Env env{{"OMP_NUM_THREADS", "1"}, {"RECOVERY_WORKER_STEP_MS", "1500"}};
   Process first(flags, env, dir_);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // node 0 serves the store
+  // Node 0 serves the store before node 1 starts: the node lost must not be the one that serves it.
+  ASSERT_TRUE(listening_within(port, 30)) << first.current_err();
   Result lost = Process(flags, env, dir_).wait(120);
   EXPECT_EQ(lost.code, 128 + SIGKILL) << lost.err;
   Result late = Process(flags, env, dir_).wait(120);

@@ -134,7 +134,11 @@ TEST_F(StoreDeadline, AnEndpointPortHeldWithoutAListenerIsServedOnceItFrees) {
   auto p = start({"--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                   held.endpoint(), "--rdzv-conf", "join_timeout=30"},
                  {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Freed once ddprun says it waits (a loaded machine starts it slowly).
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(25);
+  while (p->current_err().find("and nothing listens on it; waiting until it frees") == std::string::npos &&
+         std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   held.release();
   Result r = p->wait(kGenerous);
   EXPECT_EQ(r.code, 0) << r.err;

@@ -142,6 +142,24 @@ inline std::vector<std::string> kill_all_children() {
 // share one, and until something listens there a connection to it is refused.
 inline uint16_t free_port() { return ddp::testing::reserved_port(); }
 
+// Whether something listens on 127.0.0.1:port within `seconds` (a ddprun
+// serving its store): a loaded machine starts one slowly.
+inline bool listening_within(uint16_t port, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  do {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (fd >= 0) ::close(fd);
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (std::chrono::steady_clock::now() < until);
+  return false;
+}
+
 inline bool port_listening(uint16_t port) {
   int s = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -207,3 +207,33 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedCheckpoint,
                          [](const auto& info) {
                            return std::to_string(info.param.first) + "to" + std::to_string(info.param.second);
                          });
+
+// --checkpoint-every-steps: a job whose rank is SIGKILLed inside an epoch
+// resumes from the checkpoint the kit wrote in the background at the last
+// multiple of N steps (on disk: the writer finishes it as the survivor
+// unwinds), and ends with the parameters of an uninterrupted run, bitwise.
+TEST(CheckpointEverySteps, AKilledJobResumesInsideTheEpochAndEndsAsAnUninterruptedRun) {
+  const auto dir = ddp::testing::temp_dir("every_steps");
+  auto args = [&](const std::string& run) {
+    return std::vector<std::string>{"train", "--run-dir", run, "--epochs", "2", "--batch-size", "3",
+                                    "--checkpoint-every-steps", "2"};
+  };
+  auto first = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/run"),
+                         {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "first"}, {"STOP_SIGNAL", std::to_string(SIGKILL)},
+                          {"STOP_RANK", "1"}, {"STOP_AT_STEP", "5"}});
+  EXPECT_NE(first[0].exit_code, 0) << describe(first);
+  auto second = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/run"),
+                          {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "second"}, {"TORCHELASTIC_RESTART_COUNT", "1"}});
+  for (auto& r : second) ASSERT_EQ(r.exit_code, 0) << describe(second);
+  auto whole = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/whole"), {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "whole"}});
+  for (auto& r : whole) ASSERT_EQ(r.exit_code, 0) << describe(whole);
+  // Steps 2 and 4 were saved; rank 1 died in step 5: 4 steps of 2 x 3 samples.
+  const std::string log = ddp::testing::read_file(dir + "/run/log.txt");
+  EXPECT_NE(log.find("resumed after 24 of 50 samples of epoch 1"), std::string::npos) << log;
+  for (int r = 0; r < 2; ++r) {
+    const std::string resumed = ddp::testing::read_file(dir + "/run/params." + std::to_string(r));
+    EXPECT_FALSE(resumed.empty());
+    EXPECT_EQ(resumed, ddp::testing::read_file(dir + "/whole/params." + std::to_string(r))) << "rank " << r;
+  }
+  std::filesystem::remove_all(dir);
+}

@@ -38,6 +38,7 @@
 
 namespace ddp {
 
+class CheckpointWriter;
 class RunDir;
 struct TrainOptions;
 
@@ -87,6 +88,11 @@ struct TrainState {
   // what train_epoch hands a rank that joins a recoverable group.
   torch::nn::Module* model = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
+  // Not saved. The kit's background writer (resume_or_start sets it; none
+  // under ddprun --recover-in-process, where the kit writes on the training
+  // thread): end_epoch and --checkpoint-every-steps save through it, and the
+  // preemption checkpoint waits for its last save first.
+  std::shared_ptr<CheckpointWriter> writer;
 };
 
 // An empty str -> any dict for TrainState::extra's nested entries (LibTorch

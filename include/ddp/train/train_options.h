@@ -87,6 +87,9 @@ struct TrainOptions {
   TORCH_ARG(std::string, run_dir) = "runs/run";
   // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.
   TORCH_ARG(int64_t, checkpoint_every) = 1;
+  // Also every N optimizer steps, inside epochs (the position inside the
+  // epoch saved, as a preemption checkpoint's); 0: only at epochs' ends.
+  TORCH_ARG(int64_t, checkpoint_every_steps) = 0;
   // A checkpoint file or a run folder to continue from; "" for a fresh start;
   // "auto" (--resume alone): the run folder's checkpoint if it has one, else
   // a fresh start.
