@@ -125,13 +125,14 @@ std::unique_ptr<OptimizerParamState> state_of_parts(const std::string& kind, con
   const bool known = with_fields(typeid(void), kind, [&](const auto& fields) {
     using State = typename std::decay_t<decltype(fields)>::StateType;
     auto s = std::make_unique<State>();
-    for (const auto& [name, tensor] : parts.tensors) {
+    for (const auto& part : parts.tensors) {
+      const std::string& name = part.first;  // not a structured binding: lambdas capture it (C++17)
       auto it = std::find_if(fields.tensors.begin(), fields.tensors.end(),
                              [&](const auto& f) { return name == f.first; });
       if (it == fields.tensors.end())
         throw CheckpointError(what + ": \"" + name + "\" is no state of a " + kind + " optimizer; a corrupt or "
                               "crafted file?");
-      ((*s).*(it->second.second))(tensor);
+      ((*s).*(it->second.second))(part.second);
     }
     if constexpr (!std::is_same_v<State, SGDParamState>) {
       if (!parts.step) throw CheckpointError(what + ": no step for a " + kind + " optimizer's state; a corrupt file?");
