@@ -15,6 +15,7 @@
 #include "checkpoint_io.h"
 #include "comm/objects/object_exchange.h"
 #include "comm/work_handle.h"
+#include "param_state_parts.h"
 #include "sharded_checkpoint.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 #include "ddp/train/checkpoint.h"
@@ -52,40 +53,6 @@ class StagingBuffers {
 namespace {
 
 using detail::StagingBuffers;
-using torch::optim::OptimizerParamState;
-
-// A copy of one parameter's state for LibTorch's SGD, Adam, AdamW, Adagrad
-// and RMSprop; null for another kind (its optimizer is serialized at once).
-std::unique_ptr<OptimizerParamState> copy_of(const OptimizerParamState& from, StagingBuffers& staging) {
-  using namespace torch::optim;
-  auto c = [&](const at::Tensor& t) { return staging.copy(t); };
-  if (const auto* s = dynamic_cast<const AdamParamState*>(&from)) {
-    auto out = std::make_unique<AdamParamState>(*s);
-    out->exp_avg(c(s->exp_avg())).exp_avg_sq(c(s->exp_avg_sq())).max_exp_avg_sq(c(s->max_exp_avg_sq()));
-    return out;
-  }
-  if (const auto* s = dynamic_cast<const AdamWParamState*>(&from)) {
-    auto out = std::make_unique<AdamWParamState>(*s);
-    out->exp_avg(c(s->exp_avg())).exp_avg_sq(c(s->exp_avg_sq())).max_exp_avg_sq(c(s->max_exp_avg_sq()));
-    return out;
-  }
-  if (const auto* s = dynamic_cast<const SGDParamState*>(&from)) {
-    auto out = std::make_unique<SGDParamState>(*s);
-    out->momentum_buffer(c(s->momentum_buffer()));
-    return out;
-  }
-  if (const auto* s = dynamic_cast<const AdagradParamState*>(&from)) {
-    auto out = std::make_unique<AdagradParamState>(*s);
-    out->sum(c(s->sum()));
-    return out;
-  }
-  if (const auto* s = dynamic_cast<const RMSpropParamState*>(&from)) {
-    auto out = std::make_unique<RMSpropParamState>(*s);
-    out->square_avg(c(s->square_avg())).momentum_buffer(c(s->momentum_buffer())).grad_avg(c(s->grad_avg()));
-    return out;
-  }
-  return nullptr;
-}
 
 // The optimizer's archive over staged copies of its state (its options are
 // values already). A ZeRO optimizer's consolidated state is a snapshot of
@@ -101,7 +68,7 @@ void stage_optimizer(const torch::optim::Optimizer& optimizer, StagingBuffers& s
   auto& live = const_cast<torch::optim::Optimizer&>(optimizer).state();
   std::remove_reference_t<decltype(live)> copies;
   for (const auto& [key, state] : live) {
-    auto copy = copy_of(*state, staging);
+    auto copy = detail::copy_state(*state, [&](const at::Tensor& t) { return staging.copy(t); });
     if (!copy) {
       std::ostringstream bytes;
       torch::serialize::OutputArchive now;
