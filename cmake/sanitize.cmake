@@ -18,7 +18,11 @@ if(DDP_SANITIZE)
     # The rest of UBSan stays on.
     -fno-sanitize=vptr
     -fno-omit-frame-pointer)
-  add_compile_options(${DDP_SANITIZE_FLAGS} -g)
+  # Line tables (with inlined frames) are what a report's file:line needs;
+  # full debug info of LibTorch's templates made the build slower.
+  string(REPLACE " -g" " -gline-tables-only" CMAKE_CXX_FLAGS_RELWITHDEBINFO " ${CMAKE_CXX_FLAGS_RELWITHDEBINFO}")
+  string(STRIP "${CMAKE_CXX_FLAGS_RELWITHDEBINFO}" CMAKE_CXX_FLAGS_RELWITHDEBINFO)
+  add_compile_options(${DDP_SANITIZE_FLAGS} -gline-tables-only)
   add_link_options(${DDP_SANITIZE_FLAGS})
   # What every sanitized test runs with (tests/, fuzz/): LibTorch's own
   # leaks suppressed (cmake/lsan_suppressions.txt says which and why).

@@ -3,7 +3,7 @@
 # (deploy/install-torch2.sh) into ./build-torch2: LibTorch 2.x with CUDA and
 # NCCL on, whether or not this machine has a GPU (GPU tests then skip with
 # their reason). ccache as deploy/build.sh. Extra arguments go to the
-# configure step.
+# configure step; DDP_BUILD_TARGETS="a b" builds only those targets.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-torch2.sh
@@ -18,4 +18,6 @@ if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTorch_ROOT="$prefix" \
     -DDDP_ORACLE_PYTHON="$python" "$@"
 fi
-cmake --build "$build" -j "$jobs"
+targets=()
+for t in ${DDP_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j "$jobs" ${targets[@]+"${targets[@]}"}

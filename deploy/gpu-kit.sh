@@ -27,6 +27,7 @@ programs=(launcher/ddprun launcher/ddprun-store.so bench/ddp_bench_lenet tests/g
 
 pack() {
   local build=${DDP_TORCH2_BUILD_DIR:-build-torch2}
+  deploy/build-torch2.sh  # everything, the benchmark among it (the test command builds no benchmark)
   rm -rf "$kit"
   mkdir -p "$kit/build-torch2" "$kit/lib" "$kit/lib-std" "$kit/data"
   for p in "${programs[@]}"; do

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install-deps.sh
 # Only what this job runs: the libraries, ddprun and the example (the tests
-# and benchmarks are run-tests.sh's, which builds everything).
+# are run-tests.sh's).
 DDP_BUILD_TARGETS="ddprun lenet_fmnist" deploy/build.sh
 build=${DDP_BUILD_DIR:-build}
 exec "$build/launcher/ddprun" --nproc-per-node "${DDP_NPROC:-2}" \

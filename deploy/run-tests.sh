@@ -28,8 +28,7 @@ if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
 fi
 trap '[[ -n "$torch2_pid" ]] && kill "$torch2_pid" 2>/dev/null; rm -f "$torch2_log"' EXIT
 # LibTorch 1.13: the test programs and what their tests start; the other
-# examples and the benchmarks compile in the 2.x build below (and here when
-# the main command builds everything).
+# examples compile in the 2.x build below.
 DDP_BUILD_TARGETS=ddp_test_programs step "the LibTorch 1.13 build" deploy/build.sh
 # Four tests at a time, longest first: a 2-core machine stays busy (at -j 2
 # the suite kept 1.6 cores busy; its tests wait on one another's ranks,
@@ -85,7 +84,9 @@ if [[ "${DDP_SKIP_TORCH2:-0}" != 1 ]]; then
   torch2_pid=
   cat "$torch2_log"
   echo "run-tests: the torch 2.x environment was ready $((SECONDS - started)) s after the 1.13 suite"
-  step "the LibTorch 2.x build" deploy/build-torch2.sh
+  # The test programs and what their tests start (every example); the
+  # benchmarks compile where they are run (bench/, deploy/gpu-kit.sh).
+  DDP_BUILD_TARGETS=ddp_test_programs step "the LibTorch 2.x build" deploy/build-torch2.sh
   step "its tests" suite "${DDP_TORCH2_BUILD_DIR:-build-torch2}" -LE 'cluster|torch_free'
 else
   echo "run-tests: DDP_SKIP_TORCH2=1: not building and testing against LibTorch 2.x (CI does), nor the end_to_end tests"

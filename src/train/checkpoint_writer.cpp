@@ -17,39 +17,11 @@
 #include "comm/work_handle.h"
 #include "param_state_parts.h"
 #include "sharded_checkpoint.h"
+#include "staging_buffers.h"
 #include "ddp/optim/zero_redundancy_optimizer.h"
 #include "ddp/train/checkpoint.h"
 
 namespace ddp {
-namespace detail {
-
-// Host copies: the i-th tensor staged goes to the i-th buffer when that has
-// its shape and dtype, so that a run's saves allocate once; page-locked for
-// a GPU's tensors, copied without blocking (synchronized before the write).
-class StagingBuffers {
- public:
-  void restart() { next_ = 0; }
-  at::Tensor copy(const at::Tensor& t) {
-    if (!t.defined()) return t;
-    if (next_ == buffers_.size()) buffers_.emplace_back();
-    at::Tensor& buffer = buffers_[next_++];
-    if (!buffer.defined() || buffer.sizes() != t.sizes() || buffer.scalar_type() != t.scalar_type()) {
-      auto options = t.options().device(torch::kCPU).requires_grad(false);
-      buffer = torch::empty(t.sizes(), t.is_cuda() ? options.pinned_memory(true) : options);
-    }
-    buffer.copy_(t.detach(), /*non_blocking=*/t.is_cuda());
-    from_gpu = from_gpu || t.is_cuda();
-    return buffer;
-  }
-  bool from_gpu = false;  // a copy may still be on its way
-
- private:
-  std::vector<at::Tensor> buffers_;
-  size_t next_ = 0;
-};
-
-}  // namespace detail
-
 namespace {
 
 using detail::StagingBuffers;
@@ -109,7 +81,8 @@ struct CheckpointWriter::Impl {
 
   void save_sharded(const std::string& path, const torch::nn::Module& model, const torch::optim::Optimizer& optimizer,
                     const TrainState& state);
-  void finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store);
+  void finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store,
+                      const std::function<void()>& copied);
 };
 
 namespace {
@@ -143,8 +116,15 @@ std::vector<std::string> statuses_through_store(c10d::Store& store, const detail
 
 }  // namespace
 
-void CheckpointWriter::Impl::finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store) {
-  const std::string status = detail::write_shard(save);
+void CheckpointWriter::Impl::finish_sharded(const detail::ShardedSave& save, const std::shared_ptr<StoreHandle>& store,
+                                            const std::function<void()>& copied) {
+  std::string status;
+  try {
+    copied();
+    status = detail::write_shard(save);
+  } catch (const std::exception& e) {
+    status = std::string("error: copying its part to host memory: ") + e.what();
+  }
   if (!store) {
     pending_status = status;
     if (status.rfind("error: ", 0) == 0) error = status.substr(7);
@@ -162,15 +142,14 @@ void CheckpointWriter::Impl::finish_sharded(const detail::ShardedSave& save, con
 void CheckpointWriter::Impl::save_sharded(const std::string& dir, const torch::nn::Module& model,
                                           const torch::optim::Optimizer& optimizer, const TrainState& state) {
   staging.restart();
-  staging.from_gpu = false;
   auto save = detail::stage_sharded(dir, model, optimizer, state, pg, [this](const at::Tensor& t) {
     return staging.copy(t);
   });
   path = dir;
-  if (staging.from_gpu) torch::cuda::synchronize();
+  auto copied = staging.seal();
   auto store = pg.store();
   if (!store) pending_save = save;
-  thread = std::thread([this, save = std::move(save), store] { finish_sharded(save, store); });
+  thread = std::thread([this, save = std::move(save), store, copied] { finish_sharded(save, store, copied); });
 }
 
 CheckpointWriter::CheckpointWriter(ProcessGroup& pg, CheckpointLayout layout)
@@ -238,9 +217,10 @@ void CheckpointWriter::save(const std::string& path, const torch::nn::Module& mo
     parts.scaler = state.scaler ? state.scaler->state_dict() : std::nullopt;
     parts.world_size = s.pg.size();
     for (const auto& t : all_rng) parts.rng.push_back(t.cpu());
-    if (s.staging.from_gpu) torch::cuda::synchronize();
-    s.thread = std::thread([&s, path, parts = std::move(parts)] {
+    auto copied = s.staging.seal();
+    s.thread = std::thread([&s, path, parts = std::move(parts), copied] {
       try {
+        copied();
         detail::write_checkpoint_file(path, detail::pickle_checkpoint(parts));
       } catch (const std::exception& e) {
         s.error = e.what();

@@ -2,10 +2,10 @@
 // over Gloo, on a stream of the user's, from pinned memory), SyncBatchNorm
 // on CUDA against torch.nn.SyncBatchNorm, float16 autocast with the
 // GradScaler's CUDA kernels against PyTorch's, ddp::dist over NCCL against
-// torch.distributed's. They build in every build and
-// skip, saying why, where this build's LibTorch has no CUDA or no GPU is
-// visible; where one is, each runs real ranks (ddp_gpu_worker) and checks
-// what its comment says. The PyTorch oracle is DDP_ORACLE_PYTHON (the
+// torch.distributed's, the background checkpoint writer's side-stream
+// copies. They are built where LibTorch has CUDA and skip, saying why, where
+// no GPU is visible; where one is, each runs real ranks (ddp_gpu_worker) and
+// checks what its comment says. The PyTorch oracle is DDP_ORACLE_PYTHON (the
 // environment's, else the one configured), with a CUDA torch.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -174,6 +174,21 @@ TEST(GpuReducer, SideStreamAndPinnedCopies) {
   expect_all_ok(run_worker(std::min(gpu_count(), 2),
                            {"reducer_gradients", "--backend", "nccl", "--side-stream", "1", "--pinned", "1"}));
   expect_all_ok(run_worker(2, {"reducer_gradients", "--backend", "gloo", "--side-stream", "1", "--pinned", "1"}));
+}
+
+// The background checkpoint writer with CUDA parameters and Adam state,
+// one file and sharded: the state is copied to pinned host memory on a side
+// stream while the next steps run, and what loads back is the state at
+// save(), bit for bit. One rank over NCCL; two over Gloo (one GPU may hold
+// both), so that the sharded save splits the state between them.
+TEST(GpuCheckpoint, BackgroundSaveHoldsTheStateAtSave) {
+  SKIP_WITHOUT_GPU();
+  for (const auto& [world, backend] : std::vector<std::pair<int, std::string>>{{1, "nccl"}, {2, "gloo"}}) {
+    char tmpl[] = "/tmp/ddp_gpu_ckpt_XXXXXX";
+    const std::string dir = ::mkdtemp(tmpl);
+    expect_all_ok(run_worker(world, {"checkpoint_async", "--backend", backend, "--dir", dir}));
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // SyncBatchNorm on CUDA under DDP, two ranks over Gloo, 3 steps: the

@@ -307,6 +307,12 @@ int recovery_nccl() {
 
 }  // namespace
 
+#ifdef DDP_WITH_CUDA
+namespace ddp_gpu {
+int checkpoint_async(ddp::ProcessGroup& pg, const torch::Device& device, const std::string& dir);  // gpu_checkpoint.cpp
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: ddp_gpu_worker SCENARIO [--flag value]...\n";
@@ -331,6 +337,8 @@ int main(int argc, char** argv) {
     else if (scenario == "reducer_gradients") rc = reducer_gradients(*pg, pg, flags);
     else if (scenario == "syncbn_parity") rc = syncbn_parity(*pg, pg);
     else if (scenario == "amp_parity") rc = amp_parity(*pg, pg);
+    else if (scenario == "checkpoint_async")
+      rc = ddp_gpu::checkpoint_async(*pg, cuda_device(*pg), flag(flags, "--dir", "."));
     else std::cerr << "ddp_gpu_worker: unknown scenario " << scenario << "\n";
     torch::cuda::synchronize();
     pg->barrier();

@@ -52,12 +52,14 @@ torch_root=$(sed -n 's/^Torch_ROOT:[A-Z]*=//p' "$build/CMakeCache.txt")
 torch_args=()
 [[ -n "$torch_root" ]] && torch_args=(-DTorch_ROOT="$torch_root")
 configure() {  # configure DIR [cmake args...]
-  local dir=$1; shift
+  local dir=$1 started=$SECONDS; shift
   cmake -S "$work/$dir" -B "$work/build-$dir" -DCMAKE_PREFIX_PATH="$prefix" "${torch_args[@]}" \
     -DCMAKE_CXX_COMPILER_LAUNCHER="$launcher" "$@" >"$work/$dir.log" 2>&1 ||
     { cat "$work/$dir.log"; echo "configuring $dir failed"; exit 1; }
+  local configured=$SECONDS
   cmake --build "$work/build-$dir" -j 2 >>"$work/$dir.log" 2>&1 ||
     { cat "$work/$dir.log"; echo "building $dir failed"; exit 1; }
+  echo "$dir: configured in $((configured - started)) s, built in $((SECONDS - configured)) s"
 }
 # The README's snippet is the consumer's main.cpp (after its opening comment),
 # so it compiles as it is without a program of its own.

@@ -1,7 +1,7 @@
 // The store client that ddprun's rendezvous and the workers share
 // (src/comm/store): a Deadline ends a call that a silent store holds, and a
 // connection leaves no thread of c10d's behind that a lost server could set
-// spinning or end the process from.
+// spinning or end the process from, even one lost while it connects.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -165,6 +165,40 @@ TEST(StoreClient, AResetByALostServerLeavesTheProcessRunning) {
   for (int fd : {connected[0], connected[1], reset[0], reset[1]}) ::close(fd);
   ASSERT_TRUE(WIFEXITED(status)) << "the client's process ended by signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "3: it could not connect";
+}
+
+// The same reset while the client is being constructed: the server's kernel
+// resets each connection the moment it is made (a host whose server dies
+// as it accepts, as a node's ddprun acknowledging the end of a round to a
+// store host being killed saw). 1.13's watchKey() thread then reads the
+// reset before the construction has returned; it must have been stopped
+// before it ran (stopped_pipes.h), or the process ends from it.
+TEST(StoreClient, AResetDuringTheConnectionLeavesTheProcessRunning) {
+  if (TORCH_VERSION_MAJOR >= 2)
+    GTEST_SKIP() << "LibTorch 2.x's client has no watchKey() thread, and its constructor waits for the "
+                    "server's answer, which this listener never gives";
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    SilentListener lost;
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      try {
+        auto c = ddp::store_client::connect("127.0.0.1", client_options(lost.port(), std::chrono::seconds(5)),
+                                            std::chrono::seconds(5));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        ::_exit(0);
+      } catch (const std::exception&) {
+        ::_exit(3);
+      }
+    }
+    lost.reset_next();  // the client's connection
+    lost.reset_next();  // and its watchKey() thread's, as it starts
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status)) << "attempt " << attempt << ": the client's process ended by signal "
+                                   << WTERMSIG(status);
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "3: it could not connect";
+  }
 }
 
 }  // namespace

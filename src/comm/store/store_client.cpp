@@ -6,18 +6,22 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 
 #include "comm/c10d_compat.h"
 #include "comm/store/store_deadline.h"
+#include "comm/store/stopped_pipes.h"
 
 namespace ddp::store_client {
 namespace {
 
-// Ends 1.13's watchKey() thread (c10d_compat.h) as its destructor would: one
-// byte on its control pipe, the only pipe the construction opened, and the
-// thread leaves its loop; the destructor's own byte and join still work.
-// Nothing of libddp's or ddprun's calls watchKey(). Another thread's pipe
-// made meanwhile would make two: then nothing is written.
+// Where pipe() is not interposed (stopped_pipes.h), ends 1.13's watchKey()
+// thread after the construction as its destructor would: one byte on its
+// control pipe, the only pipe the construction opened, and the thread
+// leaves its loop; the destructor's own byte and join still work. Another
+// thread's pipe made meanwhile would make two: then nothing is written. A
+// reset arriving before the byte still ends the process: the interposed
+// pipe() leaves no such moment.
 void stop_callback_thread(const store_deadline::Sockets& pipes_before) {
   const auto made = store_deadline::opened_since(pipes_before, "pipe:");
   int write_end = -1;
@@ -46,16 +50,20 @@ Connection connect(const std::string& host, const c10d::TCPStoreOptions& opts, s
   // ping (2.x) that a silent server never answers.
   construct.timeout = within;
   Connection out;
+  int stopped = 0;
   {
     store_deadline::Deadline deadline(store_deadline::Clock::now() + within, {}, stop);
+    std::optional<stopped_pipes::StoppedPipes> stopping;
+    if (compat::kStoreClientHasCallbackThread) stopping.emplace();
     out.store = c10::make_intrusive<c10d::TCPStore>(host, construct);
+    if (stopping) stopped = stopping->made();
     if (deadline.ended() != store_deadline::Ended::No) {
       // Constructed just as the deadline shut its sockets down: unusable.
       throw std::runtime_error("no answer from the store at " + host + ":" + std::to_string(opts.port) +
                                " while connecting");
     }
   }
-  if (compat::kStoreClientHasCallbackThread) stop_callback_thread(pipes_before);
+  if (compat::kStoreClientHasCallbackThread && stopped == 0) stop_callback_thread(pipes_before);
   out.store->setTimeout(opts.timeout);
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(opts.timeout).count();
   timeval tv{};
