@@ -11,7 +11,9 @@
 namespace ddp::stopped_pipes {
 namespace {
 
-thread_local int* t_made = nullptr;  // the innermost StoppedPipes' count
+// The innermost StoppedPipes' count. In ddprun, its store module constructs
+// StoppedPipes through the executable's exports, so this is the executable's.
+thread_local int* t_made = nullptr;
 
 }  // namespace
 
@@ -19,17 +21,13 @@ StoppedPipes::StoppedPipes() : outer_(t_made) { t_made = &made_; }
 
 StoppedPipes::~StoppedPipes() { t_made = outer_; }
 
-// For pipe() below (not in the anonymous namespace: ddprun's store module
-// reaches the executable's through its exports).
-int* thread_count() { return t_made; }
-
 }  // namespace ddp::stopped_pipes
 
 #ifdef DDP_INTERPOSE_PIPE
 // Not in any namespace: it replaces the C library's for this process.
 extern "C" int pipe(int fds[2]) noexcept {
   const int rc = static_cast<int>(::syscall(SYS_pipe2, fds, 0));
-  if (int* made = ddp::stopped_pipes::thread_count(); rc == 0 && made) {
+  if (int* made = ddp::stopped_pipes::t_made; rc == 0 && made) {
     const char stop = 0;
     const int saved = errno;
     while (::write(fds[1], &stop, 1) < 0 && errno == EINTR) {
