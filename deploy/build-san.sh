@@ -17,8 +17,8 @@ source deploy/ccache-env.sh
 export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 if [[ ! -f "$build/CMakeCache.txt" || $# -gt 0 ]]; then
   # RelWithDebInfo, made -O1 with line tables by cmake/sanitize.cmake: the
-  # lines of a sanitizer's report named at the least compile time. No examples, benchmarks or mpi backend: nothing
-  # sanitized runs them.
+  # lines of a sanitizer's report named at the least compile time. No
+  # examples, benchmarks or mpi backend: nothing sanitized runs them.
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DDDP_SANITIZE=ON -DDDP_FUZZ=ON -DDDP_BUILD_EXAMPLES=OFF -DDDP_BUILD_BENCH=OFF -DDDP_WITH_MPI=OFF "$@"
 fi
