@@ -461,7 +461,8 @@ TrainState load_checkpoint(
     const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config) {
   // Rank 0 decides what `path` is: a rank that cannot see the folder then
   // says so instead of reading something else.
-  if (detail::broadcast_flag(pg, pg.rank() == 0 && detail::is_sharded_checkpoint(path), 0))
+  if (detail::broadcast_flag(
+          pg, pg.rank() == 0 && (detail::is_sharded_checkpoint(path) || detail::is_sharded_manifest(path)), 0))
     return detail::load_sharded(path, model, optimizer, pg, scaler, check_config);
   // Rank 0 reads (and checks) the file, then everyone gets its bytes.
   std::vector<char> bytes;

@@ -166,6 +166,8 @@ CheckpointWriter::~CheckpointWriter() {
 
 bool CheckpointWriter::busy() const { return !impl_->path.empty(); }
 
+CheckpointLayout CheckpointWriter::layout() const { return impl_->layout; }
+
 void CheckpointWriter::wait() {
   Impl& s = *impl_;
   if (s.path.empty()) return;

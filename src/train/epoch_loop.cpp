@@ -2,6 +2,7 @@
 #include "ddp/comm/recovery.h"
 
 #include "train/epoch_checks.h"
+#include "train/kit_checkpoint.h"
 #include "train/recovery_glue.h"
 #include "train/run_tensorboard.h"
 
@@ -230,18 +231,19 @@ void end_epoch(int64_t epoch, const TrainEpoch& train, double test_loss, double 
   run.log("epoch " + std::to_string(state.epoch) + ": " + line);
   detail::forget_epoch_trained();  // the state says where the next epoch starts
   if (!opts.checkpoint_due(state.epoch)) return;
+  const std::string path = detail::kit_checkpoint_path(run, state);
   if (state.writer) {
-    state.writer->save(run.checkpoint_path(), model, optimizer, state);
+    state.writer->save(path, model, optimizer, state);
     if (state.epoch >= opts.epochs()) state.writer->wait();  // the run's last save is on disk before it ends
   } else {
     // A rank lost while it is written: the ranks left write it again.
     detail::until_agreed(pg, "the checkpoint", [&] {
       run.follow(pg, state.step);
-      save_checkpoint(run.checkpoint_path(), model, optimizer, state, pg);
+      save_checkpoint(path, model, optimizer, state, pg);
       return true;
     });
   }
-  state.last_checkpoint = run.checkpoint_path();
+  state.last_checkpoint = path;
   state.last_checkpoint_epoch = state.epoch;
 }
 

@@ -15,6 +15,7 @@
 #include "ddp/train/progress.h"
 #include "ddp/train/run_dir.h"
 #include "train/epoch_checks.h"
+#include "train/kit_checkpoint.h"
 #include "train/live_state.h"
 #include "train/recovery_glue.h"
 #include "train/run_tensorboard.h"
@@ -143,8 +144,9 @@ void EpochRun::before_step() {
   here.epoch = s.epoch;
   here.sampler_epoch = s.epoch;
   if (stop) s.state.checkpoint_and_stop(here);
-  s.state.writer->save(s.state.run->checkpoint_path(), *s.state.model, *s.state.optimizer, here);
-  s.state.last_checkpoint = s.state.run->checkpoint_path();
+  const std::string path = kit_checkpoint_path(*s.state.run, s.state);
+  s.state.writer->save(path, *s.state.model, *s.state.optimizer, here);
+  s.state.last_checkpoint = path;
   s.state.last_checkpoint_epoch = s.epoch;
 }
 

@@ -16,6 +16,7 @@
 #include "ddp/train/run_dir.h"
 #include "ddp/train/train_options.h"
 #include "runtime/parse_number.h"
+#include "train/kit_checkpoint.h"
 #include "train/live_state.h"
 
 namespace ddp {
@@ -33,15 +34,6 @@ std::string restart_reason() {
 }
 
 namespace {
-
-// Collective: whether the run folder holds a checkpoint or its previous one
-// (rank 0 looks: the others may not share its disk).
-bool run_has_checkpoint(RunDir& run, ProcessGroup& pg) {
-  const std::string path = run.checkpoint_path();
-  const bool here = pg.rank() == 0 && (std::filesystem::exists(path) ||
-                                       std::filesystem::exists(previous_checkpoint_path(path)));
-  return detail::broadcast_flag(pg, here, 0);
-}
 
 // What rank 0 knows of the stop request: its own signal, or that another rank got one.
 std::string signal_name(int signo) {
@@ -79,15 +71,19 @@ TrainState join_running_group(RecoverableGroup& group, RunDir& run, torch::nn::M
 TrainState start_or_load(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
                          torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler) {
   TrainState state;
-  std::string from = opts.resume_path();
+  // Rank 0's view of what --resume names: the others may not share its disk.
+  std::string from = opts.resume().empty() ? "" : detail::broadcast_bytes(pg, opts.resume_path(), 0);
   std::string why;
   // A requeued or restarted job continues from its own checkpoint, if it got
   // as far as writing one; so does --resume auto, which otherwise starts fresh.
   const std::string restart = restart_reason();
   const bool auto_resume = opts.resume() == "auto";
   if (!restart.empty() || auto_resume) {
-    if (run_has_checkpoint(run, pg)) {
-      from = run.checkpoint_path();
+    // The run folder's newest checkpoint, as rank 0 sees it: the others may not share its disk.
+    std::string found =
+        detail::broadcast_bytes(pg, pg.rank() == 0 ? detail::newest_checkpoint(run.path()) : std::string(), 0);
+    if (!found.empty()) {
+      from = std::move(found);
       if (!restart.empty()) why = " (" + restart + ": the job was requeued, restarted or rescaled)";
     } else if (auto_resume) {
       from.clear();
@@ -127,7 +123,7 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
   if (recoverable && opts.checkpoint_every_steps() > 0)
     throw UsageError(rank_tag(pg) + ": --checkpoint-every-steps is not taken under ddprun --recover-in-process, "
                      "where a lost rank costs one step: checkpoint at epochs' ends (--checkpoint-every)");
-  if (!recoverable) state.writer = std::make_shared<CheckpointWriter>(pg);
+  if (!recoverable) state.writer = std::make_shared<CheckpointWriter>(pg, detail::kit_layout(run, optimizer, pg));
   if (opts.tensorboard()) run.open_tensorboard(state.step + 1, state.config);
   if (opts.preemption_check_every() > 0) {
     // SIGUSR1: Slurm's warning. SIGTERM: how ddprun and torchrun stop the
@@ -136,13 +132,17 @@ TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Mod
     // is saved at the next agreed step instead of lost.
     watch_preemption_signal(SIGUSR1);
     watch_preemption_signal(SIGTERM);
-    const std::string path = run.checkpoint_path();
-    state.checkpoint_and_stop = [&run, &model, &optimizer, &pg, path](const TrainState& s) {
+    state.checkpoint_and_stop = [&run, &model, &optimizer, &pg](const TrainState& s) {
+      const std::string path = detail::kit_checkpoint_path(run, s);
       run.log("preemption warning (" + signal_name(preemption_signal_received()) +
               "): checkpoint after " + position(s) + ", then exit status " +
               std::to_string(kPreemptedExitCode) + " so that the job is requeued");
-      if (s.writer) s.writer->wait();  // the save in flight is on disk first
-      save_checkpoint(path, model, optimizer, s, pg);
+      if (s.writer) {  // after the save in flight, which save() waits for
+        s.writer->save(path, model, optimizer, s);
+        s.writer->wait();
+      } else {
+        save_checkpoint(path, model, optimizer, s, pg);
+      }
       throw Preempted(rank_tag(pg) + ": stopped for preemption after " + position(s) + "; " + path +
                       " holds the state, and the requeued job resumes from it");
     };

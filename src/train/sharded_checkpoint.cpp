@@ -247,10 +247,14 @@ void write_manifest(const ShardedSave& save, const std::vector<std::string>& sta
     std::string word;
     int64_t bytes = -1, crc = -1;
     in >> word >> bytes >> crc;
-    if (word != "ok" || bytes < 0 || crc < 0)
+    if (word != "ok" || bytes < 0 || crc < 0) {
+      // Every part is in (or failed): what this save wrote goes, freeing the room it took.
+      std::error_code ec;
+      std::filesystem::remove_all(save.dir + "/" + save.id, ec);
       throw CheckpointError("rank " + std::to_string(r) + " could not write its part of the checkpoint " + save.dir +
                             ": " + (statuses[r].rfind("error: ", 0) == 0 ? statuses[r].substr(7) : statuses[r]) +
                             "; the checkpoint before this one stands");
+    }
     c10::impl::GenericDict shard(c10::StringType::get(), c10::AnyType::get());
     shard.insert("index", save.id + "/rank" + std::to_string(r) + ".pt");
     shard.insert("bytes", bytes);
@@ -275,6 +279,16 @@ void write_manifest(const ShardedSave& save, const std::vector<std::string>& sta
   replace_with_temporary(path);
   if (kept_id.empty()) why_not_whole_sharded(save.dir, "manifest.prev.pt", &kept_id);
   remove_stale_saves(save.dir, save.id, kept_id);
+}
+
+bool is_sharded_manifest(const std::string& path) {
+  const std::filesystem::path p(path);
+  if (p.filename() != kManifest && p.filename() != "manifest.prev.pt") return false;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(p, ec)) return false;
+  for (std::filesystem::directory_iterator it(p.parent_path(), ec), end; !ec && it != end; it.increment(ec))
+    if (it->path().filename().string().rfind("save-", 0) == 0 && it->is_directory(ec)) return true;
+  return false;
 }
 
 bool is_sharded_checkpoint(const std::string& path) {

@@ -85,10 +85,16 @@ std::string why_not_whole_sharded(const std::string& dir, const std::string& man
 
 // Whether `path` is a sharded checkpoint's folder (it holds a manifest).
 bool is_sharded_checkpoint(const std::string& path);
+// Whether `path` is one of the manifests (manifest.pt, manifest.prev.pt) of
+// a sharded checkpoint's folder (one with a save-* folder beside them): to
+// load that save alone, as one names checkpoint.prev.pt.
+bool is_sharded_manifest(const std::string& path);
 
-// Collective: load_checkpoint for a folder.
+// Collective: load_checkpoint for a folder (its newest save that every rank
+// reads whole, else the one before it) or for one of its manifests (that
+// save only).
 TrainState load_sharded(
-    const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
+    const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
     GradScaler* scaler,
     const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config);
 

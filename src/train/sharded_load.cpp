@@ -288,6 +288,23 @@ void load_optimizer_part(const Sharded& s, torch::optim::Optimizer& optimizer, t
   }
 }
 
+// The save of the manifest `only`, which every rank must read whole.
+Sharded the_save(const std::string& dir, const std::string& only, ProcessGroup& pg) {
+  std::optional<Sharded> s;
+  std::string why;
+  try {
+    s = read_sharded(dir, only);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (any_rank(pg, !s))
+    throw CheckpointError(rank_tag(pg) + ": cannot resume from " + dir + "/" + only + ": " +
+                          (why.empty() ? "another rank cannot read it (its log says why)" : why) +
+                          ". A sharded checkpoint is read by every rank: its folder must be one they all see (a "
+                          "shared file system)");
+  return std::move(*s);
+}
+
 // The newest save every rank reads whole, else the one before it.
 Sharded choose_save(const std::string& dir, ProcessGroup& pg) {
   std::optional<Sharded> s;
@@ -329,15 +346,18 @@ std::string why_not_whole_sharded(const std::string& dir, const std::string& man
 }
 
 TrainState load_sharded(
-    const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
+    const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
     GradScaler* scaler,
     const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config) {
-  const Sharded s = choose_save(dir, pg);
+  const bool one = broadcast_flag(pg, pg.rank() == 0 && is_sharded_manifest(path), 0);  // as load_checkpoint decided
+  const std::string folder = one ? std::filesystem::path(path).parent_path().string() : path;
+  const Sharded s = one ? the_save(folder, std::filesystem::path(path).filename().string(), pg)
+                        : choose_save(folder, pg);
   const std::string& used = s.manifest_path;
   TrainState state = read_position(s.root, used);
-  state.last_checkpoint = dir;
+  state.last_checkpoint = path;
   state.scaler = scaler;
-  if (check_config) check_config(state.config, used);
+  if (check_config) check_config(state.config, path);
   state.extra = extra_from_pickle(s.root->get("extra"), used);
   std::string error;
   try {
@@ -356,12 +376,12 @@ TrainState load_sharded(
   }
   if (any_rank(pg, !error.empty()))
     throw CheckpointError(rank_tag(pg) + ": " +
-                          (error.empty() ? "another rank could not load its part of " + dir + "; its log says why"
+                          (error.empty() ? "another rank could not load its part of " + path + "; its log says why"
                                          : error));
   if (scaler && scaler->is_enabled()) load_scaler(s.root, used, *scaler, pg);
   load_rng_state(s.root, used, state.world_size, pg);
   if (state.world_size != pg.size() && pg.rank() == 0)
-    std::cout << "notice: " << dir << " was written by " << state.world_size << " ranks; resuming with " << pg.size()
+    std::cout << "notice: " << path << " was written by " << state.world_size << " ranks; resuming with " << pg.size()
               << ": each rank read its part of the state from the shards (a ZeRO optimizer its new share); the data "
               << "position carries over exactly; random streams are reused round-robin." << std::endl;
   return state;

@@ -3,6 +3,8 @@
 #include "ddp/comm/recovery.h"
 #include "ddp/runtime/launch_env.h"
 #include "ddp/train/checkpoint.h"
+#include "train/kit_checkpoint.h"
+#include "train/sharded_checkpoint.h"
 #include "program_options.h"
 #include "runtime/parse_number.h"
 
@@ -57,13 +59,14 @@ int64_t TrainOptions::per_process_batch(const ProcessGroup& pg) const {
 
 std::string TrainOptions::resume_path() const {
   if (resume().empty()) return "";
-  if (resume() == "auto") return (std::filesystem::path(run_dir()) / "checkpoint.pt").string();
-  const std::string& where = resume();
-  // A folder: a sharded checkpoint's own (it holds a manifest), else a run
-  // folder, whose checkpoint.pt is meant.
-  if (std::filesystem::is_directory(where) && !std::filesystem::exists(std::filesystem::path(where) / "manifest.pt") &&
-      !std::filesystem::exists(std::filesystem::path(where) / "manifest.prev.pt"))
-    return (std::filesystem::path(where) / "checkpoint.pt").string();
+  // A run folder (--resume alone: this run's) means its newest checkpoint,
+  // the one file or the sharded folder; a sharded checkpoint's own folder
+  // (it holds a manifest) itself.
+  const std::string where = resume() == "auto" ? run_dir() : resume();
+  if (resume() == "auto" || (std::filesystem::is_directory(where) && !detail::is_sharded_checkpoint(where))) {
+    const std::string newest = detail::newest_checkpoint(where);
+    return newest.empty() ? (std::filesystem::path(where) / "checkpoint.pt").string() : newest;
+  }
   return where;
 }
 

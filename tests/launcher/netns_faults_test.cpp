@@ -53,7 +53,7 @@ class NetnsFaults : public NetnsHostsTest {
   }
   // Waits for the first checkpoint, then takes the link down; the time it went down.
   std::chrono::steady_clock::time_point cut_after_first_checkpoint() {
-    EXPECT_TRUE(wait_for([&] { return fs::exists(run_dir() + "/checkpoint.pt"); }, 180)) << "no checkpoint";
+    EXPECT_TRUE(wait_for([&] { return fs::exists(run_dir() + "/checkpoint/manifest.pt"); }, 180)) << "no checkpoint";
     EXPECT_TRUE(link(false));
     return std::chrono::steady_clock::now();
   }
@@ -99,7 +99,7 @@ TEST_F(NetnsFaults, WithRestartsTheJobResumesOnceTheLinkIsBack) {
   EXPECT_EQ(a.code, 0) << a.out << a.err;
   EXPECT_EQ(b.code, 0) << b.out << b.err;
   const std::string both = a.out + a.err + b.out + b.err;
-  EXPECT_NE(both.find("resumed from " + run_dir() + "/checkpoint.pt after epoch"), std::string::npos) << both;
+  EXPECT_NE(both.find("resumed from " + run_dir() + "/checkpoint after epoch"), std::string::npos) << both;
   EXPECT_TRUE(fs::exists(run_dir() + "/model.pt"));
 }
 

@@ -209,31 +209,54 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShardedCheckpoint,
                          });
 
 // --checkpoint-every-steps: a job whose rank is SIGKILLed inside an epoch
-// resumes from the checkpoint the kit wrote in the background at the last
-// multiple of N steps (on disk: the writer finishes it as the survivor
-// unwinds), and ends with the parameters of an uninterrupted run, bitwise.
+// resumes from a checkpoint the kit wrote in the background at a multiple
+// of N steps, and ends with the parameters of an uninterrupted run, bitwise.
+// Ranks that share the run folder write sharded checkpoints (the folder
+// <run>/checkpoint): the save of the last multiple is whole only if the
+// killed rank's part reached the disk before it died, else the one before
+// it is loaded. Ranks with a folder each (as nodes without a shared file
+// system) get the one file <run>/checkpoint.pt, which rank 0 writes alone.
 TEST(CheckpointEverySteps, AKilledJobResumesInsideTheEpochAndEndsAsAnUninterruptedRun) {
   const auto dir = ddp::testing::temp_dir("every_steps");
   auto args = [&](const std::string& run) {
     return std::vector<std::string>{"train", "--run-dir", run, "--epochs", "2", "--batch-size", "3",
                                     "--checkpoint-every-steps", "2"};
   };
-  auto first = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/run"),
-                         {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "first"}, {"STOP_SIGNAL", std::to_string(SIGKILL)},
-                          {"STOP_RANK", "1"}, {"STOP_AT_STEP", "5"}});
-  EXPECT_NE(first[0].exit_code, 0) << describe(first);
-  auto second = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/run"),
-                          {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "second"}, {"TORCHELASTIC_RESTART_COUNT", "1"}});
-  for (auto& r : second) ASSERT_EQ(r.exit_code, 0) << describe(second);
   auto whole = run_ranks(2, DDP_ELASTIC_WORKER, args(dir + "/whole"), {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "whole"}});
   for (auto& r : whole) ASSERT_EQ(r.exit_code, 0) << describe(whole);
-  // Steps 2 and 4 were saved; rank 1 died in step 5: 4 steps of 2 x 3 samples.
-  const std::string log = ddp::testing::read_file(dir + "/run/log.txt");
-  EXPECT_NE(log.find("resumed after 24 of 50 samples of epoch 1"), std::string::npos) << log;
-  for (int r = 0; r < 2; ++r) {
-    const std::string resumed = ddp::testing::read_file(dir + "/run/params." + std::to_string(r));
-    EXPECT_FALSE(resumed.empty());
-    EXPECT_EQ(resumed, ddp::testing::read_file(dir + "/whole/params." + std::to_string(r))) << "rank " << r;
+  for (const bool shared : {true, false}) {
+    SCOPED_TRACE(shared ? "one shared run folder" : "a run folder each");
+    const std::string run = dir + (shared ? "/shared" : "/local");
+    const std::string per_rank = shared ? "0" : "1";
+    auto first = run_ranks(2, DDP_ELASTIC_WORKER, args(run),
+                           {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "first"}, {"STOP_SIGNAL", std::to_string(SIGKILL)},
+                            {"STOP_RANK", "1"}, {"STOP_AT_STEP", "5"}, {"RUN_DIR_PER_RANK", per_rank}});
+    EXPECT_NE(first[0].exit_code, 0) << describe(first);
+    auto second = run_ranks(2, DDP_ELASTIC_WORKER, args(run),
+                            {{"DDP_TEST_DIR", dir}, {"ELASTIC_TAG", "second"}, {"TORCHELASTIC_RESTART_COUNT", "1"},
+                             {"RUN_DIR_PER_RANK", per_rank}});
+    for (auto& r : second) ASSERT_EQ(r.exit_code, 0) << describe(second);
+    const std::string folder = shared ? run : run + "/node0";
+    const std::string log = ddp::testing::read_file(folder + "/log.txt");
+    // Steps 2 and 4 were saved; rank 1 died in step 5: 4 steps of 2 x 3 samples.
+    const bool after_four = log.find("resumed after 24 of 50 samples of epoch 1") != std::string::npos;
+    if (shared) {
+      EXPECT_TRUE(after_four || log.find("resumed after 12 of 50 samples of epoch 1") != std::string::npos) << log;
+      EXPECT_NE(log.find("resumed from " + run + "/checkpoint after epoch 0"), std::string::npos) << log;
+      EXPECT_FALSE(std::filesystem::exists(run + "/checkpoint.pt"));
+    } else {
+      EXPECT_TRUE(after_four) << log;
+      EXPECT_NE(log.find("resumed from " + folder + "/checkpoint.pt after epoch 0"), std::string::npos) << log;
+      EXPECT_NE(log.find("not every rank sees the run folder"), std::string::npos) << log;
+      EXPECT_FALSE(std::filesystem::exists(folder + "/checkpoint"));
+      EXPECT_FALSE(std::filesystem::exists(run + "/node1/checkpoint.pt"));
+    }
+    for (int r = 0; r < 2; ++r) {
+      const std::string at = shared ? run : run + "/node" + std::to_string(r);
+      const std::string resumed = ddp::testing::read_file(at + "/params." + std::to_string(r));
+      EXPECT_FALSE(resumed.empty());
+      EXPECT_EQ(resumed, ddp::testing::read_file(dir + "/whole/params." + std::to_string(r))) << "rank " << r;
+    }
   }
   std::filesystem::remove_all(dir);
 }

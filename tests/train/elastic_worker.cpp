@@ -15,6 +15,8 @@
 //       STOP_IN_EVAL=E: the rank stops instead in epoch E's evaluation (a
 //       mean squared error over the data set, each rank its shard), at
 //       its first batch. Each epoch's line says "eval N samples".
+//       RUN_DIR_PER_RANK=1: rank r's run folder is <run-dir>/node<r>, as
+//       on nodes that do not share a file system.
 //   zero_save / zero_load      a ZeRO optimizer's checkpoint written at one
 //       world size and loaded at another (DDP_TEST_DIR/zero.pt).
 //   sharded_save / sharded_load   plain Adam and ZeRO over Adam saved at
@@ -29,6 +31,7 @@
 // Exit status: guarded_main's (0, 1, 75 when stopped for preemption).
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -45,9 +48,14 @@ int env_int(const char* name, int fallback) {
 }
 
 int scenario_train(int argc, char** argv) {
-  const auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(2).preemption_check_every(1).lr(0.01));
+  auto opts = ddp::parse_train_options(argc, argv, ddp::TrainOptions().epochs(2).preemption_check_every(1).lr(0.01));
   auto pg = ddp::recovery_launched() ? opts.init_process_group()
                                      : ddp::init_process_group(opts.process_group_options().backend("gloo"));
+  // As on nodes with a run folder each: rank r's is <run-dir>/node<r>.
+  if (env_int("RUN_DIR_PER_RANK", 0)) {
+    opts.run_dir(opts.run_dir() + "/node" + std::to_string(pg->rank()));
+    std::filesystem::create_directories(opts.run_dir());
+  }
   ddp::RunDir run(opts.run_dir(), *pg, "loss");
   const int64_t n = 50;
   torch::manual_seed(1);

@@ -68,7 +68,8 @@ TEST_F(Examples, LenetRunsAFewBatchesAndFillsItsRunFolder) {
                             "--run-dir", run});
   expect_ok(results);
   EXPECT_EQ(count_lines(run + "/metrics.csv"), 2);
-  for (const char* f : {"log.txt", "model.pt", "checkpoint.pt", "charts.gp"}) EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
+  for (const char* f : {"log.txt", "model.pt", "checkpoint/manifest.pt", "charts.gp"})
+    EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
   if (std::system("command -v gnuplot >/dev/null 2>&1") == 0)
     for (const char* f : {"loss.png", "test_acc.png", "throughput.png"}) EXPECT_TRUE(fs::exists(run + "/" + f)) << f;
   EXPECT_NE(results[0].output.find("epoch 1: train loss"), std::string::npos) << results[0].output;
@@ -142,7 +143,7 @@ TEST_F(Examples, LenetTensorBoardFilesShowAResumedRunWithoutRepeatedSteps) {
   };
   expect_ok(run_ranks(2, LENET_FMNIST, args(run, "2")));
   auto resume = args(run, "3");
-  resume.insert(resume.end(), {"--resume", run + "/checkpoint.prev.pt"});
+  resume.insert(resume.end(), {"--resume", run + "/checkpoint/manifest.prev.pt"});
   expect_ok(run_ranks(1, LENET_FMNIST, resume));
   auto off = args(dir_ + "/off", "1");
   off.push_back("--no-tensorboard");
@@ -195,7 +196,7 @@ TEST_F(Examples, LenetPreemptedInsideAnEpochResumesToTheSameParametersAsOneRun) 
   // Restarted by its launcher, without --resume: it continues from the checkpoint.
   results = run_ranks(2, LENET_FMNIST, args(run), {{"TORCHELASTIC_RESTART_COUNT", "1"}});
   expect_ok(results);
-  EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint.pt after epoch"), std::string::npos)
+  EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint after epoch"), std::string::npos)
       << results[0].output;
   EXPECT_NE(results[0].output.find("(TORCHELASTIC_RESTART_COUNT=1"), std::string::npos) << results[0].output;
   EXPECT_EQ(count_lines(run + "/metrics.csv"), 11) << "each epoch once in metrics.csv";
@@ -224,7 +225,7 @@ TEST_F(Examples, Resnet18RunsOneSmallBatchOnCpus) {
                             real_or_fixture_data(dir_), "--run-dir", run});
   expect_ok(results);
   EXPECT_NE(results[0].output.find("test acc"), std::string::npos) << results[0].output;
-  EXPECT_TRUE(fs::exists(run + "/checkpoint.pt"));
+  EXPECT_TRUE(fs::exists(run + "/checkpoint/manifest.pt"));
 }
 
 // --sync-bn: the same state-dict names, so a checkpoint of a synchronised
@@ -353,7 +354,7 @@ TEST_F(Examples, CharLmLearnsKeepsItsRanksInSyncAndRefusesAnotherShapeOnResume) 
   results = run_ranks(2, CHAR_LM, args("5", "32"));
   for (auto& r : results) {
     EXPECT_EQ(r.exit_code, 2) << describe(results);
-    EXPECT_NE(r.output.find("--dim is 32, but " + run + "/checkpoint.pt was written with --dim 64"),
+    EXPECT_NE(r.output.find("--dim is 32, but " + run + "/checkpoint was written with --dim 64"),
               std::string::npos) << r.output;
   }
   results = run_ranks(2, CHAR_LM, args("5", "64"));

@@ -7,6 +7,7 @@
 #include <sys/mount.h>
 #include <sys/statvfs.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -67,7 +68,7 @@ TEST_F(Faults, DdprunRestartAfterAKilledRankResumesToTheSameParametersAsOneRun) 
   });
   pid_t killed = 0;
   for (int i = 0; i < 12000 && !killed; ++i) {
-    if (fs::exists(run + "/checkpoint.pt")) {
+    if (fs::exists(run + "/checkpoint/manifest.pt")) {
       killed = ddp::testing::find_rank_pid(ranks_dir, 1);
       if (killed) ::kill(killed, SIGKILL);
     }
@@ -78,7 +79,7 @@ TEST_F(Faults, DdprunRestartAfterAKilledRankResumesToTheSameParametersAsOneRun) 
   EXPECT_EQ(job.exit_code, 0) << job.output;
   EXPECT_NE(job.output.find("no checkpoint in " + run + " yet; starting fresh"), std::string::npos) << job.output;
   EXPECT_NE(job.output.find("restarting every worker, restart 1 of 1"), std::string::npos) << job.output;
-  EXPECT_NE(job.output.find("resumed from " + run + "/checkpoint.pt after epoch"), std::string::npos) << job.output;
+  EXPECT_NE(job.output.find("resumed from " + run + "/checkpoint after epoch"), std::string::npos) << job.output;
   EXPECT_NE(job.output.find("(TORCHELASTIC_RESTART_COUNT=1"), std::string::npos) << job.output;
   expect_same_model(dir_ + "/one/model.pt", run + "/model.pt");
 #endif
@@ -97,7 +98,7 @@ TEST_F(Faults, ResumeAutoStartsFreshWithoutACheckpointAndAMissingFileIsAnError) 
     args = lenet_args(run, "2");
     args.push_back(flag);
     results = run_ranks(2, LENET_FMNIST, args);
-    EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint.pt after epoch 1"), std::string::npos)
+    EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint after epoch 1"), std::string::npos)
         << results[0].output;
   }
   auto args = lenet_args(dir_ + "/named", "1");
@@ -161,6 +162,7 @@ TEST_F(Faults, ADivergingExampleStopsOnEveryRankWithTheStepAndNoCheckpoint) {
         << results[r].output;
     EXPECT_NE(results[r].output.find("no checkpoint was written before it"), std::string::npos) << results[r].output;
   }
+  EXPECT_FALSE(fs::exists(dir_ + "/run/checkpoint"));
   EXPECT_FALSE(fs::exists(dir_ + "/run/checkpoint.pt"));
   // Told to continue, it trains on and exits 0.
   args[1] = "1";
@@ -171,8 +173,8 @@ TEST_F(Faults, ADivergingExampleStopsOnEveryRankWithTheStepAndNoCheckpoint) {
 }
 
 // The disk fills while the second checkpoint is written: every rank fails
-// with the reason, the first checkpoint stays byte for byte, no temporary
-// file is left, and once there is room the run resumes from it.
+// with the reason, the first checkpoint stays byte for byte, nothing of the
+// failed one is left, and once there is room the run resumes from it.
 TEST_F(Faults, ADiskThatFillsDuringACheckpointKeepsThePreviousOneAndSaysWhy) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to mount a small tmpfs";
   const std::string mnt = dir_ + "/small";
@@ -187,8 +189,17 @@ TEST_F(Faults, ADiskThatFillsDuringACheckpointKeepsThePreviousOneAndSaysWhy) {
   const std::string run = mnt + "/run";
   auto results = run_ranks(2, LENET_FMNIST, lenet_args(run, "1"));
   for (auto& r : results) ASSERT_EQ(r.exit_code, 0) << describe(results);
-  const std::string first = ddp::testing::read_file(run + "/checkpoint.pt");
-  ASSERT_GT(first.size(), 100000u);
+  // The ranks share the folder: a sharded checkpoint, whose manifest names the save.
+  const std::string first = ddp::testing::read_file(run + "/checkpoint/manifest.pt");
+  ASSERT_GT(first.size(), 1000u);
+  auto folder_entries = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(run + "/checkpoint"))
+      names.push_back(e.path().lexically_relative(run).string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto entries = folder_entries();
 
   // Leave 64 KiB: room for the logs, not for a checkpoint.
   struct statvfs fsinfo {};
@@ -207,14 +218,14 @@ TEST_F(Faults, ADiskThatFillsDuringACheckpointKeepsThePreviousOneAndSaysWhy) {
     EXPECT_NE(results[r].output.find("rank " + std::to_string(r)), std::string::npos) << results[r].output;
   }
   EXPECT_NE(results[0].output.find("No space left on device"), std::string::npos) << results[0].output;
-  EXPECT_NE(results[0].output.find("the previous file, if any, is untouched"), std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find("the checkpoint before this one"), std::string::npos) << results[0].output;
   EXPECT_NE(results[1].output.find("rank 0 failed"), std::string::npos) << results[1].output;
-  EXPECT_EQ(ddp::testing::read_file(run + "/checkpoint.pt"), first) << "the first checkpoint changed";
-  EXPECT_FALSE(fs::exists(run + "/checkpoint.pt.tmp")) << "a partial file was left behind";
+  EXPECT_EQ(ddp::testing::read_file(run + "/checkpoint/manifest.pt"), first) << "the first checkpoint changed";
+  EXPECT_EQ(folder_entries(), entries) << "a part of the failed checkpoint was left behind\n" << results[0].output;
 
   fs::remove(mnt + "/filler");
   results = run_ranks(2, LENET_FMNIST, args);
   for (auto& r : results) EXPECT_EQ(r.exit_code, 0) << describe(results);
-  EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint.pt after epoch 1"), std::string::npos)
+  EXPECT_NE(results[0].output.find("resumed from " + run + "/checkpoint after epoch 1"), std::string::npos)
       << results[0].output;
 }

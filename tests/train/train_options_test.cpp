@@ -4,11 +4,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "ddp/train/checkpoint.h"
 #include "ddp/train/train_options.h"
+#include "../support/idx_fixture.h"
 
 namespace {
 
@@ -113,6 +117,30 @@ TEST(TrainOptions, ResumeAloneMeansTheRunDirsCheckpoint) {
   EXPECT_EQ(parse({"--run-dir", "/nonexistent/run", "--resume"}).resume_path(), "/nonexistent/run/checkpoint.pt");
   EXPECT_EQ(parse({"--resume=/x/ck.pt"}).resume_path(), "/x/ck.pt");
   EXPECT_EQ(parse({"--resume", "/tmp"}).resume_path(), "/tmp/checkpoint.pt");
+}
+
+// A run folder may hold both layouts (its ranks shared it in one attempt,
+// not in another): a resume takes the one written last.
+TEST(TrainOptions, ARunFolderMeansItsNewestCheckpointTheFileOrTheShardedFolder) {
+  namespace fs = std::filesystem;
+  const std::string run = ddp::testing::temp_dir("newest");
+  auto touch = [](const fs::path& p, int age_s) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p).put('x');
+    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::seconds(age_s));
+  };
+  touch(run + "/checkpoint.prev.pt", 60);
+  EXPECT_EQ(parse({"--resume", run}).resume_path(), run + "/checkpoint.pt");  // the file falls back to its .prev
+  touch(run + "/checkpoint/manifest.prev.pt", 30);
+  EXPECT_EQ(parse({"--resume", run}).resume_path(), run + "/checkpoint");
+  EXPECT_EQ(parse({"--run-dir", run, "--resume"}).resume_path(), run + "/checkpoint");
+  touch(run + "/checkpoint.pt", 10);
+  EXPECT_EQ(parse({"--resume", run}).resume_path(), run + "/checkpoint.pt");
+  touch(run + "/checkpoint/manifest.pt", 5);
+  EXPECT_EQ(parse({"--run-dir", run, "--resume", "auto"}).resume_path(), run + "/checkpoint");
+  // A sharded checkpoint's own folder is itself.
+  EXPECT_EQ(parse({"--resume", run + "/checkpoint"}).resume_path(), run + "/checkpoint");
+  fs::remove_all(run);
 }
 
 TEST(TrainOptions, BadValuesAreUsageErrors) {

@@ -180,6 +180,8 @@ class CheckpointWriter {
   void wait();
   // Whether a save's verdict is still to come (this rank; not collective).
   bool busy() const;
+  // The layout it was made with.
+  CheckpointLayout layout() const;
 
  private:
   struct Impl;
@@ -190,7 +192,8 @@ class CheckpointWriter {
 // from its shards what it keeps, straight into its tensors (the model whole;
 // the optimizer's state whole, or under ZeRO its own share at this world
 // size), falling back to the save before it when the newest does not read
-// whole on every rank. A file: rank 0 reads `path` (falling back to
+// whole on every rank; one of its manifests (<dir>/manifest.prev.pt: the
+// save before the newest), that save alone. A file: rank 0 reads `path` (falling back to
 // <name>.prev.pt with a notice if `path` is unreadable) and broadcasts it, so the other ranks need
 // no shared file system; the returned state's last_checkpoint names the file
 // used. Nothing in the file is run: the optimizer's archive is read as data
@@ -232,6 +235,16 @@ std::string previous_checkpoint_path(const std::string& path);
 // --preemption-check-every is 0, SIGUSR1 and SIGTERM are watched and
 // state.checkpoint_and_stop set (ddp/train/preemption.h). A `scaler` is
 // restored with the rest and saved with every checkpoint (state.scaler).
+//
+// The checkpoints it sets up (state.writer; train_epoch and end_epoch save
+// through it): sharded, in the folder <run>/checkpoint, every rank writing
+// its part in the background (CheckpointLayout::sharded), when every rank
+// sees the run folder as rank 0's (a shared file system: rank 0 leaves a
+// file there and every rank looks for it) and the optimizer is one a
+// sharded checkpoint takes apart; else the one file <run>/checkpoint.pt by
+// rank 0, in the background too. Under ddprun --recover-in-process there is
+// no writer: the one file, written on the training thread. The log says
+// which, and why. A resume takes whichever of the two was written last.
 TrainState resume_or_start(const TrainOptions& opts, RunDir& run, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, ProcessGroup& pg, GradScaler* scaler = nullptr);
 

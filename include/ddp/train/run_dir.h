@@ -4,7 +4,10 @@
 //   <run-dir>/metrics.csv     one row per epoch:
 //                             epoch,train_loss,test_loss,test_acc,samples_per_s,epoch_s
 //                             (a regression task names its own metric in place of test_acc)
-//   <run-dir>/checkpoint.pt   the latest checkpoint (checkpoint.prev.pt: the one before)
+//   <run-dir>/checkpoint/     the latest checkpoint (and the one before), every rank's
+//                             part (ddp::save_sharded_checkpoint's folder);
+//   <run-dir>/checkpoint.pt   or, when the ranks do not share the folder, one file by
+//                             rank 0 (checkpoint.prev.pt: the one before)
 //   <run-dir>/model.pt        the final model's state dict
 //   <run-dir>/loss.png, <metric>.png, throughput.png, charts.gp
 //                             charts drawn by gnuplot at the end (charts.gp redraws them)

@@ -85,13 +85,17 @@ struct TrainOptions {
   TORCH_ARG(double, recovery_deadline_s) = 30;
   TORCH_ARG(std::string, data_dir) = "";
   TORCH_ARG(std::string, run_dir) = "runs/run";
-  // Write <run-dir>/checkpoint.pt every N epochs (and after the last); 0: only after the last.
+  // Checkpoint every N epochs (and after the last); 0: only after the last.
+  // Where: <run-dir>/checkpoint/, every rank writing its part in the
+  // background, or <run-dir>/checkpoint.pt when the ranks do not share the
+  // run folder (ddp::resume_or_start).
   TORCH_ARG(int64_t, checkpoint_every) = 1;
   // Also every N optimizer steps, inside epochs (the position inside the
   // epoch saved, as a preemption checkpoint's); 0: only at epochs' ends.
   TORCH_ARG(int64_t, checkpoint_every_steps) = 0;
-  // A checkpoint file or a run folder to continue from; "" for a fresh start;
-  // "auto" (--resume alone): the run folder's checkpoint if it has one, else
+  // A checkpoint (a file, or a sharded checkpoint's folder) or a run folder
+  // (its newest checkpoint) to continue from; "" for a fresh start; "auto"
+  // (--resume alone): the run folder's newest checkpoint if it has one, else
   // a fresh start.
   TORCH_ARG(std::string, resume) = "";
   // DataLoader worker threads (0: load in the training thread).
@@ -147,7 +151,9 @@ struct TrainOptions {
   // (ddp/runtime/launch_env.h), or pg's.
   int64_t per_process_batch(int world_size) const;
   int64_t per_process_batch(const ProcessGroup& pg) const;
-  // The checkpoint --resume names (a folder means its checkpoint.pt); "" when not resuming.
+  // The checkpoint --resume names, as this process sees it: a run folder
+  // means the newer of its checkpoint.pt and checkpoint/ (its checkpoint.pt
+  // when it has neither); "" when not resuming.
   std::string resume_path() const;
   ProcessGroupOptions process_group_options() const;
   DDPOptions ddp_options() const;
