@@ -273,4 +273,5 @@ TEST_P(AmpParity, AutocastAndGradScalerUnderDdpBitwiseEqualToPyTorch) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, AmpParity, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Ranks, AmpParity, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });

@@ -225,4 +225,5 @@ TEST_P(PyTorchDDPTests, EveryPortedTestObservesWhatPyTorchsDDPDoes) {
   std::filesystem::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchDDPTests, ::testing::Values(2, 3));
+INSTANTIATE_TEST_SUITE_P(Ranks, PyTorchDDPTests, ::testing::Values(2, 3),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
