@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <initializer_list>
 #include <optional>
 #include <random>
 
@@ -20,7 +21,8 @@ namespace {
 
 constexpr const char* kFolder = "checkpoint";
 
-// The time the newest of `names` in `dir` was written; nullopt if none is there.
+// When the first of `names` (the newest first) that `dir` holds was written;
+// nullopt if it holds none.
 std::optional<fs::file_time_type> written(const fs::path& dir, std::initializer_list<const char*> names) {
   for (const char* name : names) {
     std::error_code ec;
