@@ -32,8 +32,7 @@ std::optional<fs::file_time_type> written(const fs::path& dir, std::initializer_
   return std::nullopt;
 }
 
-}  // namespace
-
+// Collective: whether every rank sees `dir` as rank 0's.
 bool every_rank_sees(const std::string& dir, ProcessGroup& pg) {
   if (pg.size() == 1) return true;
   std::string name;
@@ -50,6 +49,8 @@ bool every_rank_sees(const std::string& dir, ProcessGroup& pg) {
   if (pg.rank() == 0 && !name.empty()) fs::remove(fs::path(dir) / name, ec);
   return all;
 }
+
+}  // namespace
 
 CheckpointLayout kit_layout(RunDir& run, const torch::optim::Optimizer& optimizer, ProcessGroup& pg) {
   const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(&optimizer);

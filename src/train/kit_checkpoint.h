@@ -17,13 +17,10 @@
 
 namespace ddp::detail {
 
-// Collective: whether every rank sees the folder `dir` it was given as
-// rank 0's (rank 0 leaves a file of a random name there, every rank looks
-// for it; a rank on a node-local folder of the same name does not see it).
-bool every_rank_sees(const std::string& dir, ProcessGroup& pg);
-
 // Collective: the layout the kit writes `run`'s checkpoints in, logged to
-// the run with the reason when it is the one file.
+// the run with the reason. Whether every rank sees the run folder as rank
+// 0's: rank 0 leaves a file of a random name there, every rank looks for it
+// (a rank on a node-local folder of the same name does not see it).
 CheckpointLayout kit_layout(RunDir& run, const torch::optim::Optimizer& optimizer, ProcessGroup& pg);
 
 // Where the kit's saves go: <run>/checkpoint for a sharded writer, else

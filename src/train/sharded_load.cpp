@@ -288,45 +288,40 @@ void load_optimizer_part(const Sharded& s, torch::optim::Optimizer& optimizer, t
   }
 }
 
-// The save of the manifest `only`, which every rank must read whole.
-Sharded the_save(const std::string& dir, const std::string& only, ProcessGroup& pg) {
-  std::optional<Sharded> s;
-  std::string why;
+// `manifest`'s save in `dir`, or nullopt and why not.
+std::optional<Sharded> try_read(const std::string& dir, const std::string& manifest, std::string& why) {
   try {
-    s = read_sharded(dir, only);
+    return read_sharded(dir, manifest);
   } catch (const std::exception& e) {
     why = e.what();
+    return std::nullopt;
   }
+}
+
+constexpr const char* kEveryRankReads =
+    ". A sharded checkpoint is read by every rank: its folder must be one they all see (a shared file system)";
+
+// The save of the manifest `only`, which every rank must read whole.
+Sharded the_save(const std::string& dir, const std::string& only, ProcessGroup& pg) {
+  std::string why;
+  std::optional<Sharded> s = try_read(dir, only, why);
   if (any_rank(pg, !s))
     throw CheckpointError(rank_tag(pg) + ": cannot resume from " + dir + "/" + only + ": " +
-                          (why.empty() ? "another rank cannot read it (its log says why)" : why) +
-                          ". A sharded checkpoint is read by every rank: its folder must be one they all see (a "
-                          "shared file system)");
+                          (why.empty() ? "another rank cannot read it (its log says why)" : why) + kEveryRankReads);
   return std::move(*s);
 }
 
 // The newest save every rank reads whole, else the one before it.
 Sharded choose_save(const std::string& dir, ProcessGroup& pg) {
-  std::optional<Sharded> s;
   std::string why, why_prev;
-  try {
-    s = read_sharded(dir, kManifest);
-  } catch (const std::exception& e) {
-    why = e.what();
-  }
+  std::optional<Sharded> s = try_read(dir, kManifest, why);
   if (!any_rank(pg, !s)) return std::move(*s);
-  s.reset();
-  try {
-    s = read_sharded(dir, "manifest.prev.pt");
-  } catch (const std::exception& e) {
-    why_prev = e.what();
-  }
+  s = try_read(dir, "manifest.prev.pt", why_prev);
   if (any_rank(pg, !s))
     throw CheckpointError(rank_tag(pg) + ": cannot resume from " + dir + ": " +
                           (why.empty() && why_prev.empty() ? "another rank cannot read it (its log says why)"
                                                            : why + "\n  and the save before it: " + why_prev) +
-                          ". A sharded checkpoint is read by every rank: its folder must be one they all see (a "
-                          "shared file system)");
+                          kEveryRankReads);
   if (pg.rank() == 0)
     std::cout << "notice: " << dir << ": the newest save does not read whole on every rank ("
               << (why.empty() ? "another rank's log says why" : why) << "); resuming from the save before it"
@@ -349,10 +344,10 @@ TrainState load_sharded(
     const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer, ProcessGroup& pg,
     GradScaler* scaler,
     const std::function<void(const std::map<std::string, std::string>& config, const std::string& file)>& check_config) {
-  const bool one = broadcast_flag(pg, pg.rank() == 0 && is_sharded_manifest(path), 0);  // as load_checkpoint decided
-  const std::string folder = one ? std::filesystem::path(path).parent_path().string() : path;
-  const Sharded s = one ? the_save(folder, std::filesystem::path(path).filename().string(), pg)
-                        : choose_save(folder, pg);
+  // load_checkpoint found a sharded folder or one of its manifests there: the name tells which.
+  const std::filesystem::path p(path);
+  const bool one = p.filename() == kManifest || p.filename() == "manifest.prev.pt";
+  const Sharded s = one ? the_save(p.parent_path().string(), p.filename().string(), pg) : choose_save(path, pg);
   const std::string& used = s.manifest_path;
   TrainState state = read_position(s.root, used);
   state.last_checkpoint = path;
